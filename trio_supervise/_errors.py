@@ -1,0 +1,90 @@
+"""One exception family for everything trio_supervise raises on purpose."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DuplicateItem",
+    "ItemNotFound",
+    "ItemStateError",
+    "LeaseLost",
+    "QueueError",
+    "QueueUnavailable",
+    "SchemaError",
+    "SettingsError",
+    "SuperviseError",
+    "WorkerFailed",
+]
+
+
+class SuperviseError(Exception):
+    """Base class of every error trio_supervise raises on purpose."""
+
+
+class LeaseLost(SuperviseError):
+    """A write named a lease that is no longer current: its version or owner is stale.
+
+    The queue changed nothing. Another worker may own the item now.
+    """
+
+    def __init__(self, item_id: str, lease_version: int, detail: str = "") -> None:
+        self.item_id = item_id
+        self.lease_version = lease_version
+        self.detail = detail
+        message = f"lease lost on item {item_id!r} (version {lease_version})"
+        if detail:
+            message = f"{message}: {detail}"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[LeaseLost], tuple[str, int, str]]:
+        return (type(self), (self.item_id, self.lease_version, self.detail))
+
+
+class ItemNotFound(SuperviseError, LookupError):
+    """No item has that id."""
+
+    def __init__(self, item_id: str) -> None:
+        self.item_id = item_id
+        super().__init__(f"no item with id {item_id!r}")
+
+    def __reduce__(self) -> tuple[type[ItemNotFound], tuple[str]]:
+        return (type(self), (self.item_id,))
+
+
+class DuplicateItem(SuperviseError):
+    """An item with that id already exists (and no idempotency key made the enqueue a no-op)."""
+
+    def __init__(self, item_id: str) -> None:
+        self.item_id = item_id
+        super().__init__(f"an item with id {item_id!r} already exists")
+
+    def __reduce__(self) -> tuple[type[DuplicateItem], tuple[str]]:
+        return (type(self), (self.item_id,))
+
+
+class ItemStateError(SuperviseError):
+    """The item is in a state that does not allow the operation (retrying a running item)."""
+
+
+class ConfigError(SuperviseError, ValueError):
+    """An item's config does not fit the shape its driver declares."""
+
+
+class QueueError(SuperviseError):
+    """The queue backend failed; the driver's own exception is chained as the cause."""
+
+
+class QueueUnavailable(QueueError):
+    """The queue backend cannot be reached (connection refused, server down)."""
+
+
+class SchemaError(QueueError):
+    """The database schema is missing, or newer than this version knows."""
+
+
+class SettingsError(SuperviseError, ValueError):
+    """Settings failed validation; the message names the field path and the rule."""
+
+
+class WorkerFailed(SuperviseError):
+    """A supervised worker failed terminally (no restarts left, or none allowed)."""

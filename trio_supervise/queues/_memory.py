@@ -1,0 +1,427 @@
+"""The in-memory queue: the reference implementation of the protocol, and the one for tests.
+
+Everything happens in the Trio thread with no await in the middle of a write, so each method is
+atomic. "Now" comes from an injectable clock; the default, :class:`TrioClock`, follows Trio's
+clock, so under ``autojump_clock`` due times and lease expiries follow virtual time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+import trio_util
+
+from .._clock import Clock, TrioClock, utc
+from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
+from ._protocol import (
+    ItemState,
+    JSONValue,
+    Lease,
+    LeaseStatus,
+    SettleKind,
+    Settlement,
+    WorkItem,
+    check_json,
+    validate_spec_id,
+)
+
+__all__ = ["MemoryQueue", "QueueEvent"]
+
+
+@attrs.frozen
+class QueueEvent:
+    """One write the memory queue accepted or refused, for tests to inspect."""
+
+    at: dt.datetime
+    op: str
+    item_id: str
+    lease_version: int | None = None
+    detail: Mapping[str, Any] = attrs.field(factory=dict)
+    applied: bool = True
+
+
+def _other_than(generation: int) -> Callable[[int], bool]:
+    return lambda value: value != generation
+
+
+def _check_duration(name: str, value: float, *, positive: bool = False) -> float:
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if positive and value == 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return value
+
+
+@attrs.define(eq=False)
+class MemoryQueue:
+    """The whole :class:`WorkQueue` protocol in memory; inspectable and resettable.
+
+    :ivar events: every write in order (``claim``, ``renew``, ``settle:<kind>``, ...), including
+        refused stale ones (``applied=False``).
+    """
+
+    _clock: Clock = attrs.field(factory=TrioClock, alias="clock")
+    _items: dict[str, WorkItem] = attrs.field(init=False, factory=dict)
+    _keys: dict[str, str] = attrs.field(init=False, factory=dict)
+    _versions: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
+    _changes: trio_util.AsyncValue[int] = attrs.field(
+        init=False, factory=lambda: trio_util.AsyncValue(0)
+    )
+    events: list[QueueEvent] = attrs.field(init=False, factory=list)
+    closed: bool = attrs.field(init=False, default=False)
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    # -- inspection helpers (not part of the protocol) ---------------------------------------
+
+    @property
+    def items(self) -> dict[str, WorkItem]:
+        """A snapshot of every item by id."""
+        return dict(self._items)
+
+    def reset(self) -> None:
+        """Forget every item and event."""
+        self._items.clear()
+        self._keys.clear()
+        self.events.clear()
+        self._changed()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _now(self) -> dt.datetime:
+        return utc(self._clock.now())
+
+    def _changed(self) -> None:
+        self._changes.value += 1
+
+    def _log(
+        self,
+        op: str,
+        item_id: str,
+        version: int | None = None,
+        *,
+        applied: bool = True,
+        **detail: Any,
+    ) -> None:
+        self.events.append(QueueEvent(self._now(), op, item_id, version, detail, applied))
+
+    def _item(self, item_id: str) -> WorkItem:
+        try:
+            return self._items[item_id]
+        except KeyError:
+            raise ItemNotFound(item_id) from None
+
+    def _fenced(self, op: str, item_id: str, lease_version: int) -> WorkItem:
+        item = self._items.get(item_id)
+        if item is None:
+            self._log(op, item_id, lease_version, applied=False)
+            raise LeaseLost(item_id, lease_version, "no such item")
+        if item.state is not ItemState.RUNNING or item.lease_version != lease_version:
+            self._log(op, item_id, lease_version, applied=False)
+            raise LeaseLost(
+                item_id,
+                lease_version,
+                f"item is {item.state} at version {item.lease_version}",
+            )
+        return item
+
+    def _put(self, item: WorkItem, **changes: Any) -> WorkItem:
+        new = attrs.evolve(item, updated_at=self._now(), **changes)
+        self._items[new.id] = new
+        return new
+
+    def _requeue(self, item: WorkItem, due_at: dt.datetime, **changes: Any) -> WorkItem:
+        return self._put(
+            item,
+            state=ItemState.QUEUED,
+            due_at=due_at,
+            lease_owner=None,
+            lease_expires_at=None,
+            **changes,
+        )
+
+    def _claimable_at(self, item: WorkItem) -> dt.datetime | None:
+        if item.state is ItemState.QUEUED:
+            return item.due_at
+        if item.state is ItemState.RUNNING:
+            return item.lease_expires_at
+        return None
+
+    def _apply(self, s: Settlement) -> None:
+        item = self._fenced(f"settle:{s.kind}", s.item_id, s.lease_version)
+        now = self._now()
+        match s.kind:
+            case SettleKind.CONTINUE:
+                self._requeue(item, now + dt.timedelta(seconds=s.delay), error_count=0)
+            case SettleKind.RELEASE:
+                self._requeue(item, now + dt.timedelta(seconds=s.delay))
+            case SettleKind.RESCHEDULE:
+                assert s.at is not None
+                self._requeue(item, s.at, config=check_json(s.config), error_count=0)
+            case SettleKind.RETRY:
+                self._requeue(
+                    item,
+                    now + dt.timedelta(seconds=s.delay),
+                    error_count=item.error_count + 1,
+                    last_error=s.error,
+                )
+            case SettleKind.COMPLETE | SettleKind.CANCEL | SettleKind.DEAD:
+                state = {
+                    SettleKind.COMPLETE: ItemState.COMPLETED,
+                    SettleKind.CANCEL: ItemState.CANCELLED,
+                    SettleKind.DEAD: ItemState.DEAD,
+                }[s.kind]
+                changes: dict[str, Any] = {}
+                if s.kind is SettleKind.DEAD:
+                    changes = {"error_count": item.error_count + 1, "last_error": s.error}
+                self._put(item, state=state, lease_owner=None, lease_expires_at=None, **changes)
+        self._log(f"settle:{s.kind}", s.item_id, s.lease_version, delay=s.delay, error=s.error)
+
+    # -- producing and inspecting ------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        spec_id: str,
+        *,
+        config: JSONValue = None,
+        tenant_id: str = "",
+        subject_id: str = "",
+        due_at: dt.datetime | None = None,
+        item_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> WorkItem:
+        await trio.lowlevel.checkpoint()
+        validate_spec_id(spec_id)
+        config = check_json({} if config is None else config)
+        if idempotency_key is not None and idempotency_key in self._keys:
+            return self._items[self._keys[idempotency_key]]
+        item_id = uuid.uuid4().hex if item_id is None else item_id
+        if not item_id:
+            raise ValueError("item_id must be a non-empty string")
+        if item_id in self._items:
+            raise DuplicateItem(item_id)
+        now = self._now()
+        item = WorkItem(
+            id=item_id,
+            spec_id=spec_id,
+            tenant_id=tenant_id,
+            subject_id=subject_id,
+            config=config,
+            due_at=now if due_at is None else due_at,
+            idempotency_key=idempotency_key,
+            created_at=now,
+            updated_at=now,
+        )
+        self._items[item_id] = item
+        if idempotency_key is not None:
+            self._keys[idempotency_key] = item_id
+        self._log("enqueue", item_id, spec_id=spec_id)
+        self._changed()
+        return item
+
+    async def get(self, item_id: str) -> WorkItem:
+        await trio.lowlevel.checkpoint()
+        return self._item(item_id)
+
+    async def list_items(
+        self,
+        *,
+        states: Sequence[ItemState] | None = None,
+        spec_ids: Sequence[str] | None = None,
+        limit: int = 100,
+    ) -> list[WorkItem]:
+        await trio.lowlevel.checkpoint()
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        found = [
+            item
+            for item in self._items.values()
+            if (states is None or item.state in states)
+            and (spec_ids is None or item.spec_id in spec_ids)
+        ]
+        found.sort(key=lambda item: (item.due_at, item.id))
+        return found[:limit]
+
+    async def counts(self) -> Mapping[tuple[str, ItemState], int]:
+        await trio.lowlevel.checkpoint()
+        totals: dict[tuple[str, ItemState], int] = {}
+        for item in self._items.values():
+            key = (item.spec_id, item.state)
+            totals[key] = totals.get(key, 0) + 1
+        return totals
+
+    async def request_cancel(self, item_id: str) -> WorkItem:
+        await trio.lowlevel.checkpoint()
+        item = self._item(item_id)
+        if item.state is ItemState.QUEUED:
+            item = self._put(item, state=ItemState.CANCELLED, cancel_requested=True)
+        elif item.state is ItemState.RUNNING and not item.cancel_requested:
+            item = self._put(item, cancel_requested=True)
+        self._log("request_cancel", item_id, state=str(item.state))
+        self._changed()
+        return item
+
+    async def retry(self, item_id: str, *, at: dt.datetime | None = None) -> WorkItem:
+        await trio.lowlevel.checkpoint()
+        item = self._item(item_id)
+        if item.state is ItemState.RUNNING:
+            raise ItemStateError(f"item {item_id!r} is running; cancel it first")
+        item = self._requeue(
+            item,
+            self._now() if at is None else utc(at),
+            error_count=0,
+            cancel_requested=False,
+        )
+        self._log("retry", item_id)
+        self._changed()
+        return item
+
+    # -- the worker side ---------------------------------------------------------------------
+
+    async def claim_due(
+        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+    ) -> list[WorkItem]:
+        await trio.lowlevel.checkpoint()
+        lease = _check_duration("lease", lease, positive=True)
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        now = self._now()
+        wanted = set(spec_ids)
+        due = []
+        for item in self._items.values():
+            at = self._claimable_at(item)
+            if item.spec_id in wanted and at is not None and at <= now:
+                due.append((item.due_at, item.id))
+        due.sort()
+        claimed = []
+        expires = now + dt.timedelta(seconds=lease)
+        for _, item_id in due[:limit]:
+            item = self._put(
+                self._items[item_id],
+                state=ItemState.RUNNING,
+                lease_owner=worker_id,
+                lease_expires_at=expires,
+                lease_version=next(self._versions),
+            )
+            self._log("claim", item_id, item.lease_version, worker_id=worker_id)
+            claimed.append(item)
+        return claimed
+
+    def _renew_one(self, lease: Lease, duration: float) -> LeaseStatus:
+        item = self._items.get(lease.item_id)
+        if (
+            item is None
+            or item.state is not ItemState.RUNNING
+            or item.lease_version != lease.version
+            or item.lease_owner != lease.worker_id
+        ):
+            self._log("renew", lease.item_id, lease.version, applied=False)
+            return LeaseStatus.LOST
+        self._put(item, lease_expires_at=self._now() + dt.timedelta(seconds=duration))
+        self._log("renew", lease.item_id, lease.version)
+        return LeaseStatus.CANCEL_REQUESTED if item.cancel_requested else LeaseStatus.HELD
+
+    async def renew(
+        self, item_id: str, worker_id: str, lease_version: int, lease: float
+    ) -> LeaseStatus:
+        await trio.lowlevel.checkpoint()
+        lease = _check_duration("lease", lease, positive=True)
+        status = self._renew_one(Lease(item_id, lease_version, worker_id), lease)
+        if status is LeaseStatus.LOST:
+            raise LeaseLost(item_id, lease_version, "renewal refused")
+        return status
+
+    async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
+        await trio.lowlevel.checkpoint()
+        lease = _check_duration("lease", lease, positive=True)
+        return {each.item_id: self._renew_one(each, lease) for each in leases}
+
+    async def release(self, item_id: str, lease_version: int, delay: float) -> None:
+        await self._settle_one(
+            Settlement(
+                item_id=item_id,
+                lease_version=lease_version,
+                kind=SettleKind.RELEASE,
+                delay=_check_duration("delay", delay),
+            )
+        )
+
+    async def reschedule(
+        self, item_id: str, lease_version: int, at: dt.datetime, config: JSONValue
+    ) -> None:
+        await self._settle_one(
+            Settlement(
+                item_id=item_id,
+                lease_version=lease_version,
+                kind=SettleKind.RESCHEDULE,
+                at=at,
+                config=check_json(config),
+            )
+        )
+
+    async def complete(self, item_id: str, lease_version: int) -> None:
+        await self._settle_one(
+            Settlement(item_id=item_id, lease_version=lease_version, kind=SettleKind.COMPLETE)
+        )
+
+    async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
+        await trio.lowlevel.checkpoint()
+        item = self._fenced("mark_error", item_id, lease_version)
+        self._put(item, error_count=item.error_count + 1, last_error=error)
+        self._log("mark_error", item_id, lease_version, error=error)
+
+    async def _settle_one(self, settlement: Settlement) -> None:
+        await trio.lowlevel.checkpoint()
+        self._apply(settlement)
+        self._changed()
+
+    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
+        await trio.lowlevel.checkpoint()
+        results = []
+        for settlement in settlements:
+            try:
+                self._apply(settlement)
+            except LeaseLost:
+                results.append(False)
+            else:
+                results.append(True)
+        if any(results):
+            self._changed()
+        return results
+
+    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
+        await trio.lowlevel.checkpoint()
+        return self._next_due_at(set(spec_ids))
+
+    def _next_due_at(self, wanted: set[str]) -> dt.datetime | None:
+        times = [
+            at
+            for item in self._items.values()
+            if item.spec_id in wanted and (at := self._claimable_at(item)) is not None
+        ]
+        return min(times, default=None)
+
+    async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
+        wanted = set(spec_ids)
+        while True:
+            generation = self._changes.value
+            next_due = self._next_due_at(wanted)
+            if next_due is not None and next_due <= self._now():
+                await trio.lowlevel.checkpoint()
+                return
+            wait = float("inf") if next_due is None else (next_due - self._now()).total_seconds()
+            with trio.move_on_after(wait):
+                await self._changes.wait_value(_other_than(generation))
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self.closed = True

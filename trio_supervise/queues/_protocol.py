@@ -1,0 +1,299 @@
+"""The ``WorkQueue`` protocol: what every queue backend promises.
+
+One contract, three backends (memory, SQLite, PostgreSQL), one conformance suite
+(``tests/queues``). The semantics below are normative; the in-memory queue is the reference.
+
+Items and states
+    An item is ``queued`` (waiting for its ``due_at``), ``running`` (claimed under a lease),
+    or finished: ``completed``, ``cancelled`` or ``dead`` (too many errors). Finished items are
+    never claimed again; :meth:`WorkQueue.retry` puts one back.
+
+Leases and fencing
+    :meth:`WorkQueue.claim_due` hands out items whose ``due_at`` has passed, plus running items
+    whose lease has expired (rescue is part of claiming), ordered by ``due_at`` then ``id``. Each
+    claim sets ``lease_owner``, ``lease_expires_at = now + lease`` and a new, strictly larger
+    ``lease_version``. Every later write names the item id and that version; a write whose version
+    is not the item's current one, or whose item is not running, raises :class:`LeaseLost` (the
+    batch forms report it per entry) and changes nothing. Renewal also checks the owner.
+
+Errors and retries
+    ``error_count`` counts consecutive failed evaluations: a ``retry``/``dead`` settlement or
+    :meth:`WorkQueue.mark_error` adds one and records ``last_error``; a ``continue`` or
+    ``reschedule`` settlement (a successful evaluation) sets it back to zero. ``release`` (a lease
+    handed back without an outcome) leaves it alone.
+
+Cancellation
+    :meth:`WorkQueue.request_cancel` cancels a queued item at once. On a running item it sets
+    ``cancel_requested``; the owner learns it from its next renewal
+    (:attr:`LeaseStatus.CANCEL_REQUESTED`) and settles the item as cancelled. An item claimed
+    with ``cancel_requested`` set (its owner died) is settled as cancelled without evaluation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+import attrs
+
+from .._clock import Clock, utc
+
+__all__ = [
+    "ItemState",
+    "JSONValue",
+    "Lease",
+    "LeaseStatus",
+    "SettleKind",
+    "Settlement",
+    "WorkItem",
+    "WorkQueue",
+    "check_json",
+    "validate_spec_id",
+]
+
+JSONValue: TypeAlias = Any
+"""A value that survives ``json.dumps``/``json.loads`` unchanged (dict, list, str, number, ...)."""
+
+
+def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
+    """Return a deep copy of *value* through JSON, or raise :class:`ConfigError` naming *what*."""
+    from .._errors import ConfigError
+
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{what} is not JSON-compatible: {error}") from error
+    return json.loads(text)
+
+
+def validate_spec_id(spec_id: object) -> str:
+    """Refuse an empty or non-string spec id up front."""
+    if not isinstance(spec_id, str) or not spec_id:
+        raise ValueError(f"spec_id must be a non-empty string, got {spec_id!r}")
+    return spec_id
+
+
+class ItemState(enum.StrEnum):
+    """Where an item is in its life."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    DEAD = "dead"
+
+    @property
+    def finished(self) -> bool:
+        """True for the states an item never leaves on its own."""
+        return self in (ItemState.COMPLETED, ItemState.CANCELLED, ItemState.DEAD)
+
+
+@attrs.frozen(kw_only=True)
+class WorkItem:
+    """One unit of durable work, as the queue last stored it."""
+
+    id: str
+    spec_id: str
+    tenant_id: str = ""
+    subject_id: str = ""
+    config: JSONValue = attrs.field(factory=dict)
+    cancel_requested: bool = False
+    lease_version: int = 0
+    state: ItemState = ItemState.QUEUED
+    due_at: dt.datetime = attrs.field(converter=utc)
+    error_count: int = 0
+    last_error: str | None = None
+    lease_owner: str | None = None
+    lease_expires_at: dt.datetime | None = attrs.field(
+        default=None, converter=attrs.converters.optional(utc)
+    )
+    idempotency_key: str | None = None
+    created_at: dt.datetime = attrs.field(converter=utc)
+    updated_at: dt.datetime = attrs.field(converter=utc)
+
+    @property
+    def lease(self) -> Lease:
+        """The lease this copy of the item was handed out under."""
+        return Lease(item_id=self.id, version=self.lease_version, worker_id=self.lease_owner or "")
+
+
+@attrs.frozen
+class Lease:
+    """Who holds an item, under which version."""
+
+    item_id: str
+    version: int
+    worker_id: str
+
+
+class LeaseStatus(enum.StrEnum):
+    """What a renewal found."""
+
+    HELD = "held"
+    CANCEL_REQUESTED = "cancel-requested"
+    LOST = "lost"
+
+
+class SettleKind(enum.StrEnum):
+    """How an evaluation ended, as written back to the queue."""
+
+    CONTINUE = "continue"
+    """Evaluated fine; due again after ``delay`` seconds. Clears the error count."""
+    RESCHEDULE = "reschedule"
+    """Evaluated fine; due at ``at`` with the new ``config`` in one write. Clears the errors."""
+    COMPLETE = "complete"
+    """Finished for good."""
+    CANCEL = "cancel"
+    """Finished because cancellation was requested."""
+    RETRY = "retry"
+    """Failed with ``error``; due again after ``delay`` seconds. Adds one to the error count."""
+    DEAD = "dead"
+    """Failed with ``error`` for the last time: never claimed again until retried by hand."""
+    RELEASE = "release"
+    """Lease handed back without an outcome (shutdown); due again after ``delay``. Errors kept."""
+
+
+@attrs.frozen(kw_only=True)
+class Settlement:
+    """One write-back of an evaluation's outcome, fenced by ``(item_id, lease_version)``."""
+
+    item_id: str
+    lease_version: int
+    kind: SettleKind
+    delay: float = 0.0
+    at: dt.datetime | None = attrs.field(default=None, converter=attrs.converters.optional(utc))
+    config: JSONValue = None
+    error: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind is SettleKind.RESCHEDULE and self.at is None:
+            raise ValueError("a reschedule settlement needs 'at'")
+        if self.kind in (SettleKind.RETRY, SettleKind.DEAD) and self.error is None:
+            raise ValueError(f"a {self.kind} settlement needs 'error'")
+        if not (self.delay >= 0.0) or self.delay == float("inf"):
+            raise ValueError(f"delay must be a finite number >= 0, got {self.delay!r}")
+
+
+@runtime_checkable
+class WorkQueue(Protocol):
+    """A durable (or in-memory) queue of leased work items.
+
+    Durations are seconds (``float``); datetimes are timezone-aware. Every method may raise
+    :class:`QueueError` (or :class:`QueueUnavailable`) when the backend fails.
+    """
+
+    @property
+    def clock(self) -> Clock:
+        """Where this queue reads "now" from for due times and lease expiries."""
+        ...
+
+    # -- producing and inspecting ------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        spec_id: str,
+        *,
+        config: JSONValue = None,
+        tenant_id: str = "",
+        subject_id: str = "",
+        due_at: dt.datetime | None = None,
+        item_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> WorkItem:
+        """Add an item, due at *due_at* (default: now); config ``None`` means ``{}``.
+
+        With an *idempotency_key* that an existing item already carries (in any state), nothing
+        is written and that item is returned. An explicit *item_id* that exists already raises
+        :class:`DuplicateItem`. A config that is not JSON raises :class:`ConfigError`.
+        """
+        ...
+
+    async def get(self, item_id: str) -> WorkItem:
+        """The item as stored now; :class:`ItemNotFound` if there is none."""
+        ...
+
+    async def list_items(
+        self,
+        *,
+        states: Sequence[ItemState] | None = None,
+        spec_ids: Sequence[str] | None = None,
+        limit: int = 100,
+    ) -> list[WorkItem]:
+        """Items filtered by state and spec, ordered by ``due_at`` then ``id``."""
+        ...
+
+    async def counts(self) -> Mapping[tuple[str, ItemState], int]:
+        """How many items there are per ``(spec_id, state)`` (pairs with none are omitted)."""
+        ...
+
+    async def request_cancel(self, item_id: str) -> WorkItem:
+        """Cancel a queued item at once, or flag a running one for its owner; see the module doc."""
+        ...
+
+    async def retry(self, item_id: str, *, at: dt.datetime | None = None) -> WorkItem:
+        """Put a finished (or queued) item back in the queue, due at *at* (default: now).
+
+        Clears the error count and the cancel flag. A running item raises :class:`ItemStateError`.
+        """
+        ...
+
+    # -- the worker side ---------------------------------------------------------------------
+
+    async def claim_due(
+        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+    ) -> list[WorkItem]:
+        """Claim up to *limit* claimable items of *spec_ids* for *lease* seconds."""
+        ...
+
+    async def renew(
+        self, item_id: str, worker_id: str, lease_version: int, lease: float
+    ) -> LeaseStatus:
+        """Extend a lease to ``now + lease``; :class:`LeaseLost` if it is no longer this one's."""
+        ...
+
+    async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
+        """Renew many leases in one round trip; stale ones come back as ``LOST``."""
+        ...
+
+    async def release(self, item_id: str, lease_version: int, delay: float) -> None:
+        """Hand the item back, due again after *delay* seconds (error count unchanged)."""
+        ...
+
+    async def reschedule(
+        self, item_id: str, lease_version: int, at: dt.datetime, config: JSONValue
+    ) -> None:
+        """Set the next due time and the new config in one write."""
+        ...
+
+    async def complete(self, item_id: str, lease_version: int) -> None:
+        """Finish the item for good."""
+        ...
+
+    async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
+        """Record an error (count + 1, ``last_error``); the lease stays held."""
+        ...
+
+    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
+        """Apply many outcomes in one round trip; per entry, True if applied, False if stale."""
+        ...
+
+    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
+        """When the next item of *spec_ids* becomes claimable (may be in the past), or None."""
+        ...
+
+    async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
+        """Return when work of *spec_ids* may be claimable.
+
+        Returns at once when something is due already; early when the backend learns of new work
+        (an enqueue in this process, a NOTIFY); otherwise at the next known due time. It may
+        return early spuriously. Callers bound the wait with a cancel scope (the poll interval):
+        ``with trio.move_on_after(poll_interval): await queue.wait_for_work(spec_ids)``.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections and threads. Idempotent."""
+        ...
