@@ -14,6 +14,10 @@ from ._errors import SchemaError as SchemaError
 from ._errors import SettingsError as SettingsError
 from ._errors import SuperviseError as SuperviseError
 from ._errors import WorkerFailed as WorkerFailed
+from ._lifecycle import Shutdown as Shutdown
+from ._policy import Jitter as Jitter
+from ._policy import JitterMode as JitterMode
+from ._policy import RestartPolicy as RestartPolicy
 from ._version import __version__ as __version__
 from .queues import ItemState as ItemState
 from .queues import Lease as Lease
@@ -31,16 +35,20 @@ __all__ = [
     "ItemNotFound",
     "ItemState",
     "ItemStateError",
+    "Jitter",
+    "JitterMode",
     "Lease",
     "LeaseLost",
     "LeaseStatus",
     "MemoryQueue",
     "QueueError",
     "QueueUnavailable",
+    "RestartPolicy",
     "SchemaError",
     "SettingsError",
     "SettleKind",
     "Settlement",
+    "Shutdown",
     "SuperviseError",
     "SystemClock",
     "TrioClock",
