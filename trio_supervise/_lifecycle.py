@@ -20,7 +20,8 @@ class Shutdown:
     """
 
     _requested: trio_util.AsyncBool = attrs.field(
-        init=False, factory=lambda: trio_util.AsyncBool(False)
+        init=False,
+        factory=lambda: trio_util.AsyncBool(False),  # type: ignore[no-untyped-call]
     )
     _reason: str | None = attrs.field(init=False, default=None)
     _children: list[Shutdown] = attrs.field(init=False, factory=list)
@@ -28,7 +29,7 @@ class Shutdown:
     @property
     def requested(self) -> bool:
         """Whether shutdown has begun."""
-        return self._requested.value
+        return bool(self._requested.value)
 
     @property
     def reason(self) -> str | None:

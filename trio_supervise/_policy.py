@@ -89,9 +89,9 @@ def _seed_bytes(seed: bytes | str | int | None) -> bytes:
         return seed
     if isinstance(seed, str):
         return seed.encode()
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        return seed.to_bytes((seed.bit_length() + 8) // 8 or 1, "big", signed=True)
-    raise TypeError(f"seed must be bytes, str, int or None, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be bytes, str, int or None, got {seed!r}")
+    return seed.to_bytes((seed.bit_length() + 8) // 8, "big", signed=True)
 
 
 @attrs.frozen
