@@ -1,0 +1,213 @@
+"""Settings: TOML file and environment layering, errors that name the field and the rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trio_supervise import SettingsError
+from trio_supervise._settings import (
+    DEFAULT_DATABASE_URL,
+    HttpSettings,
+    LogLevel,
+    Settings,
+    load_settings,
+    redact_url,
+    structure_settings,
+)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "settings.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_need_no_file_and_no_environment() -> None:
+    """With nothing set, the settings are the documented defaults."""
+    settings = load_settings(env={})
+    assert settings == Settings()
+    assert settings.database_url == DEFAULT_DATABASE_URL == "sqlite:///trio_supervise.db"
+    assert settings.http == HttpSettings(host="127.0.0.1", port=8080, enabled=True)
+    assert settings.log_level is LogLevel.INFO
+    assert settings.jitter_seed is None
+
+
+def test_file_values_are_read(tmp_path: Path) -> None:
+    """A TOML file sets top-level and nested fields."""
+    path = write(
+        tmp_path,
+        'database_url = "sqlite:///other.db"\nlog_level = "debug"\njitter_seed = 7\n'
+        "[http]\nport = 9000\nenabled = false\n",
+    )
+    settings = load_settings(path, env={})
+    assert settings.database_url == "sqlite:///other.db"
+    assert settings.log_level is LogLevel.DEBUG
+    assert settings.jitter_seed == 7
+    assert settings.http.port == 9000
+    assert settings.http.enabled is False
+    assert settings.http.host == "127.0.0.1"
+
+
+def test_environment_wins_over_the_file(tmp_path: Path) -> None:
+    """A TRIO_SUPERVISE_* variable overrides the file; untouched file values stay."""
+    path = write(tmp_path, '[http]\nport = 9000\nhost = "127.0.0.2"\n')
+    env = {
+        "TRIO_SUPERVISE_HTTP__PORT": "9100",
+        "TRIO_SUPERVISE_DATABASE_URL": "postgresql://app@127.0.0.1/app",
+        "TRIO_SUPERVISE_HTTP__ENABLED": "off",
+        "TRIO_SUPERVISE_LOG_LEVEL": "WARNING",
+        "UNRELATED": "ignored",
+    }
+    settings = load_settings(path, env=env)
+    assert settings.http.port == 9100
+    assert settings.http.host == "127.0.0.2"
+    assert settings.http.enabled is False
+    assert settings.database_url == "postgresql://app@127.0.0.1/app"
+    assert settings.log_level is LogLevel.WARNING
+
+
+def test_config_file_can_be_named_by_the_environment(tmp_path: Path) -> None:
+    """TRIO_SUPERVISE_CONFIG names the file when no path is given."""
+    path = write(tmp_path, "[http]\nport = 9001\n")
+    assert load_settings(env={"TRIO_SUPERVISE_CONFIG": str(path)}).http.port == 9001
+
+
+def test_empty_environment_value_means_none_for_optional_fields() -> None:
+    """An empty value clears an optional field."""
+    assert load_settings(env={"TRIO_SUPERVISE_JITTER_SEED": ""}).jitter_seed is None
+    assert load_settings(env={"TRIO_SUPERVISE_JITTER_SEED": "42"}).jitter_seed == 42
+
+
+def test_test_suite_variables_are_not_settings() -> None:
+    """TRIO_SUPERVISE_TEST_* and TRIO_SUPERVISE_REQUIRE_* belong to the test suite."""
+    env = {"TRIO_SUPERVISE_TEST_DSN": "x", "TRIO_SUPERVISE_REQUIRE_POSTGRES": "1"}
+    assert load_settings(env=env) == Settings()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TRIO_SUPERVISE_HTTP__PORT": "abc"}, "http.port: expected int, got 'abc'"),
+        ({"TRIO_SUPERVISE_HTTP__PORT": "70000"}, "http.port: must be between 0 and 65535"),
+        ({"TRIO_SUPERVISE_HTTP__ENABLED": "maybe"}, "http.enabled: expected true or false"),
+        ({"TRIO_SUPERVISE_HTTP__REFRESH": "0"}, "http.refresh: must be positive"),
+        ({"TRIO_SUPERVISE_HTTP__HOST": " "}, "http.host: must not be empty"),
+        ({"TRIO_SUPERVISE_JITTER_SEED": "x"}, "jitter_seed: expected int, got 'x'"),
+        ({"TRIO_SUPERVISE_LOG_LEVEL": "loud"}, "log_level: expected one of debug, info"),
+        ({"TRIO_SUPERVISE_HTTP": "x"}, "http: is a table of settings"),
+        ({"TRIO_SUPERVISE_HTTP__PORT__X": "1"}, "http.port: is a value, not a table"),
+    ],
+)
+def test_environment_errors_name_the_field_path_and_the_rule(
+    env: dict[str, str], message: str
+) -> None:
+    """Every bad variable is reported as 'path: rule', naming the variable too."""
+    with pytest.raises(SettingsError) as error:
+        load_settings(env=env)
+    assert str(error.value).startswith(message)
+    assert next(iter(env)) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[http]\nport = 'abc'\n", "http.port: expected int, got str"),
+        ("[http]\nport = -1\n", "http.port: must be between 0 and 65535, got -1"),
+        ("[http]\nrefresh = 0\n", "http.refresh: must be positive, got 0.0"),
+        ("database_url = 5\n", "database_url: expected str, got int"),
+        ('log_level = "loud"\n', "log_level: expected one of debug, info, warning, error"),
+        ('http = "x"\n', "http: expected a table of settings"),
+        ("jitter_seed = 1.5\n", "jitter_seed: expected int, got float"),
+    ],
+)
+def test_file_errors_name_the_field_path_and_the_rule(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """A wrong type or a broken rule in the file is 'path: rule'."""
+    with pytest.raises(SettingsError, match="^" + message.replace(".", r"\.")):
+        load_settings(write(tmp_path, text), env={})
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    """Several bad fields give one error listing each of them."""
+    path = write(tmp_path, "database_url = 1\n[http]\nhost = 2\nport = 'x'\n")
+    with pytest.raises(SettingsError) as error:
+        load_settings(path, env={})
+    message = str(error.value)
+    for part in ("database_url: expected str", "http.host: expected str", "http.port: expected"):
+        assert part in message
+
+
+def test_unknown_keys_in_the_file_are_refused_by_name(tmp_path: Path) -> None:
+    """A typo is an error that names the key and suggests the right one."""
+    path = write(tmp_path, "colour = 1\n[http]\nprot = 1\n")
+    with pytest.raises(SettingsError) as error:
+        load_settings(path, env={})
+    message = str(error.value)
+    assert "colour: unknown setting" in message
+    assert "http.prot: unknown setting; did you mean 'http.port'?" in message
+
+
+def test_unknown_environment_variables_are_refused_by_name() -> None:
+    """A misspelt TRIO_SUPERVISE_* variable is an error, not silently ignored."""
+    with pytest.raises(SettingsError) as error:
+        load_settings(env={"TRIO_SUPERVISE_DATABSE_URL": "sqlite:///x.db"})
+    assert str(error.value) == (
+        "databse_url: unknown setting (from TRIO_SUPERVISE_DATABSE_URL); "
+        "did you mean 'database_url'?"
+    )
+
+
+def test_a_missing_file_is_one_clear_error(tmp_path: Path) -> None:
+    """Naming a file that does not exist says so."""
+    with pytest.raises(SettingsError, match="does not exist"):
+        load_settings(tmp_path / "nope.toml", env={})
+
+
+def test_invalid_toml_is_one_clear_error(tmp_path: Path) -> None:
+    """A file that is not TOML says so."""
+    with pytest.raises(SettingsError, match="is not valid TOML"):
+        load_settings(write(tmp_path, "[http\n"), env={})
+
+
+def test_structure_settings_refuses_a_wrong_shape() -> None:
+    """structure_settings is the same machinery for data from elsewhere."""
+    assert structure_settings({"http": {"port": 1}}, Settings).http.port == 1
+    with pytest.raises(SettingsError, match=r"^http\.port: expected int, got bool$"):
+        structure_settings({"http": {"port": True}}, Settings)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("sqlite:///trio_supervise.db", "sqlite:///trio_supervise.db"),
+        ("memory://", "memory://"),
+        ("postgresql://app@db/app", "postgresql://app@db/app"),
+        ("postgresql://app:s3cret@db:5432/app", "postgresql://app:***@db:5432/app"),
+        (
+            "postgresql://db/app?user=app&password=s3cret&sslmode=require",
+            "postgresql://db/app?user=app&password=***&sslmode=require",
+        ),
+    ],
+)
+def test_redact_url_masks_passwords_only(url: str, shown: str) -> None:
+    """Passwords in the authority or the query are masked; the rest stays readable."""
+    assert redact_url(url) == shown
+
+
+def test_redacted_view_masks_the_database_password() -> None:
+    """redacted() is plain data with the DSN password masked."""
+    settings = load_settings(env={"TRIO_SUPERVISE_DATABASE_URL": "postgresql://app:hunter2@db/app"})
+    view = settings.redacted()
+    assert view["database_url"] == "postgresql://app:***@db/app"
+    assert "hunter2" not in repr(view)
+    assert view["http"] == {
+        "enabled": True,
+        "host": "127.0.0.1",
+        "port": 8080,
+        "refresh": 5.0,
+        "graceful_timeout": 3.0,
+    }
+    assert view["log_level"] == "info"

@@ -1,0 +1,437 @@
+"""Settings: frozen attrs classes, structured by cattrs from a TOML file and the environment.
+
+Sources, lowest precedence first:
+
+1. the defaults of the classes below;
+2. a TOML file (``--config PATH``, or the path in ``TRIO_SUPERVISE_CONFIG``);
+3. ``TRIO_SUPERVISE_*`` environment variables: the rest of the name, lower-cased, is the field
+   path with ``__`` between levels (``TRIO_SUPERVISE_HTTP__PORT=9000`` sets ``http.port``).
+
+Environment values are text and are parsed for the field's type (``"9000"`` for an int,
+``true``/``false``/``1``/``0``/``yes``/``no``/``on``/``off`` for a bool, an empty value for
+``None``). TOML values must already have the right type: ``port = "9000"`` is refused.
+
+Every error names the field path and the rule (``http.port: expected int, got 'abc'``); unknown
+keys are refused by name, in the file and in the environment alike.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import json
+import os
+import tomllib
+import types
+import typing
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+
+from ._convert import converter as _shared_converter
+from ._errors import SettingsError
+
+__all__ = [
+    "DEFAULT_DATABASE_URL",
+    "ENV_PREFIX",
+    "HttpSettings",
+    "LogLevel",
+    "Settings",
+    "load_settings",
+    "redact_url",
+    "structure_settings",
+]
+
+ENV_PREFIX = "TRIO_SUPERVISE_"
+"""Environment variables with this prefix are settings."""
+
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+"""The environment variable naming the settings file when no path is given."""
+
+_RESERVED_ENV_PREFIXES = (CONFIG_ENV, ENV_PREFIX + "TEST_", ENV_PREFIX + "REQUIRE_")
+"""Variables with our prefix that are not settings: the file path, and the test suite's knobs."""
+
+DEFAULT_DATABASE_URL = "sqlite:///trio_supervise.db"
+"""The embedded default: one SQLite file in the working directory."""
+
+_SECRET = "secret"
+"""attrs metadata key: ``"url"`` masks a URL's password, ``True`` masks the whole value."""
+
+T = TypeVar("T")
+
+
+class LogLevel(enum.StrEnum):
+    """How much the service logs."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+def _port(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{attribute.name} must be between 0 and 65535, got {value!r}")
+
+
+def _non_empty(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not value.strip():
+        raise ValueError(f"{attribute.name} must not be empty")
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class HttpSettings:
+    """The operations HTTP server: ``/healthz``, ``/metrics`` and the status page."""
+
+    enabled: bool = True
+    """Serve HTTP at all."""
+    host: str = attrs.field(default="127.0.0.1", validator=_non_empty)
+    """Interface to bind; loopback unless you mean to expose it."""
+    port: int = attrs.field(default=8080, validator=_port)
+    """TCP port; 0 picks a free one (tests)."""
+    refresh: float = attrs.field(default=5.0, validator=_positive)
+    """Seconds between status-page refreshes."""
+    graceful_timeout: float = attrs.field(default=3.0, validator=_positive)
+    """Seconds open requests get to finish once shutdown begins."""
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """Everything a :class:`Service` reads from its environment."""
+
+    database_url: str = attrs.field(
+        default=DEFAULT_DATABASE_URL, validator=_non_empty, metadata={_SECRET: "url"}
+    )
+    """Where the queue lives: ``sqlite:///path.db``, ``postgresql://...`` or ``memory://``."""
+    log_level: LogLevel = LogLevel.INFO
+    """The root log level."""
+    jitter_seed: int | None = None
+    """Fix the restart-jitter seed (tests); ``None`` draws one per process."""
+    http: HttpSettings = attrs.field(factory=HttpSettings)
+    """The operations HTTP server."""
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings as plain data, with secrets masked (DSN passwords, secret fields)."""
+        return _redact(self)
+
+
+# -- the converter -----------------------------------------------------------------------------
+
+
+def _structure_enum(value: object, cls: type[enum.Enum]) -> enum.Enum:
+    try:
+        return cls(value)
+    except ValueError:
+        raise ValueError(_enum_rule(cls, value)) from None
+
+
+def _settings_converter() -> cattrs.Converter:
+    """The shared converter, plus by-class enum hooks.
+
+    The shared converter's ``str`` hook is registered by class, and a ``StrEnum`` is a ``str``,
+    so without these a ``StrEnum`` field would accept any string unchecked.
+    """
+    made = _shared_converter.copy()
+    for base in (enum.Enum, enum.StrEnum, enum.IntEnum):
+        made.register_structure_hook(base, _structure_enum)
+    return made
+
+
+converter = _settings_converter()
+
+
+# -- environment text into typed values ------------------------------------------------------------
+#
+# The shared converter is strict about scalar types (``"8080"`` is not an int), as it should be for
+# TOML and JSON. Environment values are always text, so they are parsed here, guided by the type
+# of the field they name, and then structured with everything else.
+
+
+class _EnvProblem(ValueError):
+    """An environment variable whose value does not parse for its field."""
+
+
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        args = typing.get_args(tp)
+        inner = [arg for arg in args if arg is not type(None)]
+        if len(inner) == 1 and len(args) == 2:
+            return inner[0], True
+    return tp, False
+
+
+def _parse_env(text: str, tp: Any) -> Any:
+    """Parse environment *text* into the JSON-ish value that structures into *tp*."""
+    tp, optional = _unwrap_optional(tp)
+    stripped = text.strip()
+    if optional and stripped.lower() in ("", "none", "null"):
+        return None
+    if tp is bool:
+        if stripped.lower() in _TRUE:
+            return True
+        if stripped.lower() in _FALSE:
+            return False
+        raise _EnvProblem(f"expected true or false, got {text!r}")
+    if tp is int:
+        try:
+            return int(stripped, 10)
+        except ValueError:
+            raise _EnvProblem(f"expected int, got {text!r}") from None
+    if tp is float:
+        try:
+            return float(stripped)
+        except ValueError:
+            raise _EnvProblem(f"expected a number, got {text!r}") from None
+    if tp is str:
+        return text
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        for member in tp:
+            if str(member.value).lower() == stripped.lower():
+                return member.value
+        raise _EnvProblem(_enum_rule(tp, text))
+    if isinstance(tp, type) and attrs.has(tp):
+        raise _EnvProblem("is a table of settings; set its fields (NAME__FIELD) instead")
+    try:  # lists, mappings and anything else: JSON
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _enum_rule(cls: type[enum.Enum], value: object) -> str:
+    listed = ", ".join(str(member.value) for member in cls)
+    return f"expected one of {listed}, got {value!r}"
+
+
+def _field_types(cls: Any) -> dict[str, Any]:
+    if not (isinstance(cls, type) and attrs.has(cls)):
+        return {}
+    attrs.resolve_types(cls)
+    return {field.name: field.type for field in attrs.fields(cls)}
+
+
+def _env_layer(
+    env: Mapping[str, str], cls: type
+) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """The settings named by ``TRIO_SUPERVISE_*`` variables, typed; the problems found; and
+    which variable set which field path."""
+    layer: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    problems: list[str] = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name.startswith(_RESERVED_ENV_PREFIXES):
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        if not all(parts):
+            problems.append(f"{name}: malformed settings variable (empty part between '__')")
+            continue
+        node, owner = layer, cls
+        for depth, part in enumerate(parts):
+            fields = _field_types(_unwrap_optional(owner)[0])
+            where = ".".join(parts[: depth + 1])
+            if part not in fields:
+                hint = difflib.get_close_matches(part, list(fields), n=1)
+                parent = ".".join(parts[:depth])
+                suggestion = ".".join(p for p in (parent, hint[0]) if p) if hint else ""
+                suffix = f"; did you mean {suggestion!r}?" if hint else ""
+                problems.append(f"{where}: unknown setting (from {name}){suffix}")
+                break
+            owner = fields[part]
+            if depth == len(parts) - 1:
+                try:
+                    node[part] = _parse_env(env[name], owner)
+                    sources[where] = name
+                except _EnvProblem as problem:
+                    problems.append(f"{where}: {problem} (from {name})")
+            else:
+                inner = _unwrap_optional(owner)[0]
+                if not (isinstance(inner, type) and attrs.has(inner)):
+                    problems.append(f"{where}: is a value, not a table (from {name})")
+                    break
+                child = node.setdefault(part, {})
+                node = child
+    return layer, problems, sources
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def _field_names(cls: Any) -> list[str]:
+    return list(_field_types(cls))
+
+
+def _leaf_message(error: BaseException, field_type: Any) -> str:
+    inner, _ = _unwrap_optional(field_type)
+    is_table = isinstance(inner, type) and attrs.has(inner)
+    if is_table and isinstance(error, AttributeError | TypeError):
+        return "expected a table of settings"
+    return str(error)
+
+
+def _flatten(
+    error: BaseException, path: tuple[str, ...], cls: Any, field_type: Any = None
+) -> Iterator[str]:
+    """One ``path: rule`` line per leaf problem in a cattrs error tree."""
+    if isinstance(error, ClassValidationError):
+        with_notes, others = error.group_exceptions()
+        for sub, note in with_notes:
+            yield from _flatten(sub, (*path, note.name), note.type, note.type)
+        for other in others:
+            yield from _flatten(other, path, error.cl)
+        return
+    if isinstance(error, BaseExceptionGroup):
+        for member in error.exceptions:
+            yield from _flatten(member, path, None)
+        return
+    if isinstance(error, ForbiddenExtraKeysError):
+        known = _field_names(error.cl)
+        for key in sorted(error.extra_fields):
+            where = ".".join((*path, key))
+            hint = difflib.get_close_matches(key, known, n=1)
+            suffix = f"; did you mean {'.'.join((*path, hint[0]))!r}?" if hint else ""
+            yield f"{where}: unknown setting{suffix}"
+        return
+    if isinstance(error, KeyError):
+        yield f"{'.'.join(path) or '<settings>'}: required, but not given"
+        return
+    message = _leaf_message(error, field_type)
+    # An attrs validator names its own field first ("lease must be positive, got 0"): that field
+    # belongs to the class being built, so it extends the path.
+    names = _field_names(_unwrap_optional(cls)[0])
+    head, _, rest = message.partition(" ")
+    if head.rstrip(":") in names and rest:
+        path = (*path, head.rstrip(":"))
+        message = rest
+    yield f"{'.'.join(path) or '<settings>'}: {message}"
+
+
+def structure_settings(
+    data: Mapping[str, Any], cls: type[T], *, sources: Mapping[str, str] | None = None
+) -> T:
+    """Structure *data* into *cls*; a :class:`SettingsError` names every problem's field path."""
+    try:
+        return converter.structure(data, cls)
+    except (
+        cattrs.BaseValidationError,
+        ForbiddenExtraKeysError,
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+    ) as error:
+        problems = []
+        for line in _flatten(error, (), cls):
+            where = line.partition(": ")[0]
+            source = (sources or {}).get(where)
+            problems.append(f"{line} (from {source})" if source else line)
+        raise SettingsError("; ".join(problems)) from None
+
+
+# -- sources -------------------------------------------------------------------------------------
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except FileNotFoundError:
+        raise SettingsError(f"settings file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SettingsError(f"settings file {str(path)!r} is not valid TOML: {error}") from None
+    except OSError as error:
+        raise SettingsError(f"settings file {str(path)!r} cannot be read: {error}") from None
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    cls: type[T] = Settings,  # type: ignore[assignment]
+) -> T:
+    """Read settings from the TOML file at *path* and the environment (which wins).
+
+    With no *path*, the file named by ``TRIO_SUPERVISE_CONFIG`` is read, if that is set.
+    *env* defaults to ``os.environ``. Raises :class:`SettingsError` naming every bad field.
+    """
+    env = os.environ if env is None else env
+    if path is None and env.get(CONFIG_ENV):
+        path = env[CONFIG_ENV]
+    data: dict[str, Any] = {} if path is None else _read_file(Path(path))
+    layer, problems, sources = _env_layer(env, cls)
+    if problems:
+        raise SettingsError("; ".join(problems))
+    return structure_settings(_merge(data, layer), cls, sources=sources)
+
+
+# -- redaction -----------------------------------------------------------------------------------
+
+_MASK = "***"
+_SECRET_QUERY_KEYS = frozenset({"password", "passwd", "sslpassword", "secret", "token"})
+
+
+def redact_url(url: str) -> str:
+    """*url* with any password (in the authority or the query string) replaced by ``***``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return _MASK
+    redacted = url
+    if parts.password is not None:
+        scheme, sep, rest = redacted.partition("://")
+        userinfo, _, hostpart = rest.partition("@")
+        user = userinfo.partition(":")[0]
+        redacted = f"{scheme}{sep}{user}:{_MASK}@{hostpart}"
+    if parts.query:
+        base, _, query = redacted.partition("?")
+        query, hash_sign, fragment = query.partition("#")
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        query = "&".join(
+            f"{key}={_MASK if key.lower() in _SECRET_QUERY_KEYS else value}" for key, value in pairs
+        )
+        redacted = f"{base}?{query}{hash_sign}{fragment}"
+    return redacted
+
+
+def _redact(instance: Any) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for field in attrs.fields(type(instance)):
+        value = getattr(instance, field.name)
+        secret = field.metadata.get(_SECRET)
+        if value is None:
+            result[field.name] = None
+        elif secret == "url":
+            result[field.name] = redact_url(str(value))
+        elif secret:
+            result[field.name] = _MASK
+        elif attrs.has(type(value)):
+            result[field.name] = _redact(value)
+        elif isinstance(value, enum.Enum):
+            result[field.name] = value.value
+        else:
+            result[field.name] = converter.unstructure(value)
+    return result
