@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from trio_supervise import SettingsError
+from trio_supervise import JitterMode, SettingsError
 from trio_supervise._settings import (
     DEFAULT_DATABASE_URL,
     HttpSettings,
     LogLevel,
     Settings,
+    default_worker_id,
     load_settings,
     redact_url,
     structure_settings,
@@ -211,3 +212,42 @@ def test_redacted_view_masks_the_database_password() -> None:
         "graceful_timeout": 3.0,
     }
     assert view["log_level"] == "info"
+
+
+def test_runner_settings_are_layered_like_the_rest(tmp_path: Path) -> None:
+    """runner.* comes from the file and the environment; worker_id defaults to host-pid."""
+    path = write(tmp_path, "[runner]\nlease = 30\nconcurrency = 4\n")
+    settings = load_settings(path, env={"TRIO_SUPERVISE_RUNNER__CONCURRENCY": "8"})
+    assert settings.runner.lease == 30.0
+    assert settings.runner.concurrency == 8
+    assert settings.runner.worker_id == default_worker_id()
+
+
+def test_one_field_of_a_nested_table_keeps_the_other_defaults() -> None:
+    """Setting runner.claim_retry.jitter alone leaves its backoff bounds at their defaults."""
+    settings = load_settings(env={"TRIO_SUPERVISE_RUNNER__CLAIM_RETRY__JITTER": "full"})
+    assert settings.runner.claim_retry.jitter is JitterMode.FULL
+    assert settings.runner.claim_retry.max_backoff == Settings().runner.claim_retry.max_backoff
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TRIO_SUPERVISE_RUNNER__LEASE": "1"}, "runner.lease: must be >= 3 seconds, got 1.0"),
+        ({"TRIO_SUPERVISE_RUNNER__CONCURRENCY": "0"}, "runner.concurrency: must be >= 1, got 0"),
+        ({"TRIO_SUPERVISE_RUNNER__POLL_INTERVAL": "0"}, "runner.poll_interval: must be positive"),
+        (
+            {"TRIO_SUPERVISE_RUNNER__RETRY__MIN_BACKOFF": "1"},
+            "runner.retry.max_backoff: required, but not given",
+        ),
+        (
+            {"TRIO_SUPERVISE_RUNNER__CLAIM_RETRY__JITTER": "x"},
+            "runner.claim_retry.jitter: expected one of equal, full, none, got 'x'",
+        ),
+    ],
+)
+def test_runner_errors_name_the_field_path_and_the_rule(env: dict[str, str], message: str) -> None:
+    """The runner's own validation rules are reported under runner.*."""
+    with pytest.raises(SettingsError) as error:
+        load_settings(env=env)
+    assert str(error.value).startswith(message)

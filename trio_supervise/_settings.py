@@ -21,6 +21,7 @@ import difflib
 import enum
 import json
 import os
+import socket
 import tomllib
 import types
 import typing
@@ -35,6 +36,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
 from ._convert import converter as _shared_converter
 from ._errors import SettingsError
+from ._workflow import RunnerSettings
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -42,6 +44,7 @@ __all__ = [
     "HttpSettings",
     "LogLevel",
     "Settings",
+    "default_worker_id",
     "load_settings",
     "redact_url",
     "structure_settings",
@@ -106,6 +109,15 @@ class HttpSettings:
     """Seconds open requests get to finish once shutdown begins."""
 
 
+def default_worker_id() -> str:
+    """``host-pid``: unique among the live workers of one machine, readable in a lease."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _default_runner() -> RunnerSettings:
+    return RunnerSettings(worker_id=default_worker_id())
+
+
 @attrs.frozen(kw_only=True)
 class Settings:
     """Everything a :class:`Service` reads from its environment."""
@@ -120,6 +132,8 @@ class Settings:
     """Fix the restart-jitter seed (tests); ``None`` draws one per process."""
     http: HttpSettings = attrs.field(factory=HttpSettings)
     """The operations HTTP server."""
+    runner: RunnerSettings = attrs.field(factory=_default_runner)
+    """How the workflow runner claims and evaluates items (``worker_id`` defaults to host-pid)."""
 
     def redacted(self) -> dict[str, Any]:
         """The settings as plain data, with secrets masked (DSN passwords, secret fields)."""
@@ -385,7 +399,9 @@ def load_settings(
     layer, problems, sources = _env_layer(env, cls)
     if problems:
         raise SettingsError("; ".join(problems))
-    return structure_settings(_merge(data, layer), cls, sources=sources)
+    # Layer over the defaults, so that setting one field of a nested table keeps the others.
+    defaults = converter.unstructure(cls())
+    return structure_settings(_merge(_merge(defaults, data), layer), cls, sources=sources)
 
 
 # -- redaction -----------------------------------------------------------------------------------
