@@ -57,10 +57,31 @@ class Shutdown:
     def child(self) -> Shutdown:
         """A shutdown that begins with this one, and may also begin alone."""
         child = Shutdown()
-        self._children.append(child)
+        self.adopt(child)
+        return child
+
+    def adopt(self, child: Shutdown) -> None:
+        """Make an existing *child* begin whenever this one does (idempotent).
+
+        A nested supervisor is built before its parent, with a shutdown of its own; the parent
+        adopts it. Adopting a shutdown that would begin this one in turn is refused.
+        """
+        if child is self or self._reaches(child=self, start=child):
+            raise ValueError("adopting this shutdown would make a cycle")
+        if child not in self._children:
+            self._children.append(child)
         if self.requested:
             child.begin(self._reason or "requested")
-        return child
+
+    @staticmethod
+    def _reaches(*, child: Shutdown, start: Shutdown) -> bool:
+        stack = [start]
+        while stack:
+            node = stack.pop()
+            if node is child:
+                return True
+            stack.extend(node._children)
+        return False
 
     def detach(self, child: Shutdown) -> None:
         """Stop propagating to *child* (when the child's owner is gone)."""
