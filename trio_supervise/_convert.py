@@ -1,0 +1,116 @@
+"""The one cattrs converter for everything that crosses a boundary.
+
+Typed driver configs, settings and JSON status all go through :data:`converter`. It is the JSON
+preconfigured converter (datetimes as ISO 8601 strings, sets as lists) with three choices made
+strict on purpose, because the input is JSON a person or another program wrote:
+
+- scalars are not coerced: ``"3"`` is not an ``int``, ``3.7`` is not an ``int``, ``True`` is not
+  an ``int`` and ``5`` is not a ``str`` (an ``int`` is accepted where a ``float`` is wanted);
+- unknown keys are refused (a typo such as ``dasy`` is an error, not a silently ignored field);
+- errors are collected per field (``detailed_validation``) and described by
+  :func:`describe_structure_error` as ``"days: expected int, got str"``.
+
+Callers that read values which are always strings (environment variables) parse them into JSON
+types first and then structure them here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import cattrs
+from cattrs.errors import ForbiddenExtraKeysError
+from cattrs.preconf.json import make_converter
+
+from ._errors import ConfigError
+
+__all__ = ["converter", "describe_structure_error", "structure_config", "unstructure"]
+
+T = TypeVar("T")
+
+
+class _WrongType(TypeError):
+    """A scalar of the wrong JSON type; the message is the whole description."""
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _structure_int(value: object, _: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _WrongType(f"expected int, got {_type_name(value)}")
+    return value
+
+
+def _structure_float(value: object, _: type) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _WrongType(f"expected float, got {_type_name(value)}")
+    return float(value)
+
+
+def _structure_str(value: object, _: type) -> str:
+    if not isinstance(value, str):
+        raise _WrongType(f"expected str, got {_type_name(value)}")
+    return value
+
+
+def _structure_bool(value: object, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise _WrongType(f"expected bool, got {_type_name(value)}")
+    return value
+
+
+def _make_converter() -> cattrs.Converter:
+    made = make_converter(detailed_validation=True, forbid_extra_keys=True)
+    made.register_structure_hook(int, _structure_int)
+    made.register_structure_hook(float, _structure_float)
+    made.register_structure_hook(str, _structure_str)
+    made.register_structure_hook(bool, _structure_bool)
+    return made
+
+
+converter: cattrs.Converter = _make_converter()
+"""The shared converter. Register hooks on it only at import time of the module that needs them."""
+
+
+def _format_exception(exc: BaseException, type_: type | None) -> str:
+    if isinstance(exc, _WrongType):
+        return str(exc)
+    if isinstance(exc, KeyError):
+        return "required field missing"
+    if isinstance(exc, ForbiddenExtraKeysError):
+        return f"unknown field(s) {', '.join(sorted(exc.extra_fields))}"
+    if isinstance(exc, AttributeError) or (isinstance(exc, TypeError) and type_ is None):
+        # Structuring a class from something that is not a mapping.
+        return "expected an object"
+    return cattrs.v.format_exception(exc, type_)
+
+
+def _describe_path(path: str) -> str:
+    if path == "$":
+        return ""
+    return path[2:] if path.startswith("$.") else path[1:]
+
+
+def describe_structure_error(error: BaseException) -> str:
+    """Describe a structuring failure field by field: ``"days: expected int, got str; ..."``."""
+    parts = []
+    for line in cattrs.transform_error(error, path="$", format_exception=_format_exception):
+        message, _, path = line.rpartition(" @ ")
+        where = _describe_path(path)
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
+def structure_config(value: Any, cls: type[T], *, what: str) -> T:
+    """Structure *value* into *cls*, or raise :class:`ConfigError` as ``"{what}: {details}"``."""
+    try:
+        return converter.structure(value, cls)
+    except Exception as error:
+        raise ConfigError(f"{what}: {describe_structure_error(error)}") from error
+
+
+def unstructure(value: Any) -> Any:
+    """Turn attrs instances (and what they hold) back into JSON-compatible values."""
+    return converter.unstructure(value)

@@ -1,0 +1,627 @@
+"""The long-running workflow runner: a pipelined, supervised child.
+
+Three tasks share the runner's state:
+
+- the *claim loop* keeps up to ``concurrency`` evaluations in flight, claiming as slots free up,
+  and when the queue has nothing due waits with
+  ``with trio.move_on_after(poll_interval): await queue.wait_for_work(spec_ids)``;
+- the *renewal loop* renews every held lease in one ``renew_many`` call every ``lease / 3``; a
+  lost lease cancels that item's scope, a requested cancellation cancels it too;
+- the *settler* writes outcomes with ``settle_many``, taking everything that finished since its
+  last write in one call.
+
+Each item is evaluated in its own cancel scope and holds its slot (and its lease, which keeps
+being renewed) until its outcome is written.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import enum
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Generic
+
+import attrs
+import trio
+import trio_util
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ._errors import DriverError, SuperviseError
+from ._lifecycle import Shutdown
+from ._policy import Jitter
+from ._workflow import (
+    ContextT,
+    DriverRegistry,
+    RunnerSettings,
+    describe_error,
+    evaluate_item,
+    failure_settlement,
+    raise_specific,
+)
+from .queues._protocol import Lease, LeaseStatus, SettleKind, Settlement, WorkItem, WorkQueue
+
+__all__ = [
+    "EventKind",
+    "RecentError",
+    "RunnerEvent",
+    "RunnerMetrics",
+    "RunnerState",
+    "WorkflowRunner",
+]
+
+logger = logging.getLogger("trio_supervise.runner")
+
+
+class RunnerState(enum.StrEnum):
+    """What a runner is doing."""
+
+    IDLE = "idle"
+    """Not started yet."""
+    RUNNING = "running"
+    """Claiming and evaluating."""
+    BACKING_OFF = "backing-off"
+    """Claims are failing; waiting before the next attempt."""
+    DRAINING = "draining"
+    """Shutdown began (or claims failed for good): letting in-flight items finish."""
+    STOPPED = "stopped"
+    """``run`` returned."""
+    FAILED = "failed"
+    """``run`` raised: claims failed more than ``claim_retry.max_restarts`` times in a row."""
+
+
+class EventKind(enum.StrEnum):
+    """What a :class:`RunnerEvent` records."""
+
+    STARTED = "started"
+    CLAIMED = "claimed"
+    CLAIM_FAILED = "claim-failed"
+    RENEWED = "renewed"
+    RENEWAL_FAILED = "renewal-failed"
+    LEASE_LOST = "lease-lost"
+    CANCEL_REQUESTED = "cancel-requested"
+    OUTCOME = "outcome"
+    SETTLED = "settled"
+    SETTLE_REFUSED = "settle-refused"
+    SETTLE_FAILED = "settle-failed"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@attrs.frozen(kw_only=True)
+class RunnerEvent:
+    """One thing a runner did, for histories and tests (``on_event``).
+
+    ``detail`` is, for ``outcome``, the settlement kind (``continue``, ``reschedule``,
+    ``complete``, ``cancel``, ``retry: <error>``, ``dead: <error>``, ``release``) or
+    ``lease-lost``; for ``renewed`` the lease status; otherwise a short text. ``at`` is
+    ``trio.current_time()``.
+    """
+
+    kind: EventKind
+    item_id: str | None = None
+    spec_id: str | None = None
+    lease_version: int | None = None
+    detail: str = ""
+    at: float = attrs.field(factory=trio.current_time)
+
+
+@attrs.frozen(kw_only=True)
+class RecentError:
+    """An error a runner met, for the status page. ``item_id`` is None for claim errors."""
+
+    item_id: str | None
+    spec_id: str | None
+    error: str
+    at: dt.datetime
+
+
+@attrs.define(eq=False)
+class RunnerMetrics:
+    """A runner's Prometheus metrics, on *registry* (a private one when None; never the global)."""
+
+    registry: CollectorRegistry = attrs.field(factory=CollectorRegistry)
+    claimed: Counter = attrs.field(init=False)
+    completed: Counter = attrs.field(init=False)
+    continued: Counter = attrs.field(init=False)
+    rescheduled: Counter = attrs.field(init=False)
+    released: Counter = attrs.field(init=False)
+    failed: Counter = attrs.field(init=False)
+    cancelled: Counter = attrs.field(init=False)
+    dead: Counter = attrs.field(init=False)
+    renewals_failed: Counter = attrs.field(init=False)
+    evaluation_seconds: Histogram = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        def counter(name: str, documentation: str) -> Counter:
+            return Counter(
+                f"trio_supervise_{name}_total", documentation, ["spec"], registry=self.registry
+            )
+
+        self.claimed = counter("items_claimed", "Items claimed under a lease.")
+        self.completed = counter("items_completed", "Items completed (Stop).")
+        self.continued = counter("items_continued", "Items evaluated and due again (Continue).")
+        self.rescheduled = counter("items_rescheduled", "Items rescheduled (Reschedule).")
+        self.released = counter("items_released", "Leases handed back unevaluated (shutdown).")
+        self.failed = counter("items_failed", "Evaluations that failed (an item error).")
+        self.cancelled = counter("items_cancelled", "Items cancelled on request.")
+        self.dead = counter("items_dead", "Items dead after too many errors.")
+        self.renewals_failed = counter(
+            "lease_renewals_failed", "Lease renewals that failed or found the lease lost."
+        )
+        self.evaluation_seconds = Histogram(
+            "trio_supervise_evaluation_seconds",
+            "How long driver evaluations took.",
+            ["spec"],
+            registry=self.registry,
+        )
+
+    def count_settled(self, kind: SettleKind, spec_id: str) -> None:
+        """Count a settlement the queue applied."""
+        counter = {
+            SettleKind.COMPLETE: self.completed,
+            SettleKind.CONTINUE: self.continued,
+            SettleKind.RESCHEDULE: self.rescheduled,
+            SettleKind.RELEASE: self.released,
+            SettleKind.CANCEL: self.cancelled,
+            SettleKind.DEAD: self.dead,
+        }.get(kind)
+        if counter is not None:
+            counter.labels(spec_id).inc()
+
+
+class _Reason(enum.IntEnum):
+    """Why an evaluation's scope was cancelled; a higher value overrides a lower one."""
+
+    SHUTDOWN = 1
+    RENEWAL_FAILED = 2
+    CANCEL_REQUESTED = 3
+    LOST = 4
+
+
+@attrs.define(eq=False)
+class _InFlight:
+    """An item this runner holds a lease on, from claim until its outcome is written."""
+
+    item: WorkItem
+    renewed_at: float
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    reason: _Reason | None = None
+    detail: str = ""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.item.id, self.item.lease_version)
+
+    def stop(self, reason: _Reason, detail: str = "") -> None:
+        if self.reason is None or reason > self.reason:
+            self.reason = reason
+            self.detail = detail
+        self.scope.cancel()
+
+
+@attrs.define(eq=False)
+class _Pending:
+    settlement: Settlement
+    done: trio.Event = attrs.field(factory=trio.Event)
+    applied: bool = False
+    error: Exception | None = None
+
+
+@attrs.define(eq=False)
+class _Settler:
+    """Batches outcomes into ``settle_many`` calls: whatever is waiting goes in the next call."""
+
+    queue: WorkQueue
+    batch: int
+    _send: trio.MemorySendChannel[_Pending] = attrs.field(init=False)
+    _receive: trio.MemoryReceiveChannel[_Pending] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
+
+    async def settle(self, settlement: Settlement) -> bool:
+        """Write *settlement*: True if applied, False if stale; raise if the call fails."""
+        pending = _Pending(settlement)
+        self._send.send_nowait(pending)
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.applied
+
+    async def run(self) -> None:
+        async for first in self._receive:
+            # Let the other evaluations that finished at this instant queue up behind it.
+            await trio.lowlevel.checkpoint()
+            batch = [first]
+            while len(batch) < self.batch:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            try:
+                results = await self.queue.settle_many([each.settlement for each in batch])
+                if len(results) != len(batch):
+                    raise SuperviseError(
+                        f"settle_many returned {len(results)} results for {len(batch)} settlements"
+                    )
+            except Exception as error:
+                for each in batch:
+                    each.error = error
+                    each.done.set()
+            else:
+                for each, applied in zip(batch, results, strict=True):
+                    each.applied = applied
+                    each.done.set()
+
+
+@attrs.define(eq=False, kw_only=True)
+class WorkflowRunner(Generic[ContextT]):
+    """Claims due items and evaluates them with their drivers until shutdown; a supervised child.
+
+    :param queue: where the items live.
+    :param registry: the drivers; the runner claims the registry's spec ids.
+    :param settings: leases, concurrency, retries and the rest.
+    :param build_context: builds the drivers' context once per :meth:`run`.
+    :param shutdown: when it begins, the runner stops claiming and drains (a private one if None;
+        see :attr:`shutdown`).
+    :param jitter: the keyed jitter for item retries and claim backoff (a fresh seed if None).
+    :param metrics_registry: where the metrics go (a private registry if None).
+    :param on_event: called with every :class:`RunnerEvent`; it must not block. An exception from
+        it is logged and ignored: observing must not break execution.
+
+    Claim errors: a failing ``claim_due`` is logged, kept in :attr:`recent_errors`, and retried
+    after the ``claim_retry`` backoff while :attr:`state` is ``backing-off`` (in-flight items go
+    on). Past ``claim_retry.max_restarts`` consecutive failures the runner drains like on shutdown
+    and re-raises the queue's error, so its supervisor sees a failure and applies its own policy.
+    """
+
+    _queue: WorkQueue = attrs.field(alias="queue")
+    _registry: DriverRegistry[ContextT] = attrs.field(alias="registry")
+    _settings: RunnerSettings = attrs.field(alias="settings")
+    _build_context: Callable[[], Awaitable[ContextT]] = attrs.field(alias="build_context")
+    _shutdown: Shutdown = attrs.field(factory=Shutdown, alias="shutdown")
+    _jitter: Jitter = attrs.field(factory=Jitter, alias="jitter")
+    _metrics_registry: CollectorRegistry | None = attrs.field(
+        default=None, alias="metrics_registry"
+    )
+    _on_event: Callable[[RunnerEvent], None] | None = attrs.field(default=None, alias="on_event")
+
+    _metrics: RunnerMetrics = attrs.field(init=False)
+    _state: RunnerState = attrs.field(init=False, default=RunnerState.IDLE)
+    _in_flight: dict[tuple[str, int], _InFlight] = attrs.field(init=False, factory=dict)
+    _count: trio_util.AsyncValue[int] = attrs.field(
+        init=False, factory=lambda: trio_util.AsyncValue(0)
+    )
+    _errors: collections.deque[RecentError] = attrs.field(init=False)
+    _claim_failures: int = attrs.field(init=False, default=0)
+    _running: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        registry = self._metrics_registry
+        self._metrics = RunnerMetrics(CollectorRegistry() if registry is None else registry)
+        self._errors = collections.deque(maxlen=self._settings.error_history)
+
+    # -- what others read ----------------------------------------------------------------------
+
+    @property
+    def settings(self) -> RunnerSettings:
+        return self._settings
+
+    @property
+    def shutdown(self) -> Shutdown:
+        """Begin this to make :meth:`run` drain and return."""
+        return self._shutdown
+
+    @property
+    def metrics(self) -> RunnerMetrics:
+        return self._metrics
+
+    @property
+    def state(self) -> RunnerState:
+        return self._state
+
+    @property
+    def claim_failures(self) -> int:
+        """Consecutive failed claims (0 once a claim succeeds)."""
+        return self._claim_failures
+
+    @property
+    def in_flight(self) -> list[WorkItem]:
+        """The items this runner holds a lease on right now, as claimed."""
+        return [entry.item for entry in self._in_flight.values()]
+
+    @property
+    def recent_errors(self) -> list[RecentError]:
+        """The last ``settings.error_history`` errors, oldest first."""
+        return list(self._errors)
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until shutdown begins, then drain and return; report readiness via *task_status*.
+
+        Raises :class:`DriverError` before readiness if the registry is empty or a driver's specs
+        are invalid, whatever ``build_context`` raises, and the queue's error after too many
+        consecutive failed claims. It may be called again after it returns (a restart).
+        """
+        if self._running:
+            raise RuntimeError("this runner is running already")
+        self._running = True
+        self._state = RunnerState.IDLE
+        self._claim_failures = 0
+        failed = False
+        try:
+            if self._registry.is_empty():
+                raise DriverError("the registry has no drivers: nothing to run")
+            self._registry.validate_all()
+            context = await self._build_context()
+            settler = _Settler(self._queue, self._settings.settle_batch)
+            fatal: Exception | None = None
+            try:
+                async with trio.open_nursery() as services:
+                    services.start_soon(self._renewal_loop)
+                    services.start_soon(settler.run)
+                    async with trio.open_nursery() as evaluations:
+                        self._state = RunnerState.RUNNING
+                        self._emit(EventKind.STARTED)
+                        task_status.started()
+                        fatal = await self._claim_loop(evaluations, context, settler)
+                        await self._drain()
+                    services.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                raise_specific(group)
+            if fatal is not None:
+                failed = True
+                raise fatal
+        finally:
+            self._state = RunnerState.FAILED if failed else RunnerState.STOPPED
+            self._running = False
+            self._emit(EventKind.STOPPED, detail=str(self._state))
+
+    async def _claim_loop(
+        self, nursery: trio.Nursery, context: ContextT, settler: _Settler
+    ) -> Exception | None:
+        settings = self._settings
+        while not self._shutdown.requested:
+            free = settings.concurrency - len(self._in_flight)
+            if free <= 0:
+                async with trio_util.move_on_when(self._shutdown.wait):
+                    await self._count.wait_value(lambda n: n < settings.concurrency)
+                continue
+            spec_ids = self._registry.spec_ids()
+            limit = min(settings.claim_batch, free)
+            started = trio.current_time()
+            try:
+                items = await self._queue.claim_due(
+                    spec_ids, settings.worker_id, settings.lease, limit
+                )
+            except Exception as error:
+                self._claim_failures += 1
+                text = f"claim failed: {describe_error(error)}"
+                self._record_error(None, None, text)
+                self._emit(EventKind.CLAIM_FAILED, detail=text)
+                if self._claim_failures > settings.claim_retry.max_restarts:
+                    logger.error("%s; giving up after %d attempts", text, self._claim_failures)
+                    return error
+                delay = settings.claim_retry.backoff(
+                    self._claim_failures, key=f"claim:{settings.worker_id}", jitter=self._jitter
+                )
+                logger.warning("%s; retrying in %.3g s", text, delay)
+                self._state = RunnerState.BACKING_OFF
+                await self._shutdown.sleep(delay)
+                continue
+            if self._claim_failures:
+                self._claim_failures = 0
+                self._state = RunnerState.RUNNING
+            for item in items:
+                self._start(nursery, item, started, context, settler)
+            if len(items) < limit:
+                await self._wait_for_work(spec_ids)
+        return None
+
+    async def _wait_for_work(self, spec_ids: list[str]) -> None:
+        with trio.move_on_after(self._settings.poll_interval):
+            async with trio_util.move_on_when(self._shutdown.wait):
+                try:
+                    await self._queue.wait_for_work(spec_ids)
+                except Exception as error:
+                    # The next claim reports the queue's trouble; here, just don't spin.
+                    logger.debug("wait_for_work failed: %s", describe_error(error))
+                else:
+                    return
+                await trio.sleep_forever()
+
+    def _start(
+        self,
+        nursery: trio.Nursery,
+        item: WorkItem,
+        claimed_at: float,
+        context: ContextT,
+        settler: _Settler,
+    ) -> None:
+        entry = _InFlight(item, renewed_at=claimed_at)
+        self._in_flight[entry.key] = entry
+        self._count.value = len(self._in_flight)
+        self._metrics.claimed.labels(item.spec_id).inc()
+        self._emit(EventKind.CLAIMED, item)
+        if self._shutdown.requested:
+            entry.stop(_Reason.SHUTDOWN, "claimed during shutdown")
+        nursery.start_soon(self._run_item, entry, context, settler)
+
+    async def _drain(self) -> None:
+        self._state = RunnerState.DRAINING
+        self._emit(EventKind.DRAINING, detail=f"{len(self._in_flight)} in flight")
+        with trio.move_on_after(self._settings.shutdown_grace):
+            await self._count.wait_value(0)
+        for entry in list(self._in_flight.values()):
+            entry.stop(_Reason.SHUTDOWN, "shutdown grace elapsed")
+
+    # -- one item ------------------------------------------------------------------------------
+
+    async def _run_item(self, entry: _InFlight, context: ContextT, settler: _Settler) -> None:
+        try:
+            settlement = await self._evaluate(entry, context)
+            if settlement is not None:
+                await self._settle(entry, settlement, settler)
+        finally:
+            self._in_flight.pop(entry.key, None)
+            self._count.value = len(self._in_flight)
+
+    async def _evaluate(self, entry: _InFlight, context: ContextT) -> Settlement | None:
+        item = entry.item
+        settings = self._settings
+        if item.cancel_requested:
+            entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested before evaluation")
+        settlement: Settlement | None = None
+        error: str | None = None
+        if entry.reason is None:
+            started = trio.current_time()
+            with entry.scope:
+                try:
+                    settlement = await evaluate_item(
+                        self._registry.for_spec(item.spec_id),
+                        context,
+                        item,
+                        requeue_delay=settings.requeue_delay,
+                    )
+                except Exception as exc:
+                    error = describe_error(exc)
+            self._metrics.evaluation_seconds.labels(item.spec_id).observe(
+                trio.current_time() - started
+            )
+
+        match entry.reason:
+            case _Reason.LOST:
+                self._metrics.failed.labels(item.spec_id).inc()
+                self._record_error(item.id, item.spec_id, f"lease lost: {entry.detail}")
+                self._emit(EventKind.OUTCOME, item, detail="lease-lost")
+                return None
+            case _Reason.CANCEL_REQUESTED:
+                settlement = Settlement(
+                    item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL
+                )
+            case _Reason.RENEWAL_FAILED:
+                error = f"lease renewal failed: {entry.detail}"
+            case _Reason.SHUTDOWN if settlement is None:
+                # Cancelled (or failed while being cancelled) by shutdown: hand it back at once.
+                error = None
+                settlement = Settlement(
+                    item_id=item.id, lease_version=item.lease_version, kind=SettleKind.RELEASE
+                )
+        if error is not None or settlement is None:
+            error = error or "evaluation was cancelled"
+            self._metrics.failed.labels(item.spec_id).inc()
+            self._record_error(item.id, item.spec_id, error)
+            logger.warning("item %r (spec %r) failed: %s", item.id, item.spec_id, error)
+            settlement = failure_settlement(item, error, settings, self._jitter)
+        detail = str(settlement.kind)
+        if settlement.error is not None:
+            detail = f"{detail}: {settlement.error}"
+        self._emit(EventKind.OUTCOME, item, detail=detail)
+        return settlement
+
+    async def _settle(self, entry: _InFlight, settlement: Settlement, settler: _Settler) -> None:
+        item = entry.item
+        try:
+            applied = await settler.settle(settlement)
+        except Exception as error:
+            text = f"writing {settlement.kind} failed: {describe_error(error)}"
+            self._record_error(item.id, item.spec_id, text)
+            self._emit(EventKind.SETTLE_FAILED, item, detail=text)
+            logger.warning("item %r: %s (its lease will expire)", item.id, text)
+            return
+        if applied:
+            self._metrics.count_settled(settlement.kind, item.spec_id)
+            self._emit(EventKind.SETTLED, item, detail=str(settlement.kind))
+        else:
+            self._emit(EventKind.SETTLE_REFUSED, item, detail=str(settlement.kind))
+            logger.warning("item %r: %s refused, the lease was lost", item.id, settlement.kind)
+
+    # -- renewals ------------------------------------------------------------------------------
+
+    async def _renewal_loop(self) -> None:
+        interval = self._settings.renew_interval
+        deadline = trio.current_time() + interval
+        while True:
+            await trio.sleep_until(deadline)
+            await self._renew_round(interval)
+            deadline += interval
+            now = trio.current_time()
+            if deadline <= now:
+                deadline = now + interval
+
+    async def _renew_round(self, interval: float) -> None:
+        settings = self._settings
+        now = trio.current_time()
+        # Renew every lease not lost and not renewed in the last half interval (a lease claimed
+        # just before this round waits for the next one).
+        due: dict[str, _InFlight] = {}
+        for entry in list(self._in_flight.values()):
+            if entry.reason is _Reason.LOST or now - entry.renewed_at < interval / 2:
+                continue
+            other = due.get(entry.item.id)
+            if other is not None:
+                # We hold a newer claim of the same item: the older lease is stale for sure.
+                older, entry = sorted((other, entry), key=lambda e: e.item.lease_version)
+                self._lose(older, "superseded by a newer claim")
+            due[entry.item.id] = entry
+        if not due:
+            return
+        leases = [
+            Lease(item_id, entry.item.lease_version, settings.worker_id)
+            for item_id, entry in due.items()
+        ]
+        try:
+            statuses = await self._queue.renew_many(leases, settings.lease)
+        except Exception as error:
+            text = describe_error(error)
+            logger.warning("renewing %d leases failed: %s", len(leases), text)
+            for entry in due.values():
+                self._metrics.renewals_failed.labels(entry.item.spec_id).inc()
+                self._emit(EventKind.RENEWAL_FAILED, entry.item, detail=text)
+                # Keep evaluating while the lease outlives the next round; otherwise stop.
+                if entry.renewed_at + settings.lease - trio.current_time() <= interval:
+                    entry.stop(_Reason.RENEWAL_FAILED, text)
+            return
+        for entry in due.values():
+            status = statuses.get(entry.item.id, LeaseStatus.LOST)
+            if status is LeaseStatus.LOST:
+                self._lose(entry, "renewal refused")
+                continue
+            entry.renewed_at = now
+            self._emit(EventKind.RENEWED, entry.item, detail=str(status))
+            if status is LeaseStatus.CANCEL_REQUESTED and entry.reason is not (
+                _Reason.CANCEL_REQUESTED
+            ):
+                self._emit(EventKind.CANCEL_REQUESTED, entry.item)
+                entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested")
+
+    def _lose(self, entry: _InFlight, detail: str) -> None:
+        self._metrics.renewals_failed.labels(entry.item.spec_id).inc()
+        self._emit(EventKind.LEASE_LOST, entry.item, detail=detail)
+        entry.stop(_Reason.LOST, detail)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _record_error(self, item_id: str | None, spec_id: str | None, error: str) -> None:
+        self._errors.append(
+            RecentError(item_id=item_id, spec_id=spec_id, error=error, at=self._queue.clock.now())
+        )
+
+    def _emit(self, kind: EventKind, item: WorkItem | None = None, *, detail: str = "") -> None:
+        if self._on_event is None:
+            return
+        event = RunnerEvent(
+            kind=kind,
+            item_id=None if item is None else item.id,
+            spec_id=None if item is None else item.spec_id,
+            lease_version=None if item is None else item.lease_version,
+            detail=detail,
+        )
+        try:
+            self._on_event(event)
+        except Exception:
+            logger.exception("on_event callback failed for %s", event)

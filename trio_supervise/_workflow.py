@@ -1,0 +1,543 @@
+"""Leased workflow execution: outcomes, drivers, the registry, settings and one due pass.
+
+A *driver* evaluates work items of the spec ids it owns and says what happens next
+(:class:`Continue`, :class:`Reschedule` or :class:`Stop`). :func:`run_due_pass` claims a batch of
+due items under a lease, evaluates each in its own cancel scope while a renewal task keeps the lease
+alive beside it, and writes each outcome back fenced by the lease version. The long-running
+:class:`~trio_supervise.WorkflowRunner` (``_runner.py``) does the same continuously.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+
+import attrs
+import trio
+
+from ._clock import utc
+from ._convert import structure_config, unstructure
+from ._errors import DriverError, SuperviseError
+from ._policy import Jitter, RestartPolicy
+from .queues._protocol import (
+    LeaseStatus,
+    SettleKind,
+    Settlement,
+    WorkItem,
+    WorkQueue,
+    check_json,
+    validate_spec_id,
+)
+
+__all__ = [
+    "Continue",
+    "DriverRegistry",
+    "Outcome",
+    "PassStats",
+    "Reschedule",
+    "RunnerSettings",
+    "Stop",
+    "WorkflowDriver",
+    "run_due_pass",
+]
+
+logger = logging.getLogger("trio_supervise.workflow")
+
+ContextT = TypeVar("ContextT")
+ContextT_contra = TypeVar("ContextT_contra", contravariant=True)
+
+
+# -- outcomes ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Continue:
+    """Evaluated; due again after the runner's ``requeue_delay`` (the config is kept)."""
+
+
+@attrs.frozen
+class Reschedule:
+    """Evaluated; due again at *at* with *config*, both written in one fenced write.
+
+    *at* must be timezone-aware (a naive datetime raises :class:`ValueError`). *config* is a
+    JSON-compatible value or an instance of the driver's attrs ``config_type``, which is
+    unstructured back to JSON.
+    """
+
+    at: dt.datetime = attrs.field(converter=utc)
+    config: Any
+
+
+@attrs.frozen
+class Stop:
+    """Finished for good: the item is completed and never claimed again."""
+
+
+Outcome: TypeAlias = Continue | Reschedule | Stop
+"""What a driver's ``evaluate`` returns."""
+
+
+# -- drivers and the registry -----------------------------------------------------------------
+
+
+class WorkflowDriver(Protocol[ContextT_contra]):
+    """Evaluates the work items of the spec ids it owns.
+
+    A driver may also declare ``config_type``, an attrs class: the runner then structures
+    ``item.config`` into it with the shared cattrs converter and hands ``evaluate`` the item with
+    ``config`` replaced by that instance. A config that does not fit is an item error
+    (``invalid config for spec 'digest': days: expected int, got str``), never a crashed runner.
+
+    ``evaluate`` runs inside the item's own cancel scope: it is cancelled when the lease is lost,
+    when cancellation is requested from outside, and when shutdown's grace period runs out.
+    Raising an :class:`Exception` is an item error; anything else (``KeyboardInterrupt``)
+    propagates.
+    """
+
+    @property
+    def name(self) -> str:
+        """A short name, used in errors and logs."""
+        ...
+
+    @property
+    def spec_ids(self) -> Sequence[str]:
+        """The spec ids this driver owns; no other driver in a registry may claim them."""
+        ...
+
+    def validate_specs(self) -> None:
+        """Raise (any :class:`Exception`) if this driver's specs are not usable."""
+        ...
+
+    async def evaluate(self, context: ContextT_contra, item: WorkItem) -> Outcome:
+        """Do one step of the item's work and say what happens next."""
+        ...
+
+
+def driver_config_type(driver: object) -> type[Any] | None:
+    """The attrs class a driver declares for its items' config, or None."""
+    config_type = getattr(driver, "config_type", None)
+    return config_type if isinstance(config_type, type) else None
+
+
+@attrs.define(eq=False)
+class DriverRegistry(Generic[ContextT]):
+    """Which driver owns which spec id. Registration order never matters for dispatch."""
+
+    _drivers: list[WorkflowDriver[ContextT]] = attrs.field(init=False, factory=list)
+    _by_spec: dict[str, WorkflowDriver[ContextT]] = attrs.field(init=False, factory=dict)
+
+    def register(self, driver: WorkflowDriver[ContextT]) -> DriverRegistry[ContextT]:
+        """Add *driver*; refuse (:class:`DriverError`) a spec id that another driver claims.
+
+        Nothing is registered when the driver is refused. Returns the registry, for chaining.
+        """
+        name: object = driver.name
+        if not isinstance(name, str) or not name:
+            raise DriverError(f"driver name must be a non-empty string, got {name!r}")
+        spec_ids = driver.spec_ids
+        if isinstance(spec_ids, str):
+            raise DriverError(f"driver '{name}': spec_ids must be a sequence of ids, not a string")
+        seen: set[str] = set()
+        for spec_id in spec_ids:
+            try:
+                validate_spec_id(spec_id)
+            except ValueError as error:
+                raise DriverError(f"driver '{name}': {error}") from None
+            existing = self._by_spec.get(spec_id)
+            if existing is not None:
+                raise DriverError(
+                    f"spec '{spec_id}' is claimed by both '{existing.name}' and '{name}'"
+                )
+            if spec_id in seen:
+                raise DriverError(f"spec '{spec_id}' is listed twice by '{name}'")
+            seen.add(spec_id)
+        if not seen:
+            raise DriverError(f"driver '{name}' owns no spec ids")
+        if name in self.names():
+            raise DriverError(f"a driver named '{name}' is registered already")
+        raw_type = getattr(driver, "config_type", None)
+        if raw_type is not None and not (isinstance(raw_type, type) and attrs.has(raw_type)):
+            raise DriverError(
+                f"driver '{name}': config_type must be an attrs class, got {raw_type!r}"
+            )
+        for spec_id in seen:
+            self._by_spec[spec_id] = driver
+        self._drivers.append(driver)
+        return self
+
+    def spec_ids(self) -> list[str]:
+        """Every registered spec id, sorted."""
+        return sorted(self._by_spec)
+
+    def for_spec(self, spec_id: str) -> WorkflowDriver[ContextT] | None:
+        """The driver that owns *spec_id*, or None."""
+        return self._by_spec.get(spec_id)
+
+    def names(self) -> list[str]:
+        """The drivers' names, in registration order."""
+        return [driver.name for driver in self._drivers]
+
+    def is_empty(self) -> bool:
+        """Whether no driver is registered."""
+        return not self._drivers
+
+    def validate_all(self) -> None:
+        """Run every driver's ``validate_specs``; :class:`DriverError` names the first at fault."""
+        for driver in self._drivers:
+            try:
+                driver.validate_specs()
+            except Exception as error:
+                raise DriverError(f"driver '{driver.name}': {describe_error(error)}") from error
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+def _seconds(*, minimum: float = 0.0, positive: bool = False) -> Callable[[Any, Any, Any], None]:
+    def check(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{attribute.name} must be a number of seconds, got {value!r}")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{attribute.name} must be a finite number, got {value!r}")
+        if positive and value <= 0:
+            raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+        if value < minimum:
+            raise ValueError(f"{attribute.name} must be >= {minimum:g} seconds, got {value!r}")
+
+    return check
+
+
+def _count(
+    *, minimum: int = 1, optional: bool = False
+) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{attribute.name} must be an int, got {value!r}")
+        if value < minimum:
+            raise ValueError(f"{attribute.name} must be >= {minimum}, got {value!r}")
+
+    return check
+
+
+def _worker_id(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"worker_id must be a non-empty string, got {value!r}")
+
+
+_MIN_LEASE = 3.0
+_MIN_RENEW_INTERVAL = 1.0
+
+
+@attrs.frozen(kw_only=True)
+class RunnerSettings:
+    """How a worker claims, evaluates and settles items. Durations are seconds.
+
+    :param worker_id: this worker's name in leases (unique among live workers).
+    :param lease: how long a claim holds an item; renewed every ``lease / 3`` (at least 1 s
+        apart) while the item is evaluated. At least 3 s, so two renewals can fail before expiry.
+    :param requeue_delay: after :class:`Continue`, and after an error when ``retry`` is None.
+    :param claim_batch: the most items one claim takes (never more than the free slots).
+    :param concurrency: the most items evaluated at once.
+    :param poll_interval: the longest an idle runner waits before looking for due work again.
+    :param shutdown_grace: how long in-flight items may finish after shutdown begins.
+    :param retry: backoff for failed items, keyed by item id and error count; None means the fixed
+        ``requeue_delay``.
+    :param max_errors: an item is dead after this many consecutive errors; None means never.
+    :param claim_retry: backoff between failed claims; past ``claim_retry.max_restarts``
+        consecutive failures the runner drains and raises the queue's error.
+    :param settle_batch: the most outcomes written in one ``settle_many`` call.
+    :param error_history: how many recent errors a runner keeps for its status page.
+    """
+
+    worker_id: str = attrs.field(validator=_worker_id)
+    lease: float = attrs.field(default=60.0, validator=_seconds(minimum=_MIN_LEASE))
+    requeue_delay: float = attrs.field(default=5.0, validator=_seconds())
+    claim_batch: int = attrs.field(default=10, validator=_count())
+    concurrency: int = attrs.field(default=10, validator=_count())
+    poll_interval: float = attrs.field(default=1.0, validator=_seconds(positive=True))
+    shutdown_grace: float = attrs.field(default=30.0, validator=_seconds())
+    retry: RestartPolicy | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(RestartPolicy)),
+    )
+    max_errors: int | None = attrs.field(default=None, validator=_count(optional=True))
+    claim_retry: RestartPolicy = attrs.field(
+        default=RestartPolicy(1.0, 30.0, max_restarts=10),
+        validator=attrs.validators.instance_of(RestartPolicy),
+    )
+    settle_batch: int = attrs.field(default=100, validator=_count())
+    error_history: int = attrs.field(default=50, validator=_count(minimum=0))
+
+    @property
+    def renew_interval(self) -> float:
+        """Seconds between lease renewals: ``lease / 3``, at least 1 s."""
+        return max(self.lease / 3, _MIN_RENEW_INTERVAL)
+
+    @property
+    def claim_limit(self) -> int:
+        """The most items one due pass claims: ``claim_batch`` clamped to ``[1, concurrency]``."""
+        return min(max(self.claim_batch, 1), self.concurrency)
+
+
+@attrs.frozen
+class PassStats:
+    """What one due pass did: how many items it claimed, and how many of them failed."""
+
+    claimed: int = 0
+    failed: int = 0
+
+
+# -- evaluation, shared by the due pass and the runner ----------------------------------------
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for ``last_error``: our own errors by message, others with their type."""
+    text = str(error)
+    if isinstance(error, SuperviseError) and text:
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def prepare_item(driver: object, item: WorkItem) -> WorkItem:
+    """The item as the driver sees it: ``config`` structured into its ``config_type`` if any."""
+    config_type = driver_config_type(driver)
+    if config_type is None:
+        return item
+    config = structure_config(
+        item.config, config_type, what=f"invalid config for spec '{item.spec_id}'"
+    )
+    return attrs.evolve(item, config=config)
+
+
+def outcome_settlement(
+    outcome: object, item: WorkItem, *, driver_name: str, requeue_delay: float
+) -> Settlement:
+    """The write-back for a driver's *outcome*; :class:`TypeError`/:class:`ConfigError` if unfit."""
+    item_id, version = item.id, item.lease_version
+    if isinstance(outcome, Continue):
+        return Settlement(
+            item_id=item_id, lease_version=version, kind=SettleKind.CONTINUE, delay=requeue_delay
+        )
+    if isinstance(outcome, Reschedule):
+        config = outcome.config
+        if attrs.has(type(config)):
+            config = unstructure(config)
+        config = check_json(config, what=f"rescheduled config for spec '{item.spec_id}'")
+        return Settlement(
+            item_id=item_id,
+            lease_version=version,
+            kind=SettleKind.RESCHEDULE,
+            at=outcome.at,
+            config=config,
+        )
+    if isinstance(outcome, Stop):
+        return Settlement(item_id=item_id, lease_version=version, kind=SettleKind.COMPLETE)
+    raise TypeError(
+        f"driver '{driver_name}' returned {outcome!r}, not Continue, Reschedule or Stop"
+    )
+
+
+async def evaluate_item(
+    driver: WorkflowDriver[ContextT] | None,
+    context: ContextT,
+    item: WorkItem,
+    *,
+    requeue_delay: float,
+) -> Settlement:
+    """Run the driver on *item* and turn its outcome into a settlement; raise on any item error."""
+    if driver is None:
+        raise DriverError(f"no driver registered for spec '{item.spec_id}'")
+    outcome = await driver.evaluate(context, prepare_item(driver, item))
+    return outcome_settlement(outcome, item, driver_name=driver.name, requeue_delay=requeue_delay)
+
+
+def failure_settlement(
+    item: WorkItem, error: str, settings: RunnerSettings, jitter: Jitter
+) -> Settlement:
+    """RETRY after the backoff for this error (or the fixed requeue delay), or DEAD at the bound."""
+    attempt = item.error_count + 1
+    if settings.max_errors is not None and attempt >= settings.max_errors:
+        return Settlement(
+            item_id=item.id, lease_version=item.lease_version, kind=SettleKind.DEAD, error=error
+        )
+    if settings.retry is None:
+        delay = settings.requeue_delay
+    else:
+        delay = settings.retry.backoff(attempt, key=item.id, jitter=jitter)
+    return Settlement(
+        item_id=item.id,
+        lease_version=item.lease_version,
+        kind=SettleKind.RETRY,
+        delay=delay,
+        error=error,
+    )
+
+
+def raise_specific(group: BaseExceptionGroup[BaseException]) -> None:
+    """Re-raise what a nursery's group is really about.
+
+    Our tasks catch every :class:`Exception` they expect, so a group escaping a nursery carries
+    ``KeyboardInterrupt``/``SystemExit``, a driver's ``BaseException``, a bug, or ``Cancelled``.
+    When exactly one leaf is not ``Cancelled`` (the others being the nursery cancelling siblings
+    because of it), that leaf is raised on its own so callers can ``except KeyboardInterrupt``.
+    Otherwise the group is re-raised unchanged (Trio's cancel scopes handle groups of
+    ``Cancelled``).
+    """
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(reversed(current.exceptions))
+        else:
+            leaves.append(current)
+    real = [leaf for leaf in leaves if not isinstance(leaf, trio.Cancelled)]
+    if len(real) == 1:
+        raise real[0]
+    raise group
+
+
+# -- one due pass -----------------------------------------------------------------------------
+
+
+async def _write(queue: WorkQueue, settlement: Settlement) -> None:
+    """Write *settlement* with the single-item queue methods (the seed's mapping); log failures."""
+    item_id, version = settlement.item_id, settlement.lease_version
+    try:
+        match settlement.kind:
+            case SettleKind.CONTINUE:
+                await queue.release(item_id, version, settlement.delay)
+            case SettleKind.RESCHEDULE:
+                assert settlement.at is not None
+                await queue.reschedule(item_id, version, settlement.at, settlement.config)
+            case SettleKind.COMPLETE:
+                await queue.complete(item_id, version)
+            case SettleKind.RETRY:
+                assert settlement.error is not None
+                await queue.mark_error(item_id, version, settlement.error)
+                await queue.release(item_id, version, settlement.delay)
+            case _:
+                [applied] = await queue.settle_many([settlement])
+                if not applied:
+                    logger.warning("%s of item %r refused: lease lost", settlement.kind, item_id)
+    except Exception as error:
+        logger.warning(
+            "writing %s for item %r failed: %s", settlement.kind, item_id, describe_error(error)
+        )
+
+
+async def run_due_pass(
+    queue: WorkQueue,
+    registry: DriverRegistry[ContextT],
+    settings: RunnerSettings,
+    build_context: Callable[[], Awaitable[ContextT]],
+    *,
+    jitter: Jitter | None = None,
+) -> PassStats:
+    """Claim due items once, evaluate them all concurrently, write back each outcome.
+
+    Claims at most :attr:`RunnerSettings.claim_limit` items. The context is built once, and only
+    when something was claimed; if building it raises, every claimed item gets ``mark_error`` and
+    ``release(requeue_delay)`` and the error propagates. Each item is evaluated in its own cancel
+    scope beside a task renewing its lease every :attr:`RunnerSettings.renew_interval`; a failed
+    renewal cancels the evaluation and counts as the error ``"lease renewal failed: ..."``.
+
+    Outcomes: :class:`Continue` → ``release(requeue_delay)``; :class:`Reschedule` →
+    ``reschedule``; :class:`Stop` → ``complete``; an error (an exception, no driver, a config that
+    does not fit) → ``mark_error`` then ``release`` after ``requeue_delay`` (or the ``retry``
+    backoff), or a ``dead`` settlement once ``max_errors`` is reached. An item claimed with
+    ``cancel_requested``, or whose renewal reports it, is settled as cancelled (not an error).
+    Refused (stale) writes are logged and change nothing.
+    """
+    jitter = Jitter() if jitter is None else jitter
+    items = await queue.claim_due(
+        registry.spec_ids(), settings.worker_id, settings.lease, settings.claim_limit
+    )
+    if not items:
+        return PassStats()
+
+    try:
+        context = await build_context()
+    except Exception as error:
+        text = describe_error(error)
+        for item in items:
+            try:
+                await queue.mark_error(item.id, item.lease_version, text)
+            except Exception as write_error:
+                logger.warning("mark_error of %r failed: %s", item.id, describe_error(write_error))
+            try:
+                await queue.release(item.id, item.lease_version, settings.requeue_delay)
+            except Exception as write_error:
+                logger.warning("release of %r failed: %s", item.id, describe_error(write_error))
+        raise
+
+    failed = 0
+
+    async def run_one(item: WorkItem) -> None:
+        nonlocal failed
+        cancel = Settlement(
+            item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL
+        )
+        if item.cancel_requested:
+            await _write(queue, cancel)
+            return
+        scope = trio.CancelScope()
+        renewal_error: str | None = None
+        cancel_requested = False
+
+        async def renew() -> None:
+            nonlocal renewal_error, cancel_requested
+            while True:
+                await trio.sleep(settings.renew_interval)
+                try:
+                    status = await queue.renew(
+                        item.id, settings.worker_id, item.lease_version, settings.lease
+                    )
+                except Exception as error:
+                    renewal_error = f"lease renewal failed: {describe_error(error)}"
+                    scope.cancel()
+                    return
+                if status is LeaseStatus.CANCEL_REQUESTED:
+                    cancel_requested = True
+                    scope.cancel()
+                    return
+
+        settlement: Settlement | None = None
+        error: str | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(renew)
+            with scope:
+                try:
+                    settlement = await evaluate_item(
+                        registry.for_spec(item.spec_id),
+                        context,
+                        item,
+                        requeue_delay=settings.requeue_delay,
+                    )
+                except Exception as exc:
+                    error = describe_error(exc)
+            nursery.cancel_scope.cancel()
+
+        if cancel_requested:
+            await _write(queue, cancel)
+            return
+        if renewal_error is not None:
+            error = renewal_error
+        if error is not None or settlement is None:
+            failed += 1
+            error = error or "evaluation was cancelled"
+            logger.warning("item %r (spec %r) failed: %s", item.id, item.spec_id, error)
+            settlement = failure_settlement(item, error, settings, jitter)
+        await _write(queue, settlement)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for item in items:
+                nursery.start_soon(run_one, item)
+    except BaseExceptionGroup as group:
+        raise_specific(group)
+    return PassStats(claimed=len(items), failed=failed)
