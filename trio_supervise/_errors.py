@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "DriverError",
     "DuplicateItem",
     "ItemNotFound",
     "ItemStateError",
@@ -68,6 +69,10 @@ class ItemStateError(SuperviseError):
 
 class ConfigError(SuperviseError, ValueError):
     """An item's config does not fit the shape its driver declares."""
+
+
+class DriverError(SuperviseError, ValueError):
+    """A driver registry refused a driver: a spec id claimed twice, or specs failing validation."""
 
 
 class QueueError(SuperviseError):
