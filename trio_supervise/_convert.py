@@ -16,6 +16,7 @@ types first and then structure them here.
 
 from __future__ import annotations
 
+import enum
 from typing import Any, TypeVar
 
 import cattrs
@@ -33,29 +34,50 @@ class _WrongType(TypeError):
     """A scalar of the wrong JSON type; the message is the whole description."""
 
 
+class _BadValue(ValueError):
+    """A value of the right JSON type that is not allowed (not a member of an enum)."""
+
+
 def _type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _structure_int(value: object, _: type) -> int:
+def _narrow(value: Any, cls: type[Any]) -> Any:
+    """*value* as the subclass *cls* asks for (an enum member), or *value* itself."""
+    if value.__class__ is cls:
+        return value
+    if issubclass(cls, enum.Enum):
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(repr(member.value) for member in cls)
+            raise _BadValue(f"expected one of {allowed}, got {value!r}") from None
+    return cls(value)
+
+
+# These hooks are registered by class, so they also serve subclasses (a StrEnum is a str, an
+# IntEnum an int): the JSON type is checked strictly, then the value is narrowed to the subclass.
+
+
+def _structure_int(value: object, cls: type[Any]) -> Any:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _WrongType(f"expected int, got {_type_name(value)}")
-    return value
+        raise _WrongType(f"expected {cls.__name__}, got {_type_name(value)}")
+    return _narrow(value, cls)
 
 
-def _structure_float(value: object, _: type) -> float:
+def _structure_float(value: object, cls: type[Any]) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _WrongType(f"expected float, got {_type_name(value)}")
-    return float(value)
+        raise _WrongType(f"expected {cls.__name__}, got {_type_name(value)}")
+    return _narrow(float(value), cls)
 
 
-def _structure_str(value: object, _: type) -> str:
+def _structure_str(value: object, cls: type[Any]) -> Any:
     if not isinstance(value, str):
-        raise _WrongType(f"expected str, got {_type_name(value)}")
-    return value
+        raise _WrongType(f"expected {cls.__name__}, got {_type_name(value)}")
+    return _narrow(value, cls)
 
 
-def _structure_bool(value: object, _: type) -> bool:
+def _structure_bool(value: object, cls: type[Any]) -> bool:
     if not isinstance(value, bool):
         raise _WrongType(f"expected bool, got {_type_name(value)}")
     return value
@@ -75,7 +97,7 @@ converter: cattrs.Converter = _make_converter()
 
 
 def _format_exception(exc: BaseException, type_: type | None) -> str:
-    if isinstance(exc, _WrongType):
+    if isinstance(exc, _WrongType | _BadValue):
         return str(exc)
     if isinstance(exc, KeyError):
         return "required field missing"
