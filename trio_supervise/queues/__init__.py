@@ -1,7 +1,12 @@
 """Work queues: the protocol, and its backends."""
 
+from ._factory import DEFAULT_DATABASE_URL as DEFAULT_DATABASE_URL
+from ._factory import migrate as migrate
+from ._factory import open_queue as open_queue
+from ._factory import parse_queue_url as parse_queue_url
 from ._memory import MemoryQueue as MemoryQueue
 from ._memory import QueueEvent as QueueEvent
+from ._postgres import PostgresQueue as PostgresQueue
 from ._protocol import ItemState as ItemState
 from ._protocol import JSONValue as JSONValue
 from ._protocol import Lease as Lease
@@ -10,16 +15,27 @@ from ._protocol import SettleKind as SettleKind
 from ._protocol import Settlement as Settlement
 from ._protocol import WorkItem as WorkItem
 from ._protocol import WorkQueue as WorkQueue
+from ._sql import redact_dsn as redact_dsn
+from ._sqlite import DEFAULT_SQLITE_PATH as DEFAULT_SQLITE_PATH
+from ._sqlite import SQLiteQueue as SQLiteQueue
 
 __all__ = [
+    "DEFAULT_DATABASE_URL",
+    "DEFAULT_SQLITE_PATH",
     "ItemState",
     "JSONValue",
     "Lease",
     "LeaseStatus",
     "MemoryQueue",
+    "PostgresQueue",
     "QueueEvent",
+    "SQLiteQueue",
     "SettleKind",
     "Settlement",
     "WorkItem",
     "WorkQueue",
+    "migrate",
+    "open_queue",
+    "parse_queue_url",
+    "redact_dsn",
 ]

@@ -1,0 +1,763 @@
+"""The PostgreSQL queue: many worker processes on many machines share one database.
+
+Blocking psycopg calls run in threads (``trio.to_thread.run_sync``) on connections from a
+``psycopg_pool.ConnectionPool``; a ``CapacityLimiter`` the size of the pool bounds how many run
+at once, so no thread ever waits inside the pool.
+
+- Claims are one statement: a CTE picks the first claimable ids in ``(due_at, id)`` order
+  ``FOR UPDATE SKIP LOCKED`` (concurrent claimers skip each other's rows instead of waiting)
+  and an ``UPDATE ... RETURNING`` leases them. A partial index on ``(due_at, id)`` over the
+  queued and running rows serves it.
+- Every write after a claim is fenced: the lease version (and, for renewals, the owner) is in
+  the ``WHERE``. ``renew_many`` and ``settle_many`` are one ``UPDATE ... FROM unnest(...)``.
+- Lease times come from the database's clock (``now()``) by default, so machines whose clocks
+  disagree still agree on leases; pass ``clock=`` to inject one (tests), and its times are sent
+  as parameters instead.
+- Wake-ups: a write that makes work due now sends ``NOTIFY`` in its transaction; a dedicated
+  connection in a thread ``LISTEN``\\ s and wakes :meth:`PostgresQueue.wait_for_work`. It
+  reconnects when it drops (waking every waiter, since notifications may have been missed);
+  the caller's poll interval is the fallback.
+
+Errors from psycopg become :class:`QueueUnavailable` (the server cannot be reached) or
+:class:`QueueError`, with the original chained. No password from the DSN reaches a message or a
+log line: see :func:`redact_dsn`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import re
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+import trio
+import trio_util
+
+from .._clock import Clock, SystemClock, utc
+from .._errors import (
+    DuplicateItem,
+    ItemNotFound,
+    ItemStateError,
+    LeaseLost,
+    QueueError,
+    QueueUnavailable,
+    SchemaError,
+)
+from . import _sql
+from ._protocol import (
+    ItemState,
+    JSONValue,
+    Lease,
+    LeaseStatus,
+    SettleKind,
+    Settlement,
+    WorkItem,
+    check_json,
+    validate_spec_id,
+)
+from ._sql import redact_dsn
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+__all__ = ["PostgresQueue", "redact_dsn"]
+
+logger = logging.getLogger("trio_supervise.queues")
+
+_Q = _sql.load_queries("postgres")
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_CHANNEL = "trio_supervise"
+T = TypeVar("T")
+Row = dict[str, Any]
+
+
+def _item(row: Row) -> WorkItem:
+    return WorkItem(
+        id=row["id"],
+        spec_id=row["spec_id"],
+        tenant_id=row["tenant_id"],
+        subject_id=row["subject_id"],
+        config=row["config"],
+        cancel_requested=row["cancel_requested"],
+        lease_version=row["lease_version"],
+        state=ItemState(row["state"]),
+        due_at=row["due_at"],
+        error_count=row["error_count"],
+        last_error=row["last_error"],
+        lease_owner=row["lease_owner"],
+        lease_expires_at=row["lease_expires_at"],
+        idempotency_key=row["idempotency_key"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _password(dsn: str) -> str | None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        value = conninfo_to_dict(dsn).get("password")
+    except Exception:
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def _scrub(text: str, secret: str | None) -> str:
+    text = redact_dsn(text)
+    if secret and len(secret) >= 3:
+        text = text.replace(secret, "***")
+    return text
+
+
+_UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "53300"}
+
+
+def map_error(error: Exception, dsn: str) -> QueueError:
+    """The project's exception for a psycopg (or pool) error; the caller chains *error*."""
+    import psycopg
+    import psycopg_pool
+
+    where = redact_dsn(dsn)
+    text = _scrub(str(error), _password(dsn))
+    if isinstance(error, psycopg.errors.UndefinedTable):
+        return SchemaError(
+            f"PostgreSQL queue at {where} has no queue schema ({text}); "
+            "run `trio-supervise migrate` first"
+        )
+    sqlstate = getattr(error, "sqlstate", None)
+    if isinstance(
+        error, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed | psycopg.InterfaceError
+    ):
+        return QueueUnavailable(f"PostgreSQL queue at {where} is unavailable: {text}")
+    if isinstance(error, psycopg.OperationalError) and (
+        sqlstate is None or sqlstate.startswith("08") or sqlstate in _UNAVAILABLE_STATES
+    ):
+        return QueueUnavailable(f"PostgreSQL queue at {where} is unavailable: {text}")
+    return QueueError(f"PostgreSQL queue at {where}: {text}")
+
+
+def _connect_kwargs(schema: str | None, connect_timeout: float) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "autocommit": True,
+        "connect_timeout": max(2, math.ceil(connect_timeout)),
+    }
+    if schema is not None:
+        kwargs["options"] = f"-c search_path={schema}"
+    return kwargs
+
+
+def _schema_version(conn: psycopg.Connection[Row]) -> int:
+    if not conn.execute(_Q["version_table_exists"]).fetchone()["present"]:  # type: ignore[index]
+        return 0
+    return int(conn.execute(_Q["schema_version"]).fetchone()["version"])  # type: ignore[index]
+
+
+def migrate_connection(
+    conn: psycopg.Connection[Row],
+    *,
+    where: str,
+    schema: str | None = None,
+    fresh: bool = True,
+    upto: int | None = None,
+) -> int:
+    """Bring the schema on *conn* up to date, one transaction per step, under an advisory lock.
+
+    Each step takes a transaction-scoped advisory lock keyed by the schema, so processes
+    migrating at once take turns and each sees the others' work. An empty schema gets
+    ``schema.sql`` in one step (``fresh=False`` replays the migrations instead); an older one
+    gets its pending migrations in order, up to *upto* if given. Returns the version reached.
+    """
+    latest = _sql.latest_version("postgres")
+    upto = latest if upto is None else upto
+    while True:
+        with conn.transaction():
+            conn.execute(_Q["migration_lock"], {"schema": schema})
+            if schema is not None:
+                from psycopg import sql
+
+                conn.execute(
+                    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
+                )
+            conn.execute(_Q["create_version_table"])
+            row = conn.execute(_Q["schema_version"]).fetchone()
+            current = int(row["version"])  # type: ignore[index]
+            if current > latest:
+                raise _sql.too_new(current, "postgres", where)
+            if current >= upto:
+                return current
+            if current == 0 and fresh and upto == latest:
+                conn.execute(_sql.schema_sql("postgres").encode())
+                conn.execute(_Q["record_version"], {"version": latest})
+                return latest
+            migration = _sql.migrations("postgres")[current]
+            conn.execute(migration.sql.encode())
+            conn.execute(_Q["record_version"], {"version": migration.version})
+
+
+def open_connection(
+    dsn: str, *, schema: str | None = None, connect_timeout: float = 10.0
+) -> psycopg.Connection[Row]:
+    """One autocommit connection with dict rows (blocking; call it from a thread)."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    return psycopg.connect(dsn, row_factory=dict_row, **_connect_kwargs(schema, connect_timeout))
+
+
+def check_schema_name(schema: str | None) -> str | None:
+    """Refuse a schema name that is not a plain SQL identifier."""
+    if schema is not None and not _SCHEMA_NAME.match(schema):
+        raise ValueError(
+            "schema must be a plain identifier (letters, digits, underscores; not starting "
+            f"with a digit; at most 63 characters), got {schema!r}"
+        )
+    return schema
+
+
+@attrs.define(eq=False)
+class _Listener:
+    """``LISTEN`` on a dedicated connection in a thread; reconnects when the connection drops."""
+
+    dsn: str
+    schema: str | None
+    channel: str
+    token: trio.lowlevel.TrioToken
+    wake: Callable[[], None]
+    stop: threading.Event = attrs.field(factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="trio_supervise-listen", daemon=True)
+        self.thread.start()
+
+    def _wake(self) -> bool:
+        try:
+            self.token.run_sync_soon(self.wake)
+        except trio.RunFinishedError:
+            return False
+        return True
+
+    def _run(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                with open_connection(self.dsn, schema=self.schema) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    backoff = 0.5
+                    # Anything that happened before LISTEN took effect was missed: look again.
+                    if not self._wake():
+                        return
+                    while not self.stop.is_set():
+                        for _ in conn.notifies(timeout=0.2):
+                            if not self._wake():
+                                return
+            except psycopg.Error as error:
+                if self.stop.is_set():
+                    return
+                logger.warning(
+                    "queue LISTEN connection to %s failed (%s); reconnecting in %.1fs",
+                    redact_dsn(self.dsn),
+                    _scrub(str(error), _password(self.dsn)),
+                    backoff,
+                )
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+@attrs.define(eq=False, kw_only=True)
+class PostgresQueue:
+    """The :class:`WorkQueue` protocol on PostgreSQL. Open it with :meth:`connect`."""
+
+    _dsn: str = attrs.field(alias="dsn", repr=redact_dsn)
+    _pool: ConnectionPool[Any] = attrs.field(alias="pool", repr=False)
+    _db_clock: bool = attrs.field(alias="db_clock")
+    _clock: Clock = attrs.field(alias="clock")
+    _schema: str | None = attrs.field(alias="schema")
+    _listen: bool = attrs.field(alias="listen")
+    _limiter: trio.CapacityLimiter = attrs.field(alias="limiter")
+    _changes: trio_util.AsyncValue[int] = attrs.field(
+        init=False, factory=lambda: trio_util.AsyncValue(0)
+    )
+    _listener: _Listener | None = attrs.field(init=False, default=None)
+    _closed: bool = attrs.field(init=False, default=False)
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        clock: Clock | None = None,
+        schema: str | None = None,
+        migrate: bool = False,
+        pool_size: int = 10,
+        connect_timeout: float = 10.0,
+        listen: bool = True,
+    ) -> PostgresQueue:
+        """Connect to the queue in the database at *dsn* (a libpq URL or key/value string).
+
+        :param clock: inject a clock for due times and leases (tests); by default the
+            database's ``now()`` is used, so every machine agrees on leases.
+        :param schema: keep the tables in this PostgreSQL schema (default: the ``search_path``).
+        :param migrate: bring a missing or older schema up to date; otherwise such a schema
+            raises :class:`SchemaError`. A newer schema than this release knows always does.
+        :param pool_size: connections in the pool, and blocking calls in flight at once.
+        :param connect_timeout: seconds to wait for a connection.
+        :param listen: wake :meth:`wait_for_work` on ``NOTIFY`` (otherwise it polls).
+        """
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be at least 1, got {pool_size}")
+        if not (connect_timeout > 0) or connect_timeout == float("inf"):
+            raise ValueError(f"connect_timeout must be a positive number, got {connect_timeout!r}")
+        check_schema_name(schema)
+
+        def open_sync() -> ConnectionPool[Any]:
+            from psycopg_pool import ConnectionPool
+
+            where = redact_dsn(dsn) if schema is None else f"{redact_dsn(dsn)} (schema {schema})"
+            with open_connection(dsn, schema=schema, connect_timeout=connect_timeout) as conn:
+                found = _schema_version(conn)
+                latest = _sql.latest_version("postgres")
+                if found > latest:
+                    raise _sql.too_new(found, "postgres", where)
+                if found < latest:
+                    if not migrate:
+                        raise _sql.missing(found, "postgres", where, redact_dsn(dsn))
+                    migrate_connection(conn, where=where, schema=schema)
+            from psycopg.rows import dict_row
+
+            pool: ConnectionPool[Any] = ConnectionPool(
+                dsn,
+                kwargs={"row_factory": dict_row, **_connect_kwargs(schema, connect_timeout)},
+                min_size=1,
+                max_size=pool_size,
+                open=False,
+                name="trio_supervise",
+                timeout=connect_timeout,
+            )
+            try:
+                pool.open(wait=True, timeout=connect_timeout)
+            except BaseException:
+                pool.close()
+                raise
+            return pool
+
+        try:
+            pool = await trio.to_thread.run_sync(open_sync)
+        except Exception as error:
+            if isinstance(error, QueueError):
+                raise
+            mapped = _map_any(error, dsn)
+            if mapped is None:
+                raise
+            raise mapped from error
+        return cls(
+            dsn=dsn,
+            pool=pool,
+            db_clock=clock is None,
+            clock=SystemClock() if clock is None else clock,
+            schema=schema,
+            listen=listen,
+            limiter=trio.CapacityLimiter(pool_size),
+        )
+
+    @property
+    def clock(self) -> Clock:
+        """The injected clock; in database-clock mode, the local clock (close to the database's)."""
+        return self._clock
+
+    @property
+    def channel(self) -> str:
+        """The ``LISTEN``/``NOTIFY`` channel: one per schema."""
+        return _CHANNEL if self._schema is None else f"{_CHANNEL}:{self._schema}"
+
+    async def __aenter__(self) -> PostgresQueue:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _now(self) -> dt.datetime | None:
+        return None if self._db_clock else utc(self._clock.now())
+
+    def _changed(self) -> None:
+        self._changes.value += 1
+
+    async def _run(self, fn: Callable[[psycopg.Connection[Row]], T]) -> T:
+        if self._closed:
+            raise QueueError(f"the PostgreSQL queue at {redact_dsn(self._dsn)} is closed")
+
+        def call() -> T:
+            with self._pool.connection() as conn:
+                return fn(conn)
+
+        try:
+            return await trio.to_thread.run_sync(call, limiter=self._limiter)
+        except Exception as error:
+            mapped = _map_any(error, self._dsn)
+            if mapped is None:
+                raise
+            raise mapped from error
+
+    def _notify(self, conn: psycopg.Connection[Row], spec_ids: Sequence[str]) -> None:
+        if spec_ids:
+            conn.execute(_Q["notify"], {"channel": self.channel, "spec_ids": sorted(set(spec_ids))})
+
+    @staticmethod
+    def _why(conn: psycopg.Connection[Row], item_id: str) -> str:
+        row = conn.execute(_Q["get"], {"id": item_id}).fetchone()
+        if row is None:
+            return "no such item"
+        return f"item is {row['state']} at version {row['lease_version']}"
+
+    # -- producing and inspecting ------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        spec_id: str,
+        *,
+        config: JSONValue = None,
+        tenant_id: str = "",
+        subject_id: str = "",
+        due_at: dt.datetime | None = None,
+        item_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> WorkItem:
+        validate_spec_id(spec_id)
+        config = check_json({} if config is None else config)
+        item_id = uuid.uuid4().hex if item_id is None else item_id
+        if not item_id:
+            raise ValueError("item_id must be a non-empty string")
+        params = {
+            "id": item_id,
+            "spec_id": spec_id,
+            "tenant_id": tenant_id,
+            "subject_id": subject_id,
+            "config": json.dumps(config),
+            "due_at": None if due_at is None else utc(due_at),
+            "idempotency_key": idempotency_key,
+            "now": self._now(),
+        }
+
+        def run(conn: psycopg.Connection[Row]) -> tuple[Row, bool]:
+            import psycopg
+
+            try:
+                with conn.transaction():
+                    row = conn.execute(_Q["enqueue"], params).fetchone()
+                    if row is not None:
+                        if row["due_now"]:
+                            self._notify(conn, [spec_id])
+                        return row, True
+                    existing = conn.execute(_Q["get_by_key"], params).fetchone()
+                    if existing is None:  # pragma: no cover - deleted in between
+                        raise QueueError(f"item with idempotency key {idempotency_key!r} vanished")
+                    return existing, False
+            except psycopg.errors.UniqueViolation as error:
+                raise DuplicateItem(item_id) from error
+
+        row, created = await self._run(run)
+        if created:
+            self._changed()
+        return _item(row)
+
+    async def get(self, item_id: str) -> WorkItem:
+        row = await self._run(lambda conn: conn.execute(_Q["get"], {"id": item_id}).fetchone())
+        if row is None:
+            raise ItemNotFound(item_id)
+        return _item(row)
+
+    async def list_items(
+        self,
+        *,
+        states: Sequence[ItemState] | None = None,
+        spec_ids: Sequence[str] | None = None,
+        limit: int = 100,
+    ) -> list[WorkItem]:
+        params = {
+            "states": None if states is None else [str(s) for s in states],
+            "spec_ids": None if spec_ids is None else list(spec_ids),
+            "limit": _sql.check_limit(limit),
+        }
+        rows = await self._run(lambda conn: conn.execute(_Q["list_items"], params).fetchall())
+        return [_item(row) for row in rows]
+
+    async def counts(self) -> Mapping[tuple[str, ItemState], int]:
+        rows = await self._run(lambda conn: conn.execute(_Q["counts"]).fetchall())
+        return {(row["spec_id"], ItemState(row["state"])): row["n"] for row in rows}
+
+    async def request_cancel(self, item_id: str) -> WorkItem:
+        params = {"id": item_id, "now": self._now()}
+        row = await self._run(lambda conn: conn.execute(_Q["request_cancel"], params).fetchone())
+        if row is None:
+            raise ItemNotFound(item_id)
+        self._changed()
+        return _item(row)
+
+    async def retry(self, item_id: str, *, at: dt.datetime | None = None) -> WorkItem:
+        params = {"id": item_id, "now": self._now(), "at": None if at is None else utc(at)}
+
+        def run(conn: psycopg.Connection[Row]) -> Row:
+            with conn.transaction():
+                row = conn.execute(_Q["retry"], params).fetchone()
+                if row is not None:
+                    if row["due_now"]:
+                        self._notify(conn, [row["spec_id"]])
+                    return row
+                if conn.execute(_Q["get"], params).fetchone() is None:
+                    raise ItemNotFound(item_id)
+                raise ItemStateError(f"item {item_id!r} is running; cancel it first")
+
+        row = await self._run(run)
+        self._changed()
+        return _item(row)
+
+    # -- the worker side ---------------------------------------------------------------------
+
+    async def claim_due(
+        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+    ) -> list[WorkItem]:
+        params = {
+            "spec_ids": list(spec_ids),
+            "worker_id": worker_id,
+            "lease_us": _sql.duration_us("lease", lease, positive=True),
+            "limit": _sql.check_limit(limit),
+            "now": self._now(),
+        }
+        if limit == 0 or not spec_ids:
+            await trio.lowlevel.checkpoint()
+            return []
+        rows = await self._run(lambda conn: conn.execute(_Q["claim_due"], params).fetchall())
+        items = [_item(row) for row in rows]
+        items.sort(key=lambda item: (item.due_at, item.id))
+        return items
+
+    async def renew(
+        self, item_id: str, worker_id: str, lease_version: int, lease: float
+    ) -> LeaseStatus:
+        status = (await self.renew_many([Lease(item_id, lease_version, worker_id)], lease))[item_id]
+        if status is LeaseStatus.LOST:
+            raise LeaseLost(item_id, lease_version, "renewal refused")
+        return status
+
+    async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
+        lease_us = _sql.duration_us("lease", lease, positive=True)
+        if not leases:
+            await trio.lowlevel.checkpoint()
+            return {}
+        params = {
+            "ids": [each.item_id for each in leases],
+            "versions": [each.version for each in leases],
+            "owners": [each.worker_id for each in leases],
+            "lease_us": lease_us,
+            "now": self._now(),
+        }
+        rows = await self._run(lambda conn: conn.execute(_Q["renew_many"], params).fetchall())
+        held = {
+            (row["id"], row["lease_version"], row["lease_owner"]): row["cancel_requested"]
+            for row in rows
+        }
+        statuses = {}
+        for each in leases:
+            cancel = held.get((each.item_id, each.version, each.worker_id))
+            if cancel is None:
+                statuses[each.item_id] = LeaseStatus.LOST
+            elif cancel:
+                statuses[each.item_id] = LeaseStatus.CANCEL_REQUESTED
+            else:
+                statuses[each.item_id] = LeaseStatus.HELD
+        return statuses
+
+    async def release(self, item_id: str, lease_version: int, delay: float) -> None:
+        await self._settle_one(
+            Settlement(
+                item_id=item_id,
+                lease_version=lease_version,
+                kind=SettleKind.RELEASE,
+                delay=delay,
+            )
+        )
+
+    async def reschedule(
+        self, item_id: str, lease_version: int, at: dt.datetime, config: JSONValue
+    ) -> None:
+        await self._settle_one(
+            Settlement(
+                item_id=item_id,
+                lease_version=lease_version,
+                kind=SettleKind.RESCHEDULE,
+                at=at,
+                config=check_json(config),
+            )
+        )
+
+    async def complete(self, item_id: str, lease_version: int) -> None:
+        await self._settle_one(
+            Settlement(item_id=item_id, lease_version=lease_version, kind=SettleKind.COMPLETE)
+        )
+
+    async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
+        params = {"id": item_id, "version": lease_version, "error": error, "now": self._now()}
+
+        def run(conn: psycopg.Connection[Row]) -> None:
+            if conn.execute(_Q["mark_error"], params).fetchone() is None:
+                raise LeaseLost(item_id, lease_version, self._why(conn, item_id))
+
+        await self._run(run)
+
+    async def _settle_one(self, settlement: Settlement) -> None:
+        [applied] = await self._settle([settlement], why=True)
+        if not applied:  # pragma: no cover - _settle raises LeaseLost for a single write
+            raise LeaseLost(settlement.item_id, settlement.lease_version)
+
+    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
+        return await self._settle(settlements, why=False)
+
+    async def _settle(self, settlements: Sequence[Settlement], *, why: bool) -> list[bool]:
+        # One statement cannot update a row twice, and a second write with the same
+        # (id, version) would be stale after the first anyway: send each pair once.
+        first: dict[tuple[str, int], int] = {}
+        for index, s in enumerate(settlements):
+            first.setdefault((s.item_id, s.lease_version), index)
+        sent = [settlements[index] for index in sorted(first.values())]
+        if not sent:
+            await trio.lowlevel.checkpoint()
+            return []
+        params = {
+            "ids": [s.item_id for s in sent],
+            "versions": [s.lease_version for s in sent],
+            "kinds": [str(s.kind) for s in sent],
+            "delays_us": [_sql.duration_us("delay", s.delay) for s in sent],
+            "ats": [s.at for s in sent],
+            "configs": [
+                json.dumps(check_json(s.config)) if s.kind is SettleKind.RESCHEDULE else None
+                for s in sent
+            ],
+            "errors": [s.error for s in sent],
+            "now": self._now(),
+        }
+
+        def run(conn: psycopg.Connection[Row]) -> set[int]:
+            with conn.transaction():
+                rows = conn.execute(_Q["settle_many"], params).fetchall()
+                self._notify(
+                    conn,
+                    [row["spec_id"] for row in rows if row["state"] == "queued" and row["due_now"]],
+                )
+                if why and not rows:
+                    s = sent[0]
+                    raise LeaseLost(s.item_id, s.lease_version, self._why(conn, s.item_id))
+            return {row["ord"] - 1 for row in rows}
+
+        applied = await self._run(run)
+        applied_ids = {(sent[i].item_id, sent[i].lease_version) for i in applied}
+        results = [
+            (s.item_id, s.lease_version) in applied_ids and first[(s.item_id, s.lease_version)] == i
+            for i, s in enumerate(settlements)
+        ]
+        if any(results):
+            self._changed()
+        return results
+
+    async def _next_due(self, spec_ids: Sequence[str]) -> tuple[dt.datetime | None, float]:
+        params = {"spec_ids": list(spec_ids), "now": self._now()}
+        row = await self._run(lambda conn: conn.execute(_Q["next_due_at"], params).fetchone())
+        assert row is not None
+        return row["at"], row["wait"]
+
+    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
+        at, _ = await self._next_due(spec_ids)
+        return None if at is None else utc(at)
+
+    def _start_listener(self) -> None:
+        if self._listen and self._listener is None and not self._closed:
+            self._listener = _Listener(
+                dsn=self._dsn,
+                schema=self._schema,
+                channel=self.channel,
+                token=trio.lowlevel.current_trio_token(),
+                wake=self._changed,
+            )
+            self._listener.start()
+
+    async def migrate(self) -> int:
+        """Apply pending migrations through this queue's pool; returns the version reached."""
+        where = redact_dsn(self._dsn)
+        return await self._run(
+            lambda conn: migrate_connection(conn, where=where, schema=self._schema)
+        )
+
+    async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
+        self._start_listener()
+        while True:
+            generation = self._changes.value
+            at, wait = await self._next_due(spec_ids)
+            if at is not None and wait <= 0:
+                return
+            with trio.move_on_after(float("inf") if at is None else wait):
+                await self._changes.wait_value(_sql.other_than(generation))
+
+    async def aclose(self) -> None:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        listener, self._listener = self._listener, None
+        pool = self._pool
+
+        def close() -> None:
+            if listener is not None:
+                listener.close()
+            pool.close()
+
+        await trio.to_thread.run_sync(close)
+
+
+def _map_any(error: Exception, dsn: str) -> QueueError | None:
+    """Map a psycopg or pool error; None for anything else (which propagates unchanged)."""
+    import psycopg
+    import psycopg_pool
+
+    if isinstance(error, psycopg.Error | psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed):
+        return map_error(error, dsn)
+    return None
+
+
+async def migrate_dsn(dsn: str, *, schema: str | None = None, connect_timeout: float = 10.0) -> int:
+    """Bring the schema in the database at *dsn* up to date; returns the version reached."""
+    check_schema_name(schema)
+    where = redact_dsn(dsn) if schema is None else f"{redact_dsn(dsn)} (schema {schema})"
+
+    def run() -> int:
+        with open_connection(dsn, schema=schema, connect_timeout=connect_timeout) as conn:
+            return migrate_connection(conn, where=where, schema=schema)
+
+    try:
+        return await trio.to_thread.run_sync(run)
+    except Exception as error:
+        mapped = _map_any(error, dsn)
+        if mapped is None:
+            raise
+        raise mapped from error

@@ -1,0 +1,152 @@
+"""What the SQL backends share: their ``.sql`` files, migrations, and small helpers.
+
+SQL is data: each backend keeps, under ``sql/<backend>/``,
+
+- ``schema.sql``: the current schema, applied as a whole to an empty database;
+- ``migrations/NNNN_<what>.sql``: the same schema reached step by step, one file per version;
+- ``queries.sql``: named queries, each block opened by ``-- name: <name>``.
+
+They ship inside the package and are read with :mod:`importlib.resources`. The schema version is
+the number of the newest migration; a database records the versions it has applied in the
+``trio_supervise_schema_version`` table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import re
+from collections.abc import Callable, Mapping
+from importlib import resources
+from typing import Literal
+
+import attrs
+
+from .._errors import SchemaError
+
+__all__ = [
+    "Backend",
+    "Migration",
+    "duration_us",
+    "latest_version",
+    "load_queries",
+    "migrations",
+    "redact_dsn",
+    "schema_sql",
+    "too_new",
+]
+
+Backend = Literal["postgres", "sqlite"]
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+_MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+
+@attrs.frozen
+class Migration:
+    """One step of a backend's schema history."""
+
+    version: int
+    name: str
+    sql: str
+
+
+def _sql_dir(backend: Backend) -> resources.abc.Traversable:
+    return resources.files(__package__).joinpath("sql", backend)
+
+
+@functools.cache
+def load_queries(backend: Backend) -> Mapping[str, str]:
+    """The backend's named queries, ``{name: sql}``."""
+    text = _sql_dir(backend).joinpath("queries.sql").read_text(encoding="utf-8")
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise RuntimeError(f"query {name!r} is defined twice in {backend}/queries.sql")
+        queries[name] = body.strip()
+    return queries
+
+
+@functools.cache
+def migrations(backend: Backend) -> tuple[Migration, ...]:
+    """Every migration of the backend, oldest first, numbered 1, 2, 3, ... without gaps."""
+    found = []
+    for entry in _sql_dir(backend).joinpath("migrations").iterdir():
+        match = _MIGRATION.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    if [m.version for m in found] != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"{backend} migrations are not numbered 1..n without gaps")
+    return tuple(found)
+
+
+def latest_version(backend: Backend) -> int:
+    """The schema version this release of trio_supervise writes and expects."""
+    return migrations(backend)[-1].version
+
+
+@functools.cache
+def schema_sql(backend: Backend) -> str:
+    """The backend's current schema as one script (equal to every migration applied)."""
+    return _sql_dir(backend).joinpath("schema.sql").read_text(encoding="utf-8")
+
+
+def too_new(found: int, backend: Backend, where: str) -> SchemaError:
+    """The error for a schema newer than this release knows."""
+    return SchemaError(
+        f"the queue schema at {where} is at version {found}, newer than version "
+        f"{latest_version(backend)} that this release of trio_supervise knows; "
+        "upgrade trio_supervise"
+    )
+
+
+def missing(found: int, backend: Backend, where: str, url: str) -> SchemaError:
+    """The error for a schema that is absent or older than this release needs."""
+    what = "has no queue schema" if found == 0 else f"has queue schema version {found}"
+    return SchemaError(
+        f"{where} {what}; this release of trio_supervise needs version "
+        f"{latest_version(backend)}. Run `trio-supervise migrate {url}` "
+        "(or `await trio_supervise.migrate(url)`), or open the queue with migrate=True"
+    )
+
+
+def duration_us(name: str, value: float, *, positive: bool = False) -> int:
+    """Check a duration in seconds and return it in whole microseconds, rounded as timedelta."""
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if positive and value == 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return dt.timedelta(seconds=value) // dt.timedelta(microseconds=1)
+
+
+def other_than(generation: int) -> Callable[[int], bool]:
+    """A predicate for ``AsyncValue.wait_value``: anything but *generation*."""
+    return lambda value: value != generation
+
+
+def check_limit(limit: int) -> int:
+    """Refuse a negative limit."""
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    return limit
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/?#@\s]*:)[^@\s]*(?=@)")
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.IGNORECASE)
+_KV_PASSWORD = re.compile(
+    r"(?P<head>\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE
+)
+
+
+def redact_dsn(dsn: str) -> str:
+    """*dsn* with any password replaced by ``***``, for error messages and logs.
+
+    Handles URLs (``postgresql://user:secret@host/db``, ``?password=secret``) and libpq
+    key/value strings (``host=h password=secret``, quoted or not).
+    """
+    dsn = _URL_PASSWORD.sub(r"\g<head>***", dsn)
+    dsn = _QUERY_PASSWORD.sub(r"\g<head>***", dsn)
+    return _KV_PASSWORD.sub(r"\g<head>***", dsn)

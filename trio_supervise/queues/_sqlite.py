@@ -1,0 +1,597 @@
+"""The SQLite queue: the embedded default, one file and nothing to install.
+
+One connection per queue, used by one thread at a time: every blocking call goes through
+``trio.to_thread.run_sync`` with a ``CapacityLimiter(1)``. SQLite lets one writer in at a time
+anyway, so a pool of connections would only make this process's own calls queue on the file
+lock (and spin in the busy handler) instead of on the limiter; the limiter is fair and costs
+nothing. ``sqlite3`` connections may be used from different threads as long as it is one at a
+time (``check_same_thread=False``), which the limiter guarantees.
+
+Several processes on one machine can share one file: the database is in WAL mode, waits up to
+``busy_timeout`` seconds for another process's write lock, and every write runs in a
+``BEGIN IMMEDIATE`` transaction, which takes the write lock up front, so a transaction never
+fails half-way on a lock upgrade. Times are stored as integer microseconds since the Unix
+epoch, so they sort and compare exactly and round-trip every ``datetime`` the clock returns.
+
+Wake-ups: writes in this process wake :meth:`SQLiteQueue.wait_for_work` at once; work added by
+other processes is found when the caller's poll interval ends.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sqlite3
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import attrs
+import trio
+import trio_util
+
+from .._clock import Clock, SystemClock, utc
+from .._errors import (
+    DuplicateItem,
+    ItemNotFound,
+    ItemStateError,
+    LeaseLost,
+    QueueError,
+    QueueUnavailable,
+    SchemaError,
+)
+from . import _sql
+from ._protocol import (
+    ItemState,
+    JSONValue,
+    Lease,
+    LeaseStatus,
+    SettleKind,
+    Settlement,
+    WorkItem,
+    check_json,
+    validate_spec_id,
+)
+
+__all__ = ["DEFAULT_SQLITE_PATH", "SQLiteQueue"]
+
+DEFAULT_SQLITE_PATH = "trio_supervise.db"
+"""The database file used when nothing is configured, relative to the working directory."""
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
+_Q = _sql.load_queries("sqlite")
+T = TypeVar("T")
+
+
+def _to_us(value: dt.datetime) -> int:
+    return (utc(value) - _EPOCH) // _US
+
+
+def _from_us(value: int) -> dt.datetime:
+    return _EPOCH + dt.timedelta(microseconds=value)
+
+
+def _item(row: sqlite3.Row) -> WorkItem:
+    expires = row["lease_expires_at"]
+    return WorkItem(
+        id=row["id"],
+        spec_id=row["spec_id"],
+        tenant_id=row["tenant_id"],
+        subject_id=row["subject_id"],
+        config=json.loads(row["config"]),
+        cancel_requested=bool(row["cancel_requested"]),
+        lease_version=row["lease_version"],
+        state=ItemState(row["state"]),
+        due_at=_from_us(row["due_at"]),
+        error_count=row["error_count"],
+        last_error=row["last_error"],
+        lease_owner=row["lease_owner"],
+        lease_expires_at=None if expires is None else _from_us(expires),
+        idempotency_key=row["idempotency_key"],
+        created_at=_from_us(row["created_at"]),
+        updated_at=_from_us(row["updated_at"]),
+    )
+
+
+def _statements(script: str) -> list[str]:
+    """Split a script into complete statements (triggers and all), dropping comment lines."""
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        if line.lstrip().startswith("--"):
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        raise ValueError(f"incomplete SQL statement at the end of a script: {buffer.strip()!r}")
+    return statements
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any exception."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._conn.execute("BEGIN IMMEDIATE")
+        return self._conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self._conn.execute("COMMIT")
+        elif self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+
+def _schema_version(conn: sqlite3.Connection) -> int:
+    if not conn.execute(_Q["version_table_exists"]).fetchone()["present"]:
+        return 0
+    return int(conn.execute(_Q["schema_version"]).fetchone()["version"])
+
+
+def migrate_connection(
+    conn: sqlite3.Connection,
+    now_us: int,
+    *,
+    where: str,
+    fresh: bool = True,
+    upto: int | None = None,
+) -> int:
+    """Bring the schema on *conn* up to date in one ``BEGIN IMMEDIATE`` transaction.
+
+    An empty database gets ``schema.sql`` in one go (``fresh=False`` replays the migrations
+    instead); an older one gets the pending migrations in order, up to *upto* if given.
+    Concurrent migrators take turns on the write lock and see each other's work. Returns the
+    version reached.
+    """
+    latest = _sql.latest_version("sqlite")
+    upto = latest if upto is None else upto
+    with _Transaction(conn):
+        conn.execute(_Q["create_version_table"])
+        current = int(conn.execute(_Q["schema_version"]).fetchone()["version"])
+        if current > latest:
+            raise _sql.too_new(current, "sqlite", where)
+        if current == 0 and fresh and upto == latest:
+            for statement in _statements(_sql.schema_sql("sqlite")):
+                conn.execute(statement)
+            conn.execute(_Q["record_version"], {"version": latest, "now": now_us})
+            return latest
+        for migration in _sql.migrations("sqlite")[current:upto]:
+            for statement in _statements(migration.sql):
+                conn.execute(statement)
+            conn.execute(_Q["record_version"], {"version": migration.version, "now": now_us})
+        return max(current, upto)
+
+
+def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+    )
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _map_error(error: sqlite3.Error, where: str) -> QueueError:
+    text = str(error)
+    if "no such table" in text:
+        return SchemaError(
+            f"{where} has no queue schema ({text}); run `trio-supervise migrate` first"
+        )
+    if isinstance(error, sqlite3.OperationalError) and (
+        "locked" in text or "busy" in text or "unable to open" in text or "disk" in text
+    ):
+        return QueueUnavailable(f"SQLite queue at {where}: {text}")
+    return QueueError(f"SQLite queue at {where}: {text}")
+
+
+@attrs.define(eq=False, kw_only=True)
+class SQLiteQueue:
+    """The :class:`WorkQueue` protocol on one SQLite file. Open it with :meth:`connect`."""
+
+    _path: str = attrs.field(alias="path")
+    _conn: sqlite3.Connection = attrs.field(alias="conn")
+    _clock: Clock = attrs.field(alias="clock")
+    _limiter: trio.CapacityLimiter = attrs.field(
+        init=False, factory=lambda: trio.CapacityLimiter(1)
+    )
+    _changes: trio_util.AsyncValue[int] = attrs.field(
+        init=False, factory=lambda: trio_util.AsyncValue(0)
+    )
+    _closed: bool = attrs.field(init=False, default=False)
+
+    @classmethod
+    async def connect(
+        cls,
+        path: str | os.PathLike[str] = DEFAULT_SQLITE_PATH,
+        *,
+        clock: Clock | None = None,
+        migrate: bool = True,
+        busy_timeout: float = 5.0,
+    ) -> SQLiteQueue:
+        """Open (creating if need be) the queue in the file at *path*.
+
+        :param clock: where "now" comes from (default: :class:`SystemClock`).
+        :param migrate: bring a missing or older schema up to date (the default, since the file
+            belongs to this application); with ``False`` such a schema raises
+            :class:`SchemaError`. A schema newer than this release knows always raises it.
+        :param busy_timeout: seconds to wait for another process's write lock.
+        """
+        path = os.fspath(path)
+        if not path:
+            raise ValueError("path must be a non-empty file name (or ':memory:')")
+        if not (busy_timeout >= 0) or busy_timeout == float("inf"):
+            raise ValueError(f"busy_timeout must be a finite number >= 0, got {busy_timeout!r}")
+        clock = SystemClock() if clock is None else clock
+        now_us = _to_us(clock.now())
+
+        def open_sync() -> sqlite3.Connection:
+            conn = _connect(path, busy_timeout)
+            try:
+                found = _schema_version(conn)
+                latest = _sql.latest_version("sqlite")
+                if found > latest:
+                    raise _sql.too_new(found, "sqlite", path)
+                if found < latest:
+                    if not migrate:
+                        raise _sql.missing(found, "sqlite", path, f"sqlite:///{path}")
+                    migrate_connection(conn, now_us, where=path)
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        try:
+            conn = await trio.to_thread.run_sync(open_sync)
+        except sqlite3.Error as error:
+            raise _map_error(error, path) from error
+        return cls(path=path, conn=conn, clock=clock)
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    async def __aenter__(self) -> SQLiteQueue:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _now_us(self) -> int:
+        return _to_us(self._clock.now())
+
+    def _changed(self) -> None:
+        self._changes.value += 1
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._closed:
+            raise QueueError(f"the SQLite queue at {self._path} is closed")
+        try:
+            return await trio.to_thread.run_sync(fn, self._conn, limiter=self._limiter)
+        except sqlite3.Error as error:
+            raise _map_error(error, self._path) from error
+
+    @staticmethod
+    def _why(conn: sqlite3.Connection, item_id: str) -> str:
+        row = conn.execute(
+            "SELECT state, lease_version FROM trio_supervise_items WHERE id = ?", (item_id,)
+        ).fetchone()
+        if row is None:
+            return "no such item"
+        return f"item is {row['state']} at version {row['lease_version']}"
+
+    # -- producing and inspecting ------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        spec_id: str,
+        *,
+        config: JSONValue = None,
+        tenant_id: str = "",
+        subject_id: str = "",
+        due_at: dt.datetime | None = None,
+        item_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> WorkItem:
+        validate_spec_id(spec_id)
+        config = check_json({} if config is None else config)
+        item_id = uuid.uuid4().hex if item_id is None else item_id
+        if not item_id:
+            raise ValueError("item_id must be a non-empty string")
+        now = self._now_us()
+        params = {
+            "id": item_id,
+            "spec_id": spec_id,
+            "tenant_id": tenant_id,
+            "subject_id": subject_id,
+            "config": json.dumps(config),
+            "due_at": now if due_at is None else _to_us(due_at),
+            "idempotency_key": idempotency_key,
+            "now": now,
+        }
+
+        def run(conn: sqlite3.Connection) -> tuple[sqlite3.Row, bool]:
+            with _Transaction(conn):
+                if idempotency_key is not None:
+                    row = conn.execute(_Q["get_by_key"], params).fetchone()
+                    if row is not None:
+                        return row, False
+                try:
+                    return conn.execute(_Q["enqueue"], params).fetchone(), True
+                except sqlite3.IntegrityError as error:
+                    raise DuplicateItem(item_id) from error
+
+        row, created = await self._call(run)
+        if created:
+            self._changed()
+        return _item(row)
+
+    async def get(self, item_id: str) -> WorkItem:
+        row = await self._call(lambda conn: conn.execute(_Q["get"], {"id": item_id}).fetchone())
+        if row is None:
+            raise ItemNotFound(item_id)
+        return _item(row)
+
+    async def list_items(
+        self,
+        *,
+        states: Sequence[ItemState] | None = None,
+        spec_ids: Sequence[str] | None = None,
+        limit: int = 100,
+    ) -> list[WorkItem]:
+        params = {
+            "states": None if states is None else json.dumps([str(s) for s in states]),
+            "spec_ids": None if spec_ids is None else json.dumps(list(spec_ids)),
+            "limit": _sql.check_limit(limit),
+        }
+        rows = await self._call(lambda conn: conn.execute(_Q["list_items"], params).fetchall())
+        return [_item(row) for row in rows]
+
+    async def counts(self) -> Mapping[tuple[str, ItemState], int]:
+        rows = await self._call(lambda conn: conn.execute(_Q["counts"]).fetchall())
+        return {(row["spec_id"], ItemState(row["state"])): row["n"] for row in rows}
+
+    async def request_cancel(self, item_id: str) -> WorkItem:
+        params = {"id": item_id, "now": self._now_us()}
+
+        def run(conn: sqlite3.Connection) -> sqlite3.Row | None:
+            with _Transaction(conn):
+                row: sqlite3.Row | None = conn.execute(_Q["request_cancel"], params).fetchone()
+            return row
+
+        row = await self._call(run)
+        if row is None:
+            raise ItemNotFound(item_id)
+        self._changed()
+        return _item(row)
+
+    async def retry(self, item_id: str, *, at: dt.datetime | None = None) -> WorkItem:
+        now = self._now_us()
+        params = {"id": item_id, "now": now, "at": now if at is None else _to_us(at)}
+
+        def run(conn: sqlite3.Connection) -> sqlite3.Row:
+            with _Transaction(conn):
+                row: sqlite3.Row | None = conn.execute(_Q["retry"], params).fetchone()
+                if row is not None:
+                    return row
+                if conn.execute(_Q["get"], params).fetchone() is None:
+                    raise ItemNotFound(item_id)
+                raise ItemStateError(f"item {item_id!r} is running; cancel it first")
+
+        row = await self._call(run)
+        self._changed()
+        return _item(row)
+
+    # -- the worker side ---------------------------------------------------------------------
+
+    async def claim_due(
+        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+    ) -> list[WorkItem]:
+        params = {
+            "spec_ids": json.dumps(list(spec_ids)),
+            "worker_id": worker_id,
+            "lease_us": _sql.duration_us("lease", lease, positive=True),
+            "limit": _sql.check_limit(limit),
+            "now": self._now_us(),
+        }
+        if limit == 0 or not spec_ids:
+            await trio.lowlevel.checkpoint()
+            return []
+
+        def run(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+            with _Transaction(conn):
+                return conn.execute(_Q["claim_due"], params).fetchall()
+
+        items = [_item(row) for row in await self._call(run)]
+        items.sort(key=lambda item: (item.due_at, item.id))
+        return items
+
+    async def renew(
+        self, item_id: str, worker_id: str, lease_version: int, lease: float
+    ) -> LeaseStatus:
+        status = (await self.renew_many([Lease(item_id, lease_version, worker_id)], lease))[item_id]
+        if status is LeaseStatus.LOST:
+            raise LeaseLost(item_id, lease_version, "renewal refused")
+        return status
+
+    async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
+        lease_us = _sql.duration_us("lease", lease, positive=True)
+        now = self._now_us()
+        if not leases:
+            await trio.lowlevel.checkpoint()
+            return {}
+
+        def run(conn: sqlite3.Connection) -> dict[str, LeaseStatus]:
+            statuses = {}
+            with _Transaction(conn):
+                for each in leases:
+                    row = conn.execute(
+                        _Q["renew"],
+                        {
+                            "id": each.item_id,
+                            "version": each.version,
+                            "owner": each.worker_id,
+                            "lease_us": lease_us,
+                            "now": now,
+                        },
+                    ).fetchone()
+                    if row is None:
+                        statuses[each.item_id] = LeaseStatus.LOST
+                    elif row["cancel_requested"]:
+                        statuses[each.item_id] = LeaseStatus.CANCEL_REQUESTED
+                    else:
+                        statuses[each.item_id] = LeaseStatus.HELD
+            return statuses
+
+        return await self._call(run)
+
+    async def release(self, item_id: str, lease_version: int, delay: float) -> None:
+        await self._settle_one(
+            Settlement(
+                item_id=item_id,
+                lease_version=lease_version,
+                kind=SettleKind.RELEASE,
+                delay=delay,
+            )
+        )
+
+    async def reschedule(
+        self, item_id: str, lease_version: int, at: dt.datetime, config: JSONValue
+    ) -> None:
+        await self._settle_one(
+            Settlement(
+                item_id=item_id,
+                lease_version=lease_version,
+                kind=SettleKind.RESCHEDULE,
+                at=at,
+                config=check_json(config),
+            )
+        )
+
+    async def complete(self, item_id: str, lease_version: int) -> None:
+        await self._settle_one(
+            Settlement(item_id=item_id, lease_version=lease_version, kind=SettleKind.COMPLETE)
+        )
+
+    async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
+        params = {"id": item_id, "version": lease_version, "error": error, "now": self._now_us()}
+
+        def run(conn: sqlite3.Connection) -> None:
+            with _Transaction(conn):
+                if conn.execute(_Q["mark_error"], params).fetchone() is None:
+                    raise LeaseLost(item_id, lease_version, self._why(conn, item_id))
+
+        await self._call(run)
+
+    def _settle_params(self, s: Settlement, now: int) -> dict[str, Any]:
+        return {
+            "id": s.item_id,
+            "version": s.lease_version,
+            "kind": str(s.kind),
+            "delay_us": _sql.duration_us("delay", s.delay),
+            "at": None if s.at is None else _to_us(s.at),
+            "config": (
+                json.dumps(check_json(s.config)) if s.kind is SettleKind.RESCHEDULE else None
+            ),
+            "error": s.error,
+            "now": now,
+        }
+
+    async def _settle_one(self, settlement: Settlement) -> None:
+        params = self._settle_params(settlement, self._now_us())
+
+        def run(conn: sqlite3.Connection) -> None:
+            with _Transaction(conn):
+                if conn.execute(_Q["settle"], params).fetchone() is None:
+                    raise LeaseLost(
+                        settlement.item_id, settlement.lease_version, self._why(conn, params["id"])
+                    )
+
+        await self._call(run)
+        self._changed()
+
+    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
+        now = self._now_us()
+        batch = [self._settle_params(s, now) for s in settlements]
+        if not batch:
+            await trio.lowlevel.checkpoint()
+            return []
+
+        def run(conn: sqlite3.Connection) -> list[bool]:
+            with _Transaction(conn):
+                return [conn.execute(_Q["settle"], p).fetchone() is not None for p in batch]
+
+        results = await self._call(run)
+        if any(results):
+            self._changed()
+        return results
+
+    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
+        params = {"spec_ids": json.dumps(list(spec_ids))}
+        row = await self._call(lambda conn: conn.execute(_Q["next_due_at"], params).fetchone())
+        return None if row["at"] is None else _from_us(row["at"])
+
+    async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
+        while True:
+            generation = self._changes.value
+            next_due = await self.next_due_at(spec_ids)
+            now = utc(self._clock.now())
+            if next_due is not None and next_due <= now:
+                return
+            wait = float("inf") if next_due is None else (next_due - now).total_seconds()
+            with trio.move_on_after(wait):
+                await self._changes.wait_value(_sql.other_than(generation))
+
+    async def aclose(self) -> None:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        async with self._limiter:
+            await trio.to_thread.run_sync(self._conn.close)
+
+
+async def migrate_path(path: str | os.PathLike[str], *, clock: Clock | None = None) -> int:
+    """Bring the schema of the SQLite file at *path* up to date; returns the version reached."""
+    path = os.fspath(path)
+    now_us = _to_us((SystemClock() if clock is None else clock).now())
+
+    def run() -> int:
+        conn = _connect(path, 5.0)
+        try:
+            return migrate_connection(conn, now_us, where=path)
+        finally:
+            conn.close()
+
+    try:
+        return await trio.to_thread.run_sync(run)
+    except sqlite3.Error as error:
+        raise _map_error(error, path) from error

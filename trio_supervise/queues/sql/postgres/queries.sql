@@ -1,0 +1,167 @@
+-- Named queries of the PostgreSQL backend: each block starts with "-- name: <name>".
+-- Parameters are psycopg's %(name)s. Every "now" is COALESCE(%(now)s::timestamptz, now()):
+-- the queue passes NULL to use the database's clock (the default), or an injected clock's time.
+-- Durations arrive as integer microseconds, so they round exactly as Python's timedelta does.
+
+-- name: version_table_exists
+SELECT to_regclass('trio_supervise_schema_version') IS NOT NULL AS present;
+
+-- name: create_version_table
+CREATE TABLE IF NOT EXISTS trio_supervise_schema_version (
+    version    integer     PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM trio_supervise_schema_version;
+
+-- name: record_version
+INSERT INTO trio_supervise_schema_version (version) VALUES (%(version)s);
+
+-- name: migration_lock
+-- Held until the transaction ends: concurrent migrators of one schema take turns.
+SELECT pg_advisory_xact_lock(
+    hashtextextended('trio_supervise:migrate:' || coalesce(%(schema)s::text, current_schema(), ''), 0)
+);
+
+-- name: enqueue
+INSERT INTO trio_supervise_items AS i (
+    id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
+    created_at, updated_at
+) VALUES (
+    %(id)s, %(spec_id)s, %(tenant_id)s, %(subject_id)s, %(config)s::jsonb, 'queued',
+    coalesce(%(due_at)s::timestamptz, %(now)s::timestamptz, now()), %(idempotency_key)s,
+    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING *, i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+
+-- name: get_by_key
+SELECT * FROM trio_supervise_items WHERE idempotency_key = %(idempotency_key)s;
+
+-- name: get
+SELECT * FROM trio_supervise_items WHERE id = %(id)s;
+
+-- name: list_items
+SELECT * FROM trio_supervise_items
+WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(spec_ids)s::text[] IS NULL OR spec_id = ANY(%(spec_ids)s::text[]))
+ORDER BY due_at, id
+LIMIT %(limit)s;
+
+-- name: counts
+SELECT spec_id, state, count(*) AS n FROM trio_supervise_items GROUP BY spec_id, state;
+
+-- name: request_cancel
+-- Queued: cancelled at once. Running: flagged for its owner. Otherwise: unchanged.
+UPDATE trio_supervise_items SET
+    state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
+    cancel_requested = cancel_requested OR state IN ('queued', 'running'),
+    updated_at = CASE
+        WHEN state = 'queued' OR (state = 'running' AND NOT cancel_requested)
+        THEN coalesce(%(now)s::timestamptz, now())
+        ELSE updated_at
+    END
+WHERE id = %(id)s
+RETURNING *;
+
+-- name: retry
+UPDATE trio_supervise_items SET
+    state = 'queued',
+    due_at = coalesce(%(at)s::timestamptz, %(now)s::timestamptz, now()),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    error_count = 0,
+    cancel_requested = false,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND state <> 'running'
+RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+
+-- name: claim_due
+-- One statement: lock the first claimable rows in (due_at, id) order, skipping rows another
+-- claimer holds, and lease them. Running rows whose lease has expired are rescued here too.
+WITH due AS (
+    SELECT id FROM trio_supervise_items
+    WHERE state IN ('queued', 'running')
+      AND spec_id = ANY(%(spec_ids)s::text[])
+      AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END
+          <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY due_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE trio_supervise_items AS i SET
+    state = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = coalesce(%(now)s::timestamptz, now())
+        + %(lease_us)s::bigint * interval '1 microsecond',
+    lease_version = i.lease_version + 1,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM due
+WHERE i.id = due.id
+RETURNING i.*;
+
+-- name: renew_many
+-- Fenced on (id, version, owner) and the running state; rows that come back are renewed.
+UPDATE trio_supervise_items AS i SET
+    lease_expires_at = coalesce(%(now)s::timestamptz, now())
+        + %(lease_us)s::bigint * interval '1 microsecond',
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::text[], %(versions)s::bigint[], %(owners)s::text[]) AS l(id, version, owner)
+WHERE i.id = l.id AND i.lease_version = l.version AND i.lease_owner = l.owner
+  AND i.state = 'running'
+RETURNING i.id, i.lease_version, i.lease_owner, i.cancel_requested;
+
+-- name: mark_error
+UPDATE trio_supervise_items SET
+    error_count = error_count + 1,
+    last_error = %(error)s,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND lease_version = %(version)s AND state = 'running'
+RETURNING id;
+
+-- name: settle_many
+-- Every outcome in one statement, fenced on (id, version) and the running state. The batch
+-- never holds two entries for one (id, version): the queue drops repeats before sending.
+UPDATE trio_supervise_items AS i SET
+    state = CASE s.kind
+        WHEN 'complete' THEN 'completed'
+        WHEN 'cancel' THEN 'cancelled'
+        WHEN 'dead' THEN 'dead'
+        ELSE 'queued'
+    END,
+    due_at = CASE
+        WHEN s.kind = 'reschedule' THEN s.at
+        WHEN s.kind IN ('continue', 'retry', 'release')
+        THEN coalesce(%(now)s::timestamptz, now()) + s.delay_us * interval '1 microsecond'
+        ELSE i.due_at
+    END,
+    config = CASE WHEN s.kind = 'reschedule' THEN s.config::jsonb ELSE i.config END,
+    error_count = CASE
+        WHEN s.kind IN ('continue', 'reschedule') THEN 0
+        WHEN s.kind IN ('retry', 'dead') THEN i.error_count + 1
+        ELSE i.error_count
+    END,
+    last_error = CASE WHEN s.kind IN ('retry', 'dead') THEN s.error ELSE i.last_error END,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(
+    %(ids)s::text[], %(versions)s::bigint[], %(kinds)s::text[], %(delays_us)s::bigint[],
+    %(ats)s::timestamptz[], %(configs)s::text[], %(errors)s::text[]
+) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, ord)
+WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
+RETURNING s.ord, i.spec_id, i.state,
+    i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+
+-- name: notify
+SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(spec_id);
+
+-- name: next_due_at
+-- Also returns how far away that is by the queue's clock, so waits agree with the database.
+SELECT t.at, extract(epoch FROM t.at - coalesce(%(now)s::timestamptz, now()))::float8 AS wait
+FROM (
+    SELECT min(CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END) AS at
+    FROM trio_supervise_items
+    WHERE state IN ('queued', 'running') AND spec_id = ANY(%(spec_ids)s::text[])
+) AS t;

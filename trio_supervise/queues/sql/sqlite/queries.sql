@@ -1,0 +1,138 @@
+-- Named queries of the SQLite backend: each block starts with "-- name: <name>".
+-- Parameters are sqlite3's :name. Times are integer microseconds since the Unix epoch; "now"
+-- always comes from the queue's clock. Lists of values arrive as JSON arrays (json_each), so
+-- every statement here is static text.
+
+-- name: version_table_exists
+SELECT count(*) AS present FROM sqlite_master
+WHERE type = 'table' AND name = 'trio_supervise_schema_version';
+
+-- name: create_version_table
+CREATE TABLE IF NOT EXISTS trio_supervise_schema_version (
+    version    INTEGER PRIMARY KEY NOT NULL,
+    applied_at INTEGER NOT NULL
+);
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM trio_supervise_schema_version;
+
+-- name: record_version
+INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version, :now);
+
+-- name: enqueue
+INSERT INTO trio_supervise_items (
+    id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
+    created_at, updated_at
+) VALUES (
+    :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
+    :now, :now
+)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING *;
+
+-- name: get_by_key
+SELECT * FROM trio_supervise_items WHERE idempotency_key = :idempotency_key;
+
+-- name: get
+SELECT * FROM trio_supervise_items WHERE id = :id;
+
+-- name: list_items
+SELECT * FROM trio_supervise_items
+WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:spec_ids IS NULL OR spec_id IN (SELECT value FROM json_each(:spec_ids)))
+ORDER BY due_at, id
+LIMIT :limit;
+
+-- name: counts
+SELECT spec_id, state, count(*) AS n FROM trio_supervise_items GROUP BY spec_id, state;
+
+-- name: request_cancel
+-- Queued: cancelled at once. Running: flagged for its owner. Otherwise: unchanged.
+UPDATE trio_supervise_items SET
+    state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
+    cancel_requested = cancel_requested OR state IN ('queued', 'running'),
+    updated_at = CASE
+        WHEN state = 'queued' OR (state = 'running' AND NOT cancel_requested) THEN :now
+        ELSE updated_at
+    END
+WHERE id = :id
+RETURNING *;
+
+-- name: retry
+UPDATE trio_supervise_items SET
+    state = 'queued',
+    due_at = :at,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    error_count = 0,
+    cancel_requested = 0,
+    updated_at = :now
+WHERE id = :id AND state <> 'running'
+RETURNING *;
+
+-- name: claim_due
+-- Claimable rows in (due_at, id) order, leased in one statement inside BEGIN IMMEDIATE.
+-- Running rows whose lease has expired are rescued here too.
+UPDATE trio_supervise_items SET
+    state = 'running',
+    lease_owner = :worker_id,
+    lease_expires_at = :now + :lease_us,
+    lease_version = lease_version + 1,
+    updated_at = :now
+WHERE id IN (
+    SELECT id FROM trio_supervise_items
+    WHERE state IN ('queued', 'running')
+      AND spec_id IN (SELECT value FROM json_each(:spec_ids))
+      AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END <= :now
+    ORDER BY due_at, id
+    LIMIT :limit
+)
+RETURNING *;
+
+-- name: renew
+UPDATE trio_supervise_items SET
+    lease_expires_at = :now + :lease_us,
+    updated_at = :now
+WHERE id = :id AND lease_version = :version AND lease_owner = :owner AND state = 'running'
+RETURNING cancel_requested;
+
+-- name: mark_error
+UPDATE trio_supervise_items SET
+    error_count = error_count + 1,
+    last_error = :error,
+    updated_at = :now
+WHERE id = :id AND lease_version = :version AND state = 'running'
+RETURNING id;
+
+-- name: settle
+-- One outcome, fenced on (id, version) and the running state.
+UPDATE trio_supervise_items SET
+    state = CASE :kind
+        WHEN 'complete' THEN 'completed'
+        WHEN 'cancel' THEN 'cancelled'
+        WHEN 'dead' THEN 'dead'
+        ELSE 'queued'
+    END,
+    due_at = CASE
+        WHEN :kind = 'reschedule' THEN :at
+        WHEN :kind IN ('continue', 'retry', 'release') THEN :now + :delay_us
+        ELSE due_at
+    END,
+    config = CASE WHEN :kind = 'reschedule' THEN :config ELSE config END,
+    error_count = CASE
+        WHEN :kind IN ('continue', 'reschedule') THEN 0
+        WHEN :kind IN ('retry', 'dead') THEN error_count + 1
+        ELSE error_count
+    END,
+    last_error = CASE WHEN :kind IN ('retry', 'dead') THEN :error ELSE last_error END,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = :now
+WHERE id = :id AND lease_version = :version AND state = 'running'
+RETURNING id;
+
+-- name: next_due_at
+SELECT min(CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END) AS at
+FROM trio_supervise_items
+WHERE state IN ('queued', 'running')
+  AND spec_id IN (SELECT value FROM json_each(:spec_ids));
