@@ -1,0 +1,308 @@
+"""The operations HTTP surface, exercised over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+from prometheus_client import CollectorRegistry, Counter
+
+from trio_supervise import ItemState, MemoryQueue, QueueUnavailable, Shutdown
+from trio_supervise._http import (
+    CONTENT_SECURITY_POLICY,
+    ErrorRecord,
+    OperationsApp,
+    serve_http,
+)
+from trio_supervise._supervisor import WorkerState, WorkerStatus
+
+HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
+
+
+@attrs.define
+class FakeSource:
+    healthy: bool = True
+    statuses: list[WorkerStatus] = attrs.field(factory=list)
+    errors: list[ErrorRecord] = attrs.field(factory=list)
+
+    def workers(self) -> Sequence[WorkerStatus]:
+        return self.statuses
+
+    def recent_errors(self) -> Sequence[ErrorRecord]:
+        return self.errors
+
+
+def status(worker: str, state: WorkerState, restarts: int = 0, error: str | None = None) -> Any:
+    return WorkerStatus(worker=worker, state=state, restarts=restarts, last_error=error, since=0.0)
+
+
+@attrs.define
+class Server:
+    client: httpx.AsyncClient
+    source: FakeSource
+    queue: MemoryQueue
+    registry: CollectorRegistry
+    shutdown: Shutdown
+    port: int
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    source = FakeSource(
+        statuses=[
+            status("runner", WorkerState.RUNNING),
+            status("http", WorkerState.RUNNING),
+            status("mailer", WorkerState.BACKING_OFF, restarts=2, error=f"OSError: {HOSTILE}"),
+        ],
+        errors=[ErrorRecord(at=None, source="runner", message=f"item x: {HOSTILE}")],
+    )
+    queue = MemoryQueue()
+    registry = CollectorRegistry()
+    app = OperationsApp(source, registry, queue=queue, title="test service", refresh=7)
+    shutdown = Shutdown()
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(10):
+            port = await nursery.start(partial(serve_http, app, "127.0.0.1", 0, shutdown=shutdown))
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            yield Server(client, source, queue, registry, shutdown, port)
+        shutdown.begin("test over")
+
+
+async def test_serve_http_reports_the_bound_port_and_stops_on_shutdown() -> None:
+    """Port 0 binds a free port, reported through task_status; shutdown ends the server."""
+    shutdown = Shutdown()
+    app = OperationsApp(FakeSource(), CollectorRegistry())
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve_http, app, "127.0.0.1", 0, shutdown=shutdown))
+            assert port > 0
+            async with httpx.AsyncClient() as client:
+                response = await client.get(f"http://127.0.0.1:{port}/healthz")
+            assert response.status_code == 200
+            shutdown.begin("done")
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient() as client:
+            await client.get(f"http://127.0.0.1:{port}/healthz")
+
+
+async def test_serve_http_refuses_a_bad_port() -> None:
+    """A port outside 0..65535 is refused up front."""
+    app = OperationsApp(FakeSource(), CollectorRegistry())
+    with pytest.raises(ValueError, match="port must be between 0 and 65535"):
+        await serve_http(app, "127.0.0.1", 70000, shutdown=Shutdown())
+
+
+async def test_healthz_is_200_with_every_worker_when_healthy(server: Server) -> None:
+    """A healthy service answers 200 with a JSON body naming each worker and its state."""
+    with trio.fail_after(10):
+        response = await server.client.get("/healthz")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["cache-control"] == "no-store"
+    body = response.json()
+    assert body["healthy"] is True
+    assert [(w["worker"], w["state"]) for w in body["workers"]] == [
+        ("runner", "running"),
+        ("http", "running"),
+        ("mailer", "backing-off"),
+    ]
+    assert body["workers"][2]["restarts"] == 2
+    assert body["workers"][2]["last_error"] == f"OSError: {HOSTILE}"
+
+
+async def test_healthz_is_503_when_unhealthy(server: Server) -> None:
+    """An unhealthy service answers 503, and the failed worker is listed as failed."""
+    server.source.healthy = False
+    server.source.statuses[2] = status("mailer", WorkerState.FAILED, restarts=10)
+    with trio.fail_after(10):
+        response = await server.client.get("/healthz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["healthy"] is False
+    assert {"worker": "mailer", "state": "failed", "restarts": 10, "last_error": None} in body[
+        "workers"
+    ]
+
+
+async def test_metrics_exposes_the_registry_and_queue_depth_read_at_scrape_time(
+    server: Server,
+) -> None:
+    """/metrics is Prometheus text; queue depth by spec and state is read at each scrape."""
+    claimed = Counter("trio_supervise_items_claimed", "test", registry=server.registry)
+    claimed.inc(3)
+    with trio.fail_after(10):
+        first = await server.client.get("/metrics")
+        assert first.status_code == 200
+        assert first.headers["content-type"].startswith("text/plain")
+        assert "trio_supervise_items_claimed_total 3.0" in first.text
+        assert "trio_supervise_queue_up 1.0" in first.text
+        assert "trio_supervise_queue_items{" not in first.text
+
+        await server.queue.enqueue("report", config={"n": 1})
+        await server.queue.enqueue("report", config={"n": 2})
+        await server.queue.enqueue("email")
+        second = await server.client.get("/metrics")
+    assert 'trio_supervise_queue_items{spec="report",state="queued"} 2.0' in second.text
+    assert 'trio_supervise_queue_items{spec="email",state="queued"} 1.0' in second.text
+
+
+async def test_metrics_says_so_when_the_queue_cannot_answer(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue that fails at scrape time gives queue_up 0, not a failed scrape."""
+
+    async def broken(self: MemoryQueue) -> Mapping[tuple[str, ItemState], int]:
+        raise QueueUnavailable("database is down")
+
+    monkeypatch.setattr(MemoryQueue, "counts", broken)
+    with trio.fail_after(10):
+        response = await server.client.get("/metrics")
+    assert response.status_code == 200
+    assert "trio_supervise_queue_up 0.0" in response.text
+
+
+async def test_status_page_shows_workers_queue_and_errors(server: Server) -> None:
+    """The page lists workers and states, counts by spec and state, due items, recent errors."""
+    await server.queue.enqueue("report", config={"customer": "acme"}, item_id="item-1")
+    with trio.fail_after(10):
+        response = await server.client.get("/")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/html; charset=utf-8"
+    page = response.text
+    assert '<meta http-equiv="refresh" content="7">' in page
+    assert "<title>test service</title>" in page
+    assert re.search(r"<td>runner</td><td class=\"state-running\">running</td>", page)
+    assert re.search(r"<td>mailer</td><td class=\"state-backing-off\">backing-off</td>", page)
+    assert '<table id="counts">' in page
+    assert "<td>report</td>" in page
+    assert "item-1" in page
+    assert "acme" in page
+    assert "healthy" in page
+
+
+async def test_status_page_escapes_every_piece_of_item_data(server: Server) -> None:
+    """Hostile ids, specs, configs and errors appear as text, never as markup."""
+    await server.queue.enqueue(
+        "<b>spec</b>",
+        config={"note": HOSTILE},
+        item_id='"><script>alert(2)</script>',
+        tenant_id="<i>tenant</i>",
+        subject_id="<u>subject</u>",
+    )
+    with trio.fail_after(10):
+        page = (await server.client.get("/")).text
+    assert "<script" not in page
+    assert "<img" not in page
+    for markup in ("<b>spec", "<i>tenant", "<u>subject"):
+        assert markup not in page
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page
+    assert "&lt;b&gt;spec&lt;/b&gt;" in page
+    assert "&quot;&gt;&lt;script&gt;alert(2)&lt;/script&gt;" in page
+
+
+async def test_status_page_has_a_strict_content_security_policy(server: Server) -> None:
+    """No script may run on the page, and only its own stylesheet applies."""
+    with trio.fail_after(10):
+        response = await server.client.get("/")
+    policy = response.headers["content-security-policy"]
+    assert policy == CONTENT_SECURITY_POLICY
+    assert "default-src 'none'" in policy
+    assert "script-src" not in policy  # falls back to default-src 'none'
+    assert "unsafe-inline" not in policy
+    assert response.headers["x-content-type-options"] == "nosniff"
+
+
+async def test_status_page_survives_a_failing_queue(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the queue cannot answer, the page still renders and says so (escaped)."""
+
+    async def broken(self: MemoryQueue) -> Mapping[tuple[str, ItemState], int]:
+        raise QueueUnavailable(f"down {HOSTILE}")
+
+    monkeypatch.setattr(MemoryQueue, "counts", broken)
+    with trio.fail_after(10):
+        response = await server.client.get("/")
+    assert response.status_code == 200
+    assert "queue unavailable: QueueUnavailable: down &lt;script&gt;" in response.text
+
+
+@pytest.mark.parametrize("path", ["/", "/healthz", "/metrics"])
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+async def test_wrong_methods_are_405_with_allow(server: Server, path: str, method: str) -> None:
+    """Only GET and HEAD are served; anything else is 405 naming them."""
+    with trio.fail_after(10):
+        response = await server.client.request(method, path, content=b"x" * 100)
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, HEAD"
+
+
+@pytest.mark.parametrize("path", ["/nope", "/healthz/", "/metrics/x", "/index.html"])
+async def test_unknown_paths_are_404(server: Server, path: str) -> None:
+    """Anything but the three routes is 404."""
+    with trio.fail_after(10):
+        response = await server.client.get(path)
+    assert response.status_code == 404
+
+
+async def test_head_sends_headers_only(server: Server) -> None:
+    """HEAD answers like GET with an empty body."""
+    with trio.fail_after(10):
+        response = await server.client.head("/healthz")
+    assert response.status_code == 200
+    assert response.content == b""
+    assert int(response.headers["content-length"]) > 0
+
+
+async def test_query_strings_are_ignored(server: Server) -> None:
+    """A query string does not change the route."""
+    with trio.fail_after(10):
+        response = await server.client.get("/healthz?verbose=1")
+    assert response.status_code == 200
+
+
+async def test_oversized_request_headers_are_refused_by_the_server(server: Server) -> None:
+    """A request whose head exceeds the configured limit is refused, and the server lives on."""
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        async with stream:
+            huge = b"x" * (64 * 1024)
+            await stream.send_all(
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + huge + b"\r\n\r\n"
+            )
+            reply = b""
+            with trio.move_on_after(5):
+                while chunk := await stream.receive_some():
+                    reply += chunk
+        assert not reply.startswith(b"HTTP/1.1 200")
+        response = await server.client.get("/healthz")
+    assert response.status_code == 200
+
+
+async def test_garbage_is_not_http_and_the_server_lives_on(server: Server) -> None:
+    """A request line that is not HTTP gets an error or a closed connection, nothing more."""
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        async with stream:
+            await stream.send_all(b"\x00\x01\x02 not http at all\r\n\r\n")
+            reply = b""
+            with trio.move_on_after(5):
+                while chunk := await stream.receive_some():
+                    reply += chunk
+        assert not reply.startswith(b"HTTP/1.1 200")
+        response = await server.client.get("/healthz")
+    assert response.status_code == 200
+
+
+def test_app_settings_are_checked_up_front() -> None:
+    """A non-positive refresh or a negative due limit is refused at construction."""
+    with pytest.raises(ValueError, match="refresh must be positive"):
+        OperationsApp(FakeSource(), CollectorRegistry(), refresh=0)
+    with pytest.raises(ValueError, match="due_limit must be >= 0"):
+        OperationsApp(FakeSource(), CollectorRegistry(), due_limit=-1)
