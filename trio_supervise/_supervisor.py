@@ -49,6 +49,10 @@ RESTARTS_METRIC = "trio_supervise_worker_restarts"  # exposed as ..._total
 
 DEFAULT_SHUTDOWN_GRACE = 5.0
 
+# Virtual time is a sum of float deltas: a run scheduled to last exactly the cap may measure a
+# few ulps short. Durations within a nanosecond of the cap count as reaching it.
+_TIME_EPSILON = 1e-9
+
 
 class WorkerState(enum.StrEnum):
     """Where a supervised child is in its life. The values are the labels used in ``/healthz``
@@ -306,6 +310,9 @@ def _registry_or_private(value: CollectorRegistry | None) -> CollectorRegistry:
 
 
 def _error_text(error: BaseException) -> str:
+    """``"Type: message"``; for an exception group, its leaves' texts joined by ``"; "``."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(_error_text(leaf) for leaf in _leaves(error))
     return f"{type(error).__name__}: {error}"
 
 
@@ -478,9 +485,7 @@ class Supervisor:
     async def start_child(self, child: ChildSpec | Supervisor) -> None:
         """Add a child to a running supervisor and return once it is running (or ready)."""
         if self._nursery is None:
-            raise RuntimeError(
-                f"supervisor {self.name!r} is not running; use add_child before run"
-            )
+            raise RuntimeError(f"supervisor {self.name!r} is not running; use add_child before run")
         if self.shutdown.requested:
             raise RuntimeError(
                 f"supervisor {self.name!r} is shutting down; not adding {child.name!r}"
@@ -672,7 +677,7 @@ class Supervisor:
                 self._fail(slot, escalate=True)
             return
 
-        if ran_for >= policy.cap:
+        if ran_for >= policy.cap - _TIME_EPSILON:
             slot.attempt = 0
         slot.attempt += 1
         extra["attempt"] = slot.attempt
@@ -776,12 +781,15 @@ class Supervisor:
         return self._fallback_jitter
 
     def _find(self, path: str) -> _Slot:
-        head, _, rest = path.partition("/")
-        for slot in self._slots:
-            if slot.name == head:
-                if not rest:
-                    return slot
-                if isinstance(slot.child, Supervisor):
-                    return slot.child._find(rest)
+        supervisor: Supervisor = self
+        *parents, last = path.split("/")
+        for name in parents:
+            child = next((s.child for s in supervisor._slots if s.name == name), None)
+            if not isinstance(child, Supervisor):
                 break
+            supervisor = child
+        else:
+            for slot in supervisor._slots:
+                if slot.name == last:
+                    return slot
         raise KeyError(f"supervisor {self.name!r} has no worker {path!r}")
