@@ -44,7 +44,7 @@ from ._workflow import (
 from .queues._protocol import Lease, LeaseStatus, SettleKind, Settlement, WorkItem, WorkQueue
 
 __all__ = [
-    "EventKind",
+    "RunnerEventKind",
     "RecentError",
     "RunnerEvent",
     "RunnerMetrics",
@@ -72,7 +72,7 @@ class RunnerState(enum.StrEnum):
     """``run`` raised: claims failed more than ``claim_retry.max_restarts`` times in a row."""
 
 
-class EventKind(enum.StrEnum):
+class RunnerEventKind(enum.StrEnum):
     """What a :class:`RunnerEvent` records."""
 
     STARTED = "started"
@@ -100,7 +100,7 @@ class RunnerEvent:
     ``trio.current_time()``.
     """
 
-    kind: EventKind
+    kind: RunnerEventKind
     item_id: str | None = None
     spec_id: str | None = None
     lease_version: int | None = None
@@ -366,7 +366,7 @@ class WorkflowRunner(Generic[ContextT]):
                     services.start_soon(settler.run)
                     async with trio.open_nursery() as evaluations:
                         self._state = RunnerState.RUNNING
-                        self._emit(EventKind.STARTED)
+                        self._emit(RunnerEventKind.STARTED)
                         task_status.started()
                         fatal = await self._claim_loop(evaluations, context, settler)
                         await self._drain()
@@ -379,7 +379,7 @@ class WorkflowRunner(Generic[ContextT]):
         finally:
             self._state = RunnerState.FAILED if failed else RunnerState.STOPPED
             self._running = False
-            self._emit(EventKind.STOPPED, detail=str(self._state))
+            self._emit(RunnerEventKind.STOPPED, detail=str(self._state))
 
     async def _claim_loop(
         self, nursery: trio.Nursery, context: ContextT, settler: _Settler
@@ -402,7 +402,7 @@ class WorkflowRunner(Generic[ContextT]):
                 self._claim_failures += 1
                 text = f"claim failed: {describe_error(error)}"
                 self._record_error(None, None, text)
-                self._emit(EventKind.CLAIM_FAILED, detail=text)
+                self._emit(RunnerEventKind.CLAIM_FAILED, detail=text)
                 if self._claim_failures > settings.claim_retry.max_restarts:
                     logger.error("%s; giving up after %d attempts", text, self._claim_failures)
                     return error
@@ -446,14 +446,14 @@ class WorkflowRunner(Generic[ContextT]):
         self._in_flight[entry.key] = entry
         self._count.value = len(self._in_flight)
         self._metrics.claimed.labels(item.spec_id).inc()
-        self._emit(EventKind.CLAIMED, item)
+        self._emit(RunnerEventKind.CLAIMED, item)
         if self._shutdown.requested:
             entry.stop(_Reason.SHUTDOWN, "claimed during shutdown")
         nursery.start_soon(self._run_item, entry, context, settler)
 
     async def _drain(self) -> None:
         self._state = RunnerState.DRAINING
-        self._emit(EventKind.DRAINING, detail=f"{len(self._in_flight)} in flight")
+        self._emit(RunnerEventKind.DRAINING, detail=f"{len(self._in_flight)} in flight")
         with trio.move_on_after(self._settings.shutdown_grace):
             await self._count.wait_value(0)
         for entry in list(self._in_flight.values()):
@@ -497,7 +497,7 @@ class WorkflowRunner(Generic[ContextT]):
             case _Reason.LOST:
                 self._metrics.failed.labels(item.spec_id).inc()
                 self._record_error(item.id, item.spec_id, f"lease lost: {entry.detail}")
-                self._emit(EventKind.OUTCOME, item, detail="lease-lost")
+                self._emit(RunnerEventKind.OUTCOME, item, detail="lease-lost")
                 return None
             case _Reason.CANCEL_REQUESTED:
                 settlement = Settlement(
@@ -520,7 +520,7 @@ class WorkflowRunner(Generic[ContextT]):
         detail = str(settlement.kind)
         if settlement.error is not None:
             detail = f"{detail}: {settlement.error}"
-        self._emit(EventKind.OUTCOME, item, detail=detail)
+        self._emit(RunnerEventKind.OUTCOME, item, detail=detail)
         return settlement
 
     async def _settle(self, entry: _InFlight, settlement: Settlement, settler: _Settler) -> None:
@@ -530,14 +530,14 @@ class WorkflowRunner(Generic[ContextT]):
         except Exception as error:
             text = f"writing {settlement.kind} failed: {describe_error(error)}"
             self._record_error(item.id, item.spec_id, text)
-            self._emit(EventKind.SETTLE_FAILED, item, detail=text)
+            self._emit(RunnerEventKind.SETTLE_FAILED, item, detail=text)
             logger.warning("item %r: %s (its lease will expire)", item.id, text)
             return
         if applied:
             self._metrics.count_settled(settlement.kind, item.spec_id)
-            self._emit(EventKind.SETTLED, item, detail=str(settlement.kind))
+            self._emit(RunnerEventKind.SETTLED, item, detail=str(settlement.kind))
         else:
-            self._emit(EventKind.SETTLE_REFUSED, item, detail=str(settlement.kind))
+            self._emit(RunnerEventKind.SETTLE_REFUSED, item, detail=str(settlement.kind))
             logger.warning("item %r: %s refused, the lease was lost", item.id, settlement.kind)
 
     # -- renewals ------------------------------------------------------------------------------
@@ -581,7 +581,7 @@ class WorkflowRunner(Generic[ContextT]):
             logger.warning("renewing %d leases failed: %s", len(leases), text)
             for entry in due.values():
                 self._metrics.renewals_failed.labels(entry.item.spec_id).inc()
-                self._emit(EventKind.RENEWAL_FAILED, entry.item, detail=text)
+                self._emit(RunnerEventKind.RENEWAL_FAILED, entry.item, detail=text)
                 # Keep evaluating while the lease outlives the next round; otherwise stop.
                 if entry.renewed_at + settings.lease - trio.current_time() <= interval:
                     entry.stop(_Reason.RENEWAL_FAILED, text)
@@ -592,16 +592,16 @@ class WorkflowRunner(Generic[ContextT]):
                 self._lose(entry, "renewal refused")
                 continue
             entry.renewed_at = now
-            self._emit(EventKind.RENEWED, entry.item, detail=str(status))
+            self._emit(RunnerEventKind.RENEWED, entry.item, detail=str(status))
             if status is LeaseStatus.CANCEL_REQUESTED and entry.reason is not (
                 _Reason.CANCEL_REQUESTED
             ):
-                self._emit(EventKind.CANCEL_REQUESTED, entry.item)
+                self._emit(RunnerEventKind.CANCEL_REQUESTED, entry.item)
                 entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested")
 
     def _lose(self, entry: _InFlight, detail: str) -> None:
         self._metrics.renewals_failed.labels(entry.item.spec_id).inc()
-        self._emit(EventKind.LEASE_LOST, entry.item, detail=detail)
+        self._emit(RunnerEventKind.LEASE_LOST, entry.item, detail=detail)
         entry.stop(_Reason.LOST, detail)
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -611,7 +611,9 @@ class WorkflowRunner(Generic[ContextT]):
             RecentError(item_id=item_id, spec_id=spec_id, error=error, at=self._queue.clock.now())
         )
 
-    def _emit(self, kind: EventKind, item: WorkItem | None = None, *, detail: str = "") -> None:
+    def _emit(
+        self, kind: RunnerEventKind, item: WorkItem | None = None, *, detail: str = ""
+    ) -> None:
         if self._on_event is None:
             return
         event = RunnerEvent(
