@@ -1,0 +1,679 @@
+"""The WorkQueue contract, run against every backend (memory, SQLite, PostgreSQL).
+
+"Now" is a ManualClock the tests advance, so leases expire without any real sleep.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+
+from trio_supervise import (
+    ConfigError,
+    DuplicateItem,
+    ItemNotFound,
+    ItemStateError,
+    LeaseLost,
+)
+from trio_supervise.queues import (
+    ItemState,
+    Lease,
+    LeaseStatus,
+    SettleKind,
+    Settlement,
+    WorkItem,
+    WorkQueue,
+)
+
+from .conftest import START, ManualClock
+
+S = dt.timedelta(seconds=1)
+
+
+async def claim_one(queue: WorkQueue, worker: str = "w1", lease: float = 30) -> WorkItem:
+    [item] = await queue.claim_due(["spec"], worker, lease, 1)
+    return item
+
+
+# -- producing and inspecting ----------------------------------------------------------------
+
+
+async def test_enqueue_defaults(queue: WorkQueue) -> None:
+    """A new item is queued, due now, with an empty config, no lease and no errors."""
+    item = await queue.enqueue("spec")
+    assert item.state is ItemState.QUEUED
+    assert item.due_at == item.created_at == item.updated_at == START
+    assert item.config == {}
+    assert (item.lease_version, item.lease_owner, item.lease_expires_at) == (0, None, None)
+    assert (item.error_count, item.last_error, item.cancel_requested) == (0, None, False)
+    assert await queue.get(item.id) == item
+
+
+async def test_enqueue_stores_every_field(queue: WorkQueue) -> None:
+    """Config, tenant, subject, due time, id and key come back exactly as given."""
+    config = {"a": [1, 2.5, None, True], "b": {"c": "ü"}, "n": -3}
+    item = await queue.enqueue(
+        "spec",
+        config=config,
+        tenant_id="t",
+        subject_id="s",
+        due_at=START + 90 * S,
+        item_id="id-1",
+        idempotency_key="key-1",
+    )
+    got = await queue.get("id-1")
+    assert got == item
+    assert (got.config, got.tenant_id, got.subject_id) == (config, "t", "s")
+    assert (got.due_at, got.idempotency_key) == (START + 90 * S, "key-1")
+
+
+async def test_enqueue_refuses_bad_arguments(queue: WorkQueue) -> None:
+    """A config that is not JSON, or an empty spec id, is refused and nothing is stored."""
+    with pytest.raises(ConfigError):
+        await queue.enqueue("spec", config={"x": object()})
+    with pytest.raises(ValueError, match="spec_id"):
+        await queue.enqueue("")
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await queue.enqueue("spec", due_at=dt.datetime(2030, 1, 1))
+    assert await queue.counts() == {}
+
+
+async def test_idempotent_enqueue(queue: WorkQueue, clock: ManualClock) -> None:
+    """An enqueue with a key an item already carries returns that item, in any state."""
+    first = await queue.enqueue("spec", idempotency_key="k", config={"v": 1})
+    again = await queue.enqueue("spec", idempotency_key="k", config={"v": 2})
+    assert again == first
+    claimed = await claim_one(queue)
+    await queue.complete(claimed.id, claimed.lease_version)
+    clock.advance(5)
+    after = await queue.enqueue("other", idempotency_key="k", item_id="new-id")
+    assert after.id == first.id
+    assert after.state is ItemState.COMPLETED
+    assert await queue.counts() == {("spec", ItemState.COMPLETED): 1}
+
+
+async def test_duplicate_item_id(queue: WorkQueue) -> None:
+    """An explicit id that exists already raises DuplicateItem and changes nothing."""
+    item = await queue.enqueue("spec", item_id="x", config={"v": 1})
+    with pytest.raises(DuplicateItem):
+        await queue.enqueue("spec", item_id="x", config={"v": 2})
+    assert await queue.get("x") == item
+
+
+async def test_get_missing(queue: WorkQueue) -> None:
+    """Getting an unknown id raises ItemNotFound."""
+    with pytest.raises(ItemNotFound):
+        await queue.get("nope")
+
+
+async def test_counts_and_list_items(queue: WorkQueue) -> None:
+    """Counts group by (spec, state); listing filters by both and orders by due time, then id."""
+    await queue.enqueue("a", item_id="a2", due_at=START + 2 * S)
+    await queue.enqueue("a", item_id="a1", due_at=START + 2 * S)
+    await queue.enqueue("a", item_id="a0", due_at=START + 9 * S)
+    await queue.enqueue("b", item_id="b0", due_at=START - S)
+    [b0] = await queue.claim_due(["b"], "w", 10, 5)
+    assert await queue.counts() == {("a", ItemState.QUEUED): 3, ("b", ItemState.RUNNING): 1}
+    assert [i.id for i in await queue.list_items()] == ["b0", "a1", "a2", "a0"]
+    assert [i.id for i in await queue.list_items(limit=2)] == ["b0", "a1"]
+    assert await queue.list_items(limit=0) == []
+    assert [i.id for i in await queue.list_items(spec_ids=["a"])] == ["a1", "a2", "a0"]
+    running = await queue.list_items(states=[ItemState.RUNNING])
+    assert running == [await queue.get("b0")]
+    assert running[0].lease_version == b0.lease_version
+    assert await queue.list_items(states=[ItemState.DEAD]) == []
+    assert await queue.list_items(states=[ItemState.QUEUED], spec_ids=["b"]) == []
+    with pytest.raises(ValueError, match="limit"):
+        await queue.list_items(limit=-1)
+
+
+# -- claiming --------------------------------------------------------------------------------
+
+
+async def test_claim_orders_by_due_time_then_id(queue: WorkQueue) -> None:
+    """Claims come in due-time order, ties broken by id, and stop at the limit."""
+    for item_id, offset in [("c", 0), ("b", -5), ("a", 0), ("d", -5), ("e", -9)]:
+        await queue.enqueue("spec", item_id=item_id, due_at=START + offset * S)
+    first = await queue.claim_due(["spec"], "w", 30, 3)
+    assert [i.id for i in first] == ["e", "b", "d"]
+    rest = await queue.claim_due(["spec"], "w", 30, 10)
+    assert [i.id for i in rest] == ["a", "c"]
+    assert await queue.claim_due(["spec"], "w", 30, 10) == []
+
+
+async def test_claim_waits_for_due_time(queue: WorkQueue, clock: ManualClock) -> None:
+    """An item is claimable from its due time on, and not a microsecond before."""
+    await queue.enqueue("spec", due_at=START + 10 * S)
+    clock.advance(10 - 1e-6)
+    assert await queue.claim_due(["spec"], "w", 30, 1) == []
+    clock.advance(1e-6)
+    assert len(await queue.claim_due(["spec"], "w", 30, 1)) == 1
+
+
+async def test_claim_filters_by_spec(queue: WorkQueue) -> None:
+    """Only items of the named specs are claimed; no specs claims nothing."""
+    await queue.enqueue("a", item_id="1")
+    await queue.enqueue("b", item_id="2")
+    await queue.enqueue("c", item_id="3")
+    assert await queue.claim_due([], "w", 30, 10) == []
+    assert [i.id for i in await queue.claim_due(["a", "c"], "w", 30, 10)] == ["1", "3"]
+    assert [i.id for i in await queue.claim_due(["a", "b", "c"], "w", 30, 10)] == ["2"]
+
+
+async def test_claim_limits_and_arguments(queue: WorkQueue) -> None:
+    """A zero limit claims nothing; a negative limit or a lease that is not positive is refused."""
+    await queue.enqueue("spec")
+    assert await queue.claim_due(["spec"], "w", 30, 0) == []
+    with pytest.raises(ValueError, match="limit"):
+        await queue.claim_due(["spec"], "w", 30, -1)
+    for lease in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="lease"):
+            await queue.claim_due(["spec"], "w", lease, 1)
+    assert (await queue.list_items())[0].state is ItemState.QUEUED
+
+
+async def test_claim_takes_a_lease(queue: WorkQueue) -> None:
+    """A claim sets the owner, the expiry (now + lease) and a strictly larger version."""
+    item = await queue.enqueue("spec")
+    claimed = await claim_one(queue, "w1", 12.5)
+    assert claimed.id == item.id
+    assert claimed.state is ItemState.RUNNING
+    assert claimed.lease_owner == "w1"
+    assert claimed.lease_expires_at == START + 12.5 * S
+    assert claimed.lease_version > item.lease_version
+    assert claimed.lease == Lease(item.id, claimed.lease_version, "w1")
+    assert await queue.get(item.id) == claimed
+
+
+async def test_lease_expiry_and_rescue(queue: WorkQueue, clock: ManualClock) -> None:
+    """A running item is claimable again once its lease expires, under a new version."""
+    await queue.enqueue("spec")
+    old = await claim_one(queue, "w1", 10)
+    clock.advance(9.999)
+    assert await queue.claim_due(["spec"], "w2", 10, 5) == []
+    clock.advance(0.001)
+    new = await claim_one(queue, "w2", 10)
+    assert new.id == old.id
+    assert new.lease_owner == "w2"
+    assert new.lease_version > old.lease_version
+    assert new.lease_expires_at == START + 20 * S
+    with pytest.raises(LeaseLost):
+        await queue.complete(old.id, old.lease_version)
+    with pytest.raises(LeaseLost):
+        await queue.renew(old.id, "w1", old.lease_version, 10)
+    assert await queue.get(new.id) == new
+
+
+async def test_an_expired_lease_can_still_be_renewed_until_rescued(
+    queue: WorkQueue, clock: ManualClock
+) -> None:
+    """Expiry alone takes nothing away: the owner may renew until someone else claims."""
+    await queue.enqueue("spec")
+    item = await claim_one(queue, "w1", 10)
+    clock.advance(15)
+    assert await queue.renew(item.id, "w1", item.lease_version, 10) is LeaseStatus.HELD
+    assert (await queue.get(item.id)).lease_expires_at == START + 25 * S
+    assert await queue.claim_due(["spec"], "w2", 10, 1) == []
+
+
+async def test_concurrent_claimers_never_share_an_item(queue: WorkQueue) -> None:
+    """Many claimers at once receive disjoint sets of items, and together all of them."""
+    ids = {f"item-{n:03}" for n in range(60)}
+    for item_id in sorted(ids):
+        await queue.enqueue("spec", item_id=item_id)
+    claims: dict[str, list[str]] = {}
+
+    async def claimer(worker: str) -> None:
+        mine = claims.setdefault(worker, [])
+        while True:
+            got = await queue.claim_due(["spec"], worker, 60, 3)
+            if not got:
+                return
+            mine.extend(item.id for item in got)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for n in range(12):
+                nursery.start_soon(claimer, f"w{n}")
+    everything = [item_id for mine in claims.values() for item_id in mine]
+    assert len(everything) == len(set(everything)) == 60
+    assert set(everything) == ids
+    for worker, mine in claims.items():
+        for item_id in mine:
+            assert (await queue.get(item_id)).lease_owner == worker
+
+
+# -- renewing --------------------------------------------------------------------------------
+
+
+async def test_renew_extends_the_lease(queue: WorkQueue, clock: ManualClock) -> None:
+    """Renewal sets the expiry to now + lease and says the lease is held."""
+    await queue.enqueue("spec")
+    item = await claim_one(queue, "w1", 10)
+    clock.advance(8)
+    assert await queue.renew(item.id, "w1", item.lease_version, 20) is LeaseStatus.HELD
+    got = await queue.get(item.id)
+    assert got.lease_expires_at == START + 28 * S
+    assert got.lease_version == item.lease_version
+    clock.advance(19)
+    assert await queue.claim_due(["spec"], "w2", 10, 1) == []
+
+
+async def test_renew_checks_owner_and_version(queue: WorkQueue) -> None:
+    """Renewal by another owner, an old version, or of an unknown item is refused."""
+    await queue.enqueue("spec")
+    item = await claim_one(queue, "w1", 10)
+    with pytest.raises(LeaseLost):
+        await queue.renew(item.id, "w2", item.lease_version, 10)
+    with pytest.raises(LeaseLost):
+        await queue.renew(item.id, "w1", item.lease_version + 1, 10)
+    with pytest.raises(LeaseLost):
+        await queue.renew("nope", "w1", 1, 10)
+    with pytest.raises(ValueError, match="lease"):
+        await queue.renew(item.id, "w1", item.lease_version, 0)
+    assert await queue.get(item.id) == item
+
+
+async def test_renew_many_mixed(queue: WorkQueue, clock: ManualClock) -> None:
+    """renew_many renews the fresh leases and reports stale ones as LOST, changing nothing."""
+    for n in range(4):
+        await queue.enqueue("spec", item_id=f"i{n}")
+    items = await queue.claim_due(["spec"], "w1", 10, 4)
+    await queue.request_cancel("i2")
+    await queue.complete("i3", items[3].lease_version)
+    stale_i3 = await queue.get("i3")
+    clock.advance(5)
+    statuses = await queue.renew_many(
+        [
+            items[0].lease,
+            Lease("i1", items[1].lease_version, "intruder"),
+            items[2].lease,
+            items[3].lease,
+            Lease("missing", 1, "w1"),
+        ],
+        30,
+    )
+    assert statuses == {
+        "i0": LeaseStatus.HELD,
+        "i1": LeaseStatus.LOST,
+        "i2": LeaseStatus.CANCEL_REQUESTED,
+        "i3": LeaseStatus.LOST,
+        "missing": LeaseStatus.LOST,
+    }
+    assert (await queue.get("i0")).lease_expires_at == START + 35 * S
+    assert (await queue.get("i1")).lease_expires_at == START + 10 * S
+    assert (await queue.get("i2")).lease_expires_at == START + 35 * S
+    assert await queue.get("i3") == stale_i3
+    assert await queue.renew_many([], 30) == {}
+
+
+# -- fencing ---------------------------------------------------------------------------------
+
+StaleWrite = Callable[[WorkQueue, WorkItem], Awaitable[object]]
+
+STALE_WRITES: dict[str, StaleWrite] = {
+    "complete": lambda q, i: q.complete(i.id, i.lease_version),
+    "release": lambda q, i: q.release(i.id, i.lease_version, 0),
+    "reschedule": lambda q, i: q.reschedule(i.id, i.lease_version, START, {"x": 1}),
+    "mark_error": lambda q, i: q.mark_error(i.id, i.lease_version, "boom"),
+    "renew": lambda q, i: q.renew(i.id, i.lease_owner or "", i.lease_version, 10),
+}
+
+
+@pytest.mark.parametrize("write", sorted(STALE_WRITES))
+@pytest.mark.parametrize("how", ["rescued", "settled", "wrong-version"])
+async def test_every_stale_write_is_refused(
+    queue: WorkQueue, clock: ManualClock, write: str, how: str
+) -> None:
+    """A write under a lease that is not current raises LeaseLost and changes nothing."""
+    await queue.enqueue("spec", item_id="x")
+    held = await claim_one(queue, "w1", 10)
+    stale = held
+    if how == "rescued":
+        clock.advance(10)
+        await claim_one(queue, "w2", 10)
+    elif how == "settled":
+        await queue.release("x", held.lease_version, 0)
+    else:
+        stale = WorkItem(**{**_fields(held), "lease_version": held.lease_version + 1000})
+    before = await queue.get("x")
+    with pytest.raises(LeaseLost) as info:
+        await STALE_WRITES[write](queue, stale)
+    assert info.value.item_id == "x"
+    assert info.value.lease_version == stale.lease_version
+    assert await queue.get("x") == before
+    assert await queue.settle_many(
+        [
+            Settlement(
+                item_id="x", lease_version=stale.lease_version, kind=kind, error="e", at=START
+            )
+            for kind in SettleKind
+        ]
+    ) == [False] * len(SettleKind)
+    assert await queue.get("x") == before
+
+
+def _fields(item: WorkItem) -> dict[str, object]:
+    import attrs
+
+    return attrs.asdict(item, recurse=False)
+
+
+async def test_writes_to_unknown_items_are_refused(queue: WorkQueue) -> None:
+    """Fenced writes naming an item that does not exist raise LeaseLost."""
+    with pytest.raises(LeaseLost):
+        await queue.complete("nope", 1)
+    with pytest.raises(LeaseLost):
+        await queue.mark_error("nope", 1, "e")
+    assert await queue.counts() == {}
+
+
+# -- settling --------------------------------------------------------------------------------
+
+
+async def test_release_keeps_the_error_count(queue: WorkQueue, clock: ManualClock) -> None:
+    """release hands the item back due after the delay, lease cleared, errors untouched."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    await queue.mark_error("x", item.lease_version, "boom")
+    clock.advance(3)
+    await queue.release("x", item.lease_version, 7.5)
+    got = await queue.get("x")
+    assert got.state is ItemState.QUEUED
+    assert got.due_at == START + 10.5 * S
+    assert (got.lease_owner, got.lease_expires_at) == (None, None)
+    assert (got.error_count, got.last_error) == (1, "boom")
+    assert got.lease_version == item.lease_version
+    with pytest.raises(ValueError, match="delay"):
+        await queue.release("x", item.lease_version, -1)
+
+
+async def test_mark_error_keeps_the_lease(queue: WorkQueue) -> None:
+    """mark_error counts the error and records it; the lease stays held."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    await queue.mark_error("x", item.lease_version, "one")
+    await queue.mark_error("x", item.lease_version, "two")
+    got = await queue.get("x")
+    assert (got.state, got.error_count, got.last_error) == (ItemState.RUNNING, 2, "two")
+    assert got.lease_expires_at == item.lease_expires_at
+    assert await queue.renew("x", "w1", item.lease_version, 30) is LeaseStatus.HELD
+
+
+async def test_reschedule_sets_due_time_and_config_together(
+    queue: WorkQueue, clock: ManualClock
+) -> None:
+    """reschedule writes the next due time and the new config in one write and clears errors."""
+    await queue.enqueue("spec", item_id="x", config={"run": 0})
+    item = await claim_one(queue)
+    await queue.mark_error("x", item.lease_version, "flaky")
+    clock.advance(1)
+    await queue.reschedule("x", item.lease_version, START + dt.timedelta(days=1), {"run": 1})
+    got = await queue.get("x")
+    assert (got.state, got.due_at, got.config) == (
+        ItemState.QUEUED,
+        START + dt.timedelta(days=1),
+        {"run": 1},
+    )
+    assert (got.error_count, got.last_error) == (0, "flaky")
+    assert (got.lease_owner, got.lease_expires_at) == (None, None)
+    with pytest.raises(LeaseLost):
+        await queue.reschedule("x", item.lease_version, START, {"run": 2})
+    assert await queue.get("x") == got
+
+
+async def test_reschedule_refuses_a_non_json_config(queue: WorkQueue) -> None:
+    """A reschedule with a config that is not JSON raises ConfigError and changes nothing."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    with pytest.raises(ConfigError):
+        await queue.reschedule("x", item.lease_version, START, {"bad": {1, 2}})
+    assert await queue.get("x") == item
+
+
+async def test_complete_finishes_for_good(queue: WorkQueue, clock: ManualClock) -> None:
+    """A completed item keeps its due time, loses its lease and is never claimed again."""
+    await queue.enqueue("spec", item_id="x", due_at=START - S)
+    item = await claim_one(queue)
+    await queue.complete("x", item.lease_version)
+    got = await queue.get("x")
+    assert (got.state, got.due_at, got.lease_owner, got.lease_expires_at) == (
+        ItemState.COMPLETED,
+        START - S,
+        None,
+        None,
+    )
+    clock.advance(86_400)
+    assert await queue.claim_due(["spec"], "w", 30, 10) == []
+    assert await queue.next_due_at(["spec"]) is None
+
+
+async def test_error_count_semantics(queue: WorkQueue, clock: ManualClock) -> None:
+    """retry and dead add one; continue and reschedule reset; release leaves the count alone."""
+
+    async def settle(kind: SettleKind, **extra: object) -> WorkItem:
+        item = await claim_one(queue)
+        assert await queue.settle_many(
+            [Settlement(item_id="x", lease_version=item.lease_version, kind=kind, **extra)]  # type: ignore[arg-type]
+        ) == [True]
+        return await queue.get("x")
+
+    await queue.enqueue("spec", item_id="x")
+    got = await settle(SettleKind.RETRY, error="e1", delay=2)
+    assert (got.state, got.error_count, got.last_error) == (ItemState.QUEUED, 1, "e1")
+    assert got.due_at == START + 2 * S
+    clock.advance(2)
+    got = await settle(SettleKind.RETRY, error="e2")
+    assert (got.error_count, got.last_error, got.due_at) == (2, "e2", START + 2 * S)
+    got = await settle(SettleKind.RELEASE)
+    assert (got.error_count, got.last_error) == (2, "e2")
+    got = await settle(SettleKind.CONTINUE, delay=1)
+    assert (got.error_count, got.last_error, got.due_at) == (0, "e2", START + 3 * S)
+    clock.advance(1)
+    got = await settle(SettleKind.RETRY, error="e3")
+    got = await settle(SettleKind.RESCHEDULE, at=START, config={"k": 1})
+    assert (got.error_count, got.config, got.due_at) == (0, {"k": 1}, START)
+    got = await settle(SettleKind.RETRY, error="e4")
+    got = await settle(SettleKind.DEAD, error="last")
+    assert (got.state, got.error_count, got.last_error) == (ItemState.DEAD, 2, "last")
+    assert await queue.claim_due(["spec"], "w", 30, 1) == []
+
+
+async def test_settle_many_mixed(queue: WorkQueue, clock: ManualClock) -> None:
+    """settle_many applies fresh entries and reports stale ones, each on its own, in order."""
+    for n in range(5):
+        await queue.enqueue("spec", item_id=f"i{n}")
+    items = {i.id: i for i in await queue.claim_due(["spec"], "w1", 10, 5)}
+    await queue.complete("i4", items["i4"].lease_version)
+    clock.advance(1)
+    v = {item_id: item.lease_version for item_id, item in items.items()}
+    results = await queue.settle_many(
+        [
+            Settlement(item_id="i0", lease_version=v["i0"], kind=SettleKind.COMPLETE),
+            Settlement(item_id="i1", lease_version=v["i1"] + 7, kind=SettleKind.COMPLETE),
+            Settlement(
+                item_id="i1", lease_version=v["i1"], kind=SettleKind.RETRY, error="x", delay=4
+            ),
+            Settlement(item_id="i1", lease_version=v["i1"], kind=SettleKind.COMPLETE),
+            Settlement(item_id="i2", lease_version=v["i2"], kind=SettleKind.CANCEL),
+            Settlement(
+                item_id="i3",
+                lease_version=v["i3"],
+                kind=SettleKind.RESCHEDULE,
+                at=START + 60 * S,
+                config=[1, "two"],
+            ),
+            Settlement(item_id="i4", lease_version=v["i4"], kind=SettleKind.RELEASE),
+            Settlement(item_id="ghost", lease_version=1, kind=SettleKind.COMPLETE),
+        ]
+    )
+    assert results == [True, False, True, False, True, True, False, False]
+    got = {i.id: i for i in await queue.list_items()}
+    assert got["i0"].state is ItemState.COMPLETED
+    assert (got["i1"].state, got["i1"].error_count, got["i1"].due_at) == (
+        ItemState.QUEUED,
+        1,
+        START + 5 * S,
+    )
+    assert got["i2"].state is ItemState.CANCELLED
+    assert (got["i3"].due_at, got["i3"].config) == (START + 60 * S, [1, "two"])
+    assert got["i4"].state is ItemState.COMPLETED
+    assert await queue.settle_many([]) == []
+
+
+# -- cancellation and retry ------------------------------------------------------------------
+
+
+async def test_cancel_a_queued_item_at_once(queue: WorkQueue) -> None:
+    """Cancelling a queued item finishes it as cancelled straight away."""
+    await queue.enqueue("spec", item_id="x")
+    got = await queue.request_cancel("x")
+    assert (got.state, got.cancel_requested) == (ItemState.CANCELLED, True)
+    assert await queue.get("x") == got
+    assert await queue.claim_due(["spec"], "w", 30, 1) == []
+
+
+async def test_cancel_a_running_item_flags_it(queue: WorkQueue, clock: ManualClock) -> None:
+    """Cancelling a running item flags it; the owner hears it on renewal and settles it."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    got = await queue.request_cancel("x")
+    assert (got.state, got.cancel_requested) == (ItemState.RUNNING, True)
+    assert got.lease_version == item.lease_version
+    assert await queue.renew("x", "w1", item.lease_version, 30) is LeaseStatus.CANCEL_REQUESTED
+    assert await queue.request_cancel("x") == await queue.get("x")
+    await queue.settle_many(
+        [Settlement(item_id="x", lease_version=item.lease_version, kind=SettleKind.CANCEL)]
+    )
+    assert (await queue.get("x")).state is ItemState.CANCELLED
+
+
+async def test_a_flagged_item_is_claimed_with_its_flag(
+    queue: WorkQueue, clock: ManualClock
+) -> None:
+    """When the owner of a flagged item dies, the rescuer sees the flag on the claimed item."""
+    await queue.enqueue("spec", item_id="x")
+    await claim_one(queue, "w1", 10)
+    await queue.request_cancel("x")
+    clock.advance(10)
+    rescued = await claim_one(queue, "w2", 10)
+    assert rescued.cancel_requested
+
+
+async def test_cancel_leaves_finished_items_alone(queue: WorkQueue) -> None:
+    """Cancelling a finished item changes nothing; an unknown one raises ItemNotFound."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    await queue.complete("x", item.lease_version)
+    done = await queue.get("x")
+    assert await queue.request_cancel("x") == done
+    with pytest.raises(ItemNotFound):
+        await queue.request_cancel("nope")
+
+
+async def test_retry_puts_a_finished_item_back(queue: WorkQueue, clock: ManualClock) -> None:
+    """retry requeues a dead or cancelled item with no errors and no cancel flag."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    await queue.settle_many(
+        [Settlement(item_id="x", lease_version=item.lease_version, kind=SettleKind.DEAD, error="e")]
+    )
+    clock.advance(5)
+    got = await queue.retry("x")
+    assert (got.state, got.due_at, got.error_count, got.cancel_requested) == (
+        ItemState.QUEUED,
+        START + 5 * S,
+        0,
+        False,
+    )
+    assert await queue.get("x") == got
+    await queue.request_cancel("x")
+    got = await queue.retry("x", at=START + 60 * S)
+    assert (got.state, got.due_at, got.cancel_requested) == (
+        ItemState.QUEUED,
+        START + 60 * S,
+        False,
+    )
+    got = await queue.retry("x")
+    assert got.due_at == START + 5 * S
+
+
+async def test_retry_refuses_running_and_unknown_items(queue: WorkQueue) -> None:
+    """A running item cannot be retried; an unknown one raises ItemNotFound."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    with pytest.raises(ItemStateError):
+        await queue.retry("x")
+    assert await queue.get("x") == item
+    with pytest.raises(ItemNotFound):
+        await queue.retry("nope")
+
+
+# -- waiting ---------------------------------------------------------------------------------
+
+
+async def test_next_due_at(queue: WorkQueue, clock: ManualClock) -> None:
+    """The earliest due time of queued items or lease expiry of running ones, per spec."""
+    assert await queue.next_due_at(["spec"]) is None
+    await queue.enqueue("spec", item_id="late", due_at=START + 100 * S)
+    await queue.enqueue("other", item_id="o", due_at=START + 1 * S)
+    assert await queue.next_due_at(["spec"]) == START + 100 * S
+    assert await queue.next_due_at(["spec", "other"]) == START + 1 * S
+    await queue.enqueue("spec", item_id="now")
+    assert await queue.next_due_at(["spec"]) == START
+    await claim_one(queue, "w", 40)
+    assert await queue.next_due_at(["spec"]) == START + 40 * S
+    assert await queue.next_due_at([]) is None
+
+
+async def test_wait_for_work_returns_when_work_is_due(queue: WorkQueue) -> None:
+    """wait_for_work returns at once when something is due already."""
+    await queue.enqueue("spec")
+    with trio.fail_after(5):
+        await queue.wait_for_work(["spec"])
+
+
+async def test_wait_for_work_wakes_on_enqueue(queue: WorkQueue) -> None:
+    """A waiter wakes when this process enqueues due work, long before its poll bound."""
+    woke = trio.Event()
+
+    async def waiter() -> None:
+        await queue.wait_for_work(["spec"])
+        woke.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.sleep(0.2)
+            assert not woke.is_set()
+            await queue.enqueue("other")
+            await queue.enqueue("spec", due_at=START + 3600 * S)
+            await trio.sleep(0.2)
+            assert not woke.is_set()
+            await queue.enqueue("spec")
+            await woke.wait()
+
+
+async def test_wait_for_work_wakes_on_release(queue: WorkQueue) -> None:
+    """A waiter wakes when a running item is handed back due now."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue, "w1", 3600)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def release_soon() -> None:
+                await trio.sleep(0.1)
+                await queue.release("x", item.lease_version, 0)
+
+            nursery.start_soon(release_soon)
+            await queue.wait_for_work(["spec"])
+    assert (await queue.get("x")).state is ItemState.QUEUED
+
+
+async def test_aclose_is_idempotent(queue: WorkQueue) -> None:
+    """Closing twice is fine."""
+    await queue.aclose()
+    await queue.aclose()
