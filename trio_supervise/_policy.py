@@ -16,6 +16,7 @@ import attrs
 __all__ = ["Jitter", "JitterMode", "RestartPolicy"]
 
 _MAX_DOUBLINGS = 31
+_MAX_KEY_BYTES = 64  # blake2b's limit
 
 
 class JitterMode(enum.StrEnum):
@@ -105,11 +106,20 @@ class Jitter:
     """
 
     seed: bytes = attrs.field(default=None, converter=_seed_bytes, repr=False)
+    _key: bytes = attrs.field(init=False, repr=False, eq=False)
+
+    @_key.default
+    def _derive_key(self) -> bytes:
+        # blake2b takes a key of at most 64 bytes: hash a longer seed down rather than cut it,
+        # so every byte of the seed counts.
+        if len(self.seed) <= _MAX_KEY_BYTES:
+            return self.seed
+        return hashlib.blake2b(self.seed, digest_size=_MAX_KEY_BYTES).digest()
 
     def draw(self, key: str, attempt: int) -> float:
         """A number in ``[0, 1]`` fixed by ``(seed, key, attempt)``."""
         digest = hashlib.blake2b(
-            f"{key}\x00{attempt}".encode(), key=self.seed[:64], digest_size=8
+            f"{key}\x00{attempt}".encode(), key=self._key, digest_size=8
         ).digest()
         return int.from_bytes(digest, "big") / float(2**64 - 1)
 
