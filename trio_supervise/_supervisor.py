@@ -301,6 +301,10 @@ class _WorkerMetrics:
         return [gauge, counter]
 
 
+def _as_children(value: Iterable[ChildSpec | Supervisor]) -> tuple[ChildSpec | Supervisor, ...]:
+    return tuple(value)
+
+
 def _shutdown_or_new(value: Shutdown | None) -> Shutdown:
     return Shutdown() if value is None else value
 
@@ -386,7 +390,7 @@ class Supervisor:
 
     name: str = attrs.field(validator=_check_name)
     _initial: tuple[ChildSpec | Supervisor, ...] = attrs.field(
-        alias="children", default=(), converter=tuple, repr=False
+        alias="children", default=(), converter=_as_children, repr=False
     )
     strategy: Strategy = attrs.field(default=Strategy.ONE_FOR_ONE, converter=Strategy)
     shutdown: Shutdown = attrs.field(default=None, converter=_shutdown_or_new, repr=False)
