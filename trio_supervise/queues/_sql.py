@@ -147,6 +147,7 @@ def redact_dsn(dsn: str) -> str:
     Handles URLs (``postgresql://user:secret@host/db``, ``?password=secret``) and libpq
     key/value strings (``host=h password=secret``, quoted or not).
     """
-    dsn = _URL_PASSWORD.sub(r"\g<head>***", dsn)
-    dsn = _QUERY_PASSWORD.sub(r"\g<head>***", dsn)
+    if "://" in dsn:
+        dsn = _URL_PASSWORD.sub(r"\g<head>***", dsn)
+        return _QUERY_PASSWORD.sub(r"\g<head>***", dsn)
     return _KV_PASSWORD.sub(r"\g<head>***", dsn)

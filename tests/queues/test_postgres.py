@@ -1,0 +1,232 @@
+"""What only the PostgreSQL queue does: the database clock, NOTIFY wake-ups, error mapping."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+import pytest
+import trio
+
+from trio_supervise import QueueError, QueueUnavailable, SchemaError
+from trio_supervise.queues import PostgresQueue, migrate, open_queue, redact_dsn
+
+from .conftest import ManualClock, pg_schema
+
+pytestmark = pytest.mark.postgres
+
+
+def _sql(dsn: str, schema: str, query: str, options: str = "") -> list[tuple[object, ...]]:
+    import psycopg
+
+    options = f"-c search_path={schema} {options}"
+    with psycopg.connect(dsn, autocommit=True, options=options) as conn:
+        cursor = conn.execute(query.encode())
+        return cursor.fetchall() if cursor.description else []
+
+
+async def test_database_clock_is_the_default() -> None:
+    """Without an injected clock, due times and leases come from the database's now()."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            [[db_now]] = await trio.to_thread.run_sync(_sql, dsn, schema, "SELECT now()")
+            assert isinstance(db_now, dt.datetime)
+            item = await queue.enqueue("spec")
+            assert abs(item.due_at - db_now) < dt.timedelta(seconds=5)
+            [claimed] = await queue.claim_due(["spec"], "w", 60, 1)
+            assert claimed.lease_expires_at is not None
+            lease = claimed.lease_expires_at - item.due_at
+            assert dt.timedelta(seconds=59) < lease < dt.timedelta(seconds=65)
+            assert await queue.claim_due(["spec"], "w2", 60, 1) == []
+
+
+async def test_database_clock_lease_expiry_and_due_times() -> None:
+    """In database-clock mode a short lease expires by the database's clock."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            future = await queue.enqueue(
+                "spec", due_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+            )
+            await queue.enqueue("spec", item_id="now")
+            [claimed] = await queue.claim_due(["spec"], "w1", 0.2, 5)
+            assert claimed.id == "now"
+            with trio.fail_after(10):
+                await queue.wait_for_work(["spec"])  # wakes when the lease expires
+            [rescued] = await queue.claim_due(["spec"], "w2", 30, 5)
+            assert rescued.id == "now"
+            assert rescued.lease_version > claimed.lease_version
+            assert (await queue.get(future.id)).state.value == "queued"
+
+
+async def test_notify_wakes_a_waiter_in_another_queue() -> None:
+    """An enqueue through one connection wakes wait_for_work on another (LISTEN/NOTIFY)."""
+    with pg_schema() as (dsn, schema):
+        clock = ManualClock()
+        async with (
+            await PostgresQueue.connect(dsn, clock=clock, schema=schema, migrate=True) as waiter,
+            await PostgresQueue.connect(dsn, clock=clock, schema=schema) as producer,
+        ):
+            woke = trio.Event()
+
+            async def wait() -> None:
+                await waiter.wait_for_work(["spec"])
+                woke.set()
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(wait)
+                    await trio.sleep(0.5)
+                    assert not woke.is_set()
+                    await producer.enqueue("spec")
+                    await woke.wait()
+
+
+async def test_listener_reconnects_after_the_connection_drops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """When the LISTEN connection is killed, the listener reconnects and wakes waiters again."""
+    with pg_schema() as (dsn, schema):
+        async with (
+            await PostgresQueue.connect(dsn, schema=schema, migrate=True) as waiter,
+            await PostgresQueue.connect(dsn, schema=schema) as producer,
+        ):
+            with trio.move_on_after(0.3):
+                await waiter.wait_for_work(["spec"])  # starts the listener
+            kill = (
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                f"WHERE query LIKE 'LISTEN %{schema}%' AND pid <> pg_backend_pid()"
+            )
+            with caplog.at_level(logging.WARNING, logger="trio_supervise.queues"):
+                killed = await trio.to_thread.run_sync(_sql, dsn, schema, kill)
+                assert killed == [(True,)]
+                await trio.sleep(1.5)  # the listener notices, backs off, reconnects
+            assert "reconnecting" in caplog.text
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(waiter.wait_for_work, ["spec"])
+                    await trio.sleep(0.3)
+                    await producer.enqueue("spec")
+
+
+async def test_claim_is_served_by_the_claim_index() -> None:
+    """The claim's row selection walks the partial (due_at, id) index in order, no sort."""
+    with pg_schema() as (dsn, schema):
+        await migrate_schema(dsn, schema)
+        fill = (
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_expires_at, "
+            "created_at, updated_at) SELECT 'i' || g, 's' || (g % 3), CASE g % 10 "
+            "WHEN 0 THEN 'queued' WHEN 1 THEN 'running' ELSE 'completed' END, "
+            "now() - g * interval '1 second', "
+            "CASE WHEN g % 10 = 1 THEN now() + interval '1 minute' END, now(), now() "
+            "FROM generate_series(1, 20000) AS g; ANALYZE trio_supervise_items"
+        )
+        await trio.to_thread.run_sync(_sql, dsn, schema, fill)
+        plan = await trio.to_thread.run_sync(
+            _sql,
+            dsn,
+            schema,
+            "EXPLAIN SELECT id FROM trio_supervise_items "
+            "WHERE state IN ('queued', 'running') AND spec_id = ANY('{s1,s2}'::text[]) "
+            "AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END <= now() "
+            "ORDER BY due_at, id LIMIT 10 FOR UPDATE SKIP LOCKED",
+        )
+        text = "\n".join(str(row[0]) for row in plan)
+        assert "trio_supervise_items_claim_idx" in text
+        assert "Sort" not in text
+
+
+async def migrate_schema(dsn: str, schema: str) -> None:
+    async with await PostgresQueue.connect(dsn, schema=schema, migrate=True):
+        pass
+
+
+async def test_missing_schema_is_a_clear_error() -> None:
+    """Opening a database without the schema says how to create it."""
+    with pg_schema() as (dsn, schema):
+        with pytest.raises(SchemaError, match="trio-supervise migrate"):
+            await PostgresQueue.connect(dsn, schema=schema)
+
+
+async def test_open_queue_and_migrate_by_url() -> None:
+    """open_queue accepts postgresql:// and postgres:// URLs; migrate() applies the schema."""
+    with pg_schema() as (dsn, schema):
+        url = f"{dsn}?options=-csearch_path%3D{schema}"
+        await trio.to_thread.run_sync(_sql, dsn, "public", f"CREATE SCHEMA {schema}")
+        with pytest.raises(SchemaError):
+            async with open_queue(url):
+                pass
+        assert await migrate(url) >= 1
+        assert await migrate(url.replace("postgresql://", "postgres://")) >= 1
+        async with open_queue(url.replace("postgresql://", "postgres://")) as queue:
+            assert isinstance(queue, PostgresQueue)
+            await queue.enqueue("spec", item_id="x")
+            assert await migrate(queue) >= 1
+        [[count]] = await trio.to_thread.run_sync(
+            _sql, dsn, schema, "SELECT count(*) FROM trio_supervise_items"
+        )
+        assert count == 1
+
+
+def test_redact_dsn() -> None:
+    """Passwords are masked in URLs, query strings and key/value DSNs."""
+    assert redact_dsn("postgresql://u:s3cret@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert redact_dsn("postgres://u:p%40ss@h/db?sslmode=require") == (
+        "postgres://u:***@h/db?sslmode=require"
+    )
+    assert redact_dsn("postgresql://h/db?user=u&password=s3cret&x=1") == (
+        "postgresql://h/db?user=u&password=***&x=1"
+    )
+    assert redact_dsn("host=h password=s3cret user=u") == "host=h password=*** user=u"
+    assert redact_dsn("host=h password = 'a b\\' c' user=u") == "host=h password = *** user=u"
+    assert redact_dsn("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert redact_dsn("sqlite:///x.db") == "sqlite:///x.db"
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://postgres:Sup3rS3cretPw@127.0.0.1:1/test",
+        "host=127.0.0.1 port=1 user=postgres password=Sup3rS3cretPw dbname=test",
+    ],
+)
+async def test_no_password_in_errors_or_logs(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An unreachable server is QueueUnavailable, and the password appears nowhere."""
+    with caplog.at_level(logging.DEBUG), pytest.raises(QueueUnavailable) as info:
+        await PostgresQueue.connect(dsn, connect_timeout=2)
+    error: BaseException | None = info.value
+    seen = []
+    while error is not None:
+        seen += [str(error), repr(error)]
+        error = error.__cause__ or error.__context__
+    assert len(seen) >= 4  # ours and psycopg's, chained
+    everything = "\n".join([*seen, caplog.text])
+    assert "Sup3rS3cretPw" not in everything
+    assert "127.0.0.1" in str(info.value)
+
+
+async def test_query_errors_are_queue_errors() -> None:
+    """A failing statement surfaces as QueueError with psycopg's error as the cause."""
+    import psycopg
+
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            await trio.to_thread.run_sync(
+                _sql, dsn, schema, "ALTER TABLE trio_supervise_items ADD CHECK (spec_id <> 'x')"
+            )
+            with pytest.raises(QueueError) as info:
+                await queue.enqueue("x")
+            assert not isinstance(info.value, QueueUnavailable)
+            assert isinstance(info.value.__cause__, psycopg.errors.CheckViolation)
+            await trio.to_thread.run_sync(_sql, dsn, schema, "DROP TABLE trio_supervise_items")
+            with pytest.raises(SchemaError):
+                await queue.get("x")
+        with pytest.raises(QueueError, match="closed"):
+            await queue.get("x")
+
+
+async def test_arguments_are_checked() -> None:
+    """Bad pool sizes and schema names are refused before connecting."""
+    with pytest.raises(ValueError, match="pool_size"):
+        await PostgresQueue.connect("postgresql://x/y", pool_size=0)
+    with pytest.raises(ValueError, match="schema"):
+        await PostgresQueue.connect("postgresql://x/y", schema="a; DROP")
