@@ -1,0 +1,681 @@
+"""The long-running WorkflowRunner, on the in-memory queue under virtual time."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import prometheus_client
+import pytest
+import trio
+import trio.testing
+
+import trio_supervise as ts
+from trio_supervise.queues import Lease, LeaseStatus, Settlement, WorkItem
+
+EPOCH = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+Kind = ts.RunnerEventKind
+
+ERRORS: dict[str, Callable[[], BaseException]] = {
+    "value": lambda: ValueError("bad"),
+    "supervise": lambda: ts.LeaseLost("x", 1),
+    "group": lambda: ExceptionGroup("many", [ValueError(1), KeyError(2)]),
+    "interrupt": KeyboardInterrupt,
+    "exit": lambda: SystemExit(3),
+}
+
+
+@attrs.define
+class Recorder:
+    """A driver that sleeps, raises or returns what the item's config says, and records when."""
+
+    name: str = "recorder"
+    spec_ids: Sequence[str] = ("job",)
+    starts: dict[str, list[float]] = attrs.Factory(dict)
+    ends: dict[str, float] = attrs.Factory(dict)
+    cancelled: dict[str, float] = attrs.Factory(dict)
+    running: int = 0
+    peak: int = 0
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: None, item: WorkItem) -> ts.Outcome:
+        self.starts.setdefault(item.id, []).append(trio.current_time())
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await trio.sleep(item.config.get("sleep", 0))
+        except trio.Cancelled:
+            self.cancelled[item.id] = trio.current_time()
+            raise
+        finally:
+            self.running -= 1
+        self.ends[item.id] = trio.current_time()
+        if "raise" in item.config:
+            raise ERRORS[item.config["raise"]]()
+        outcome = item.config.get("outcome", "stop")
+        if outcome == "continue":
+            return ts.Continue()
+        return ts.Stop()
+
+
+@attrs.define(eq=False)
+class FaultyQueue(ts.MemoryQueue):
+    """The memory queue, with calls recorded and faults to switch on."""
+
+    renew_calls: list[tuple[float, int]] = attrs.field(init=False, factory=list)
+    settle_calls: list[tuple[float, int]] = attrs.field(init=False, factory=list)
+    deaf: bool = attrs.field(init=False, default=False)
+    renew_failures: int = attrs.field(init=False, default=0)
+    claim_failures: int = attrs.field(init=False, default=0)
+
+    async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
+        self.renew_calls.append((trio.current_time(), len(leases)))
+        if self.renew_failures:
+            self.renew_failures -= 1
+            raise ts.QueueUnavailable("down")
+        if self.deaf:  # a partitioned worker: it believes its renewals, which never land
+            return {each.item_id: LeaseStatus.HELD for each in leases}
+        return await super().renew_many(leases, lease)
+
+    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
+        self.settle_calls.append((trio.current_time(), len(settlements)))
+        return await super().settle_many(settlements)
+
+    async def claim_due(
+        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+    ) -> list[WorkItem]:
+        if self.claim_failures:
+            self.claim_failures -= 1
+            raise ts.QueueUnavailable("down")
+        return await super().claim_due(spec_ids, worker_id, lease, limit)
+
+
+async def no_context() -> None:
+    return None
+
+
+def make_runner(
+    queue: ts.WorkQueue,
+    *drivers: Any,
+    events: list[ts.RunnerEvent] | None = None,
+    **changes: Any,
+) -> ts.WorkflowRunner[None]:
+    values: dict[str, Any] = {
+        "worker_id": "a",
+        "lease": 30,
+        "concurrency": 4,
+        "poll_interval": 60,
+        "shutdown_grace": 5,
+    }
+    registry: ts.DriverRegistry[None] = ts.DriverRegistry()
+    for driver in drivers or (Recorder(),):
+        registry.register(driver)
+    return ts.WorkflowRunner(
+        queue=queue,
+        registry=registry,
+        settings=ts.RunnerSettings(**{**values, **changes}),
+        build_context=no_context,
+        jitter=ts.Jitter(seed=1),
+        on_event=None if events is None else events.append,
+    )
+
+
+@asynccontextmanager
+async def running(runner: ts.WorkflowRunner[None]) -> AsyncIterator[None]:
+    """Run *runner* for the body, then shut it down and wait for it to return."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        yield
+        runner.shutdown.begin()
+
+
+def sample(runner: ts.WorkflowRunner[None], name: str, spec: str = "job") -> float | None:
+    return runner.metrics.registry.get_sample_value(name, {"spec": spec})
+
+
+# -- keeping slots busy -----------------------------------------------------------------------
+
+
+async def test_a_slow_item_does_not_hold_back_the_others(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each freed slot is refilled at once: the quick items run back to back beside a slow one."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="a-slow", config={"sleep": 10})
+    for n in range(1, 5):
+        await queue.enqueue("job", item_id=f"b{n}", config={"sleep": 1})
+    async with running(make_runner(queue, driver, concurrency=2)):
+        await trio.sleep(11)
+    assert {item_id: times[0] for item_id, times in driver.starts.items()} == {
+        "a-slow": 0.0,
+        "b1": 0.0,
+        "b2": 1.0,
+        "b3": 2.0,
+        "b4": 3.0,
+    }
+    assert driver.ends["b4"] == 4.0
+    assert driver.ends["a-slow"] == 10.0
+    assert driver.peak == 2
+
+
+async def test_an_idle_runner_wakes_for_new_and_newly_due_work(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An idle runner starts new work at once and due-later work at its due time, not at a poll."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    async with running(make_runner(queue, driver, poll_interval=60)):
+        await trio.sleep(5)
+        await queue.enqueue("job", item_id="now")
+        await queue.enqueue(
+            "job", item_id="soon", due_at=queue.clock.now() + dt.timedelta(seconds=2)
+        )
+        await trio.sleep(10)
+    assert driver.starts == {"now": [5.0], "soon": [7.0]}
+
+
+async def test_renewals_go_in_one_call_per_round(autojump_clock: trio.testing.MockClock) -> None:
+    """Every in-flight lease is renewed in one renew_many call every lease / 3 seconds."""
+    queue = FaultyQueue()
+    await queue.enqueue("job", item_id="one", config={"sleep": 25})
+    await queue.enqueue("job", item_id="two", config={"sleep": 25})
+    events: list[ts.RunnerEvent] = []
+    async with running(make_runner(queue, events=events, lease=30)):
+        await trio.sleep(40)
+    assert queue.renew_calls == [(10.0, 2), (20.0, 2)]
+    renewed = [(e.at, e.item_id, e.detail) for e in events if e.kind is Kind.RENEWED]
+    assert sorted(renewed) == [
+        (10.0, "one", "held"),
+        (10.0, "two", "held"),
+        (20.0, "one", "held"),
+        (20.0, "two", "held"),
+    ]
+    assert (await queue.get("one")).state is ts.ItemState.COMPLETED
+
+
+async def test_outcomes_that_finish_together_are_written_together(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Outcomes ready at the same instant go to the queue in one settle_many call."""
+    queue = FaultyQueue()
+    for n in range(5):
+        await queue.enqueue("job", item_id=f"i{n}", config={"sleep": 1})
+    async with running(make_runner(queue, concurrency=5)):
+        await trio.sleep(2)
+    assert queue.settle_calls == [(1.0, 5)]
+    assert {item.state for item in queue.items.values()} == {ts.ItemState.COMPLETED}
+
+
+# -- shutdown ---------------------------------------------------------------------------------
+
+
+async def test_shutdown_drains_then_releases_stragglers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """On shutdown nothing new is claimed, quick items finish, stragglers are released at once."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="quick", config={"sleep": 2})
+    await queue.enqueue("job", item_id="straggler", config={"sleep": 100})
+    runner = make_runner(queue, driver, shutdown_grace=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        await trio.sleep(1)
+        runner.shutdown.begin()
+        await trio.sleep(0.5)
+        assert runner.state is ts.RunnerState.DRAINING
+        await queue.enqueue("job", item_id="late")
+    assert trio.current_time() == 6.0
+    assert runner.state is ts.RunnerState.STOPPED
+    assert (await queue.get("quick")).state is ts.ItemState.COMPLETED
+    assert driver.cancelled == {"straggler": 6.0}
+    assert "late" not in driver.starts
+    straggler = await queue.get("straggler")
+    assert (straggler.state, straggler.lease_owner, straggler.error_count) == (
+        ts.ItemState.QUEUED,
+        None,
+        0,
+    )
+    assert straggler.due_at == EPOCH + dt.timedelta(seconds=6)
+    taken = await queue.claim_due(["job"], "b", lease=30, limit=10)
+    assert [item.id for item in taken] == ["late", "straggler"]
+    assert sample(runner, "trio_supervise_items_released_total") == 1
+
+
+async def test_shutdown_returns_as_soon_as_the_last_item_finishes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Draining takes only as long as the in-flight items need, not the whole grace period."""
+    queue = ts.MemoryQueue()
+    await queue.enqueue("job", item_id="quick", config={"sleep": 2})
+    runner = make_runner(queue, shutdown_grace=30)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        await trio.sleep(1)
+        runner.shutdown.begin()
+    assert trio.current_time() == 2.0
+    assert (await queue.get("quick")).state is ts.ItemState.COMPLETED
+
+
+# -- cancellation from outside -----------------------------------------------------------------
+
+
+async def test_a_cancel_request_cancels_the_evaluation_at_the_next_renewal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """request_cancel on a running item cancels its evaluation at the next renewal; not an error."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    events: list[ts.RunnerEvent] = []
+    await queue.enqueue("job", item_id="long", config={"sleep": 100})
+    runner = make_runner(queue, driver, events=events, lease=30)
+    async with running(runner):
+        await trio.sleep(3)
+        await queue.request_cancel("long")
+        await trio.sleep(10)
+    assert driver.cancelled == {"long": 10.0}
+    long = await queue.get("long")
+    assert (long.state, long.error_count, long.last_error) == (ts.ItemState.CANCELLED, 0, None)
+    outcomes = [(e.at, e.detail) for e in events if e.kind is Kind.OUTCOME]
+    assert outcomes == [(10.0, "cancel")]
+    assert any(e.kind is Kind.CANCEL_REQUESTED and e.at == 10.0 for e in events)
+    assert sample(runner, "trio_supervise_items_cancelled_total") == 1
+    assert sample(runner, "trio_supervise_items_failed_total") is None
+    assert runner.recent_errors == []
+
+
+async def test_an_item_claimed_with_a_cancel_request_is_not_evaluated(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An item whose owner died after a cancel request is cancelled without evaluation."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="orphan")
+    await queue.claim_due(["job"], "dead-worker", lease=3, limit=1)
+    await queue.request_cancel("orphan")
+    async with running(make_runner(queue, driver)):
+        await trio.sleep(5)
+    orphan = await queue.get("orphan")
+    assert orphan.state is ts.ItemState.CANCELLED
+    assert orphan.updated_at == EPOCH + dt.timedelta(seconds=3)
+    assert driver.starts == {}
+
+
+# -- item errors: typed configs, retries, dead items, exceptions --------------------------------
+
+
+@attrs.frozen
+class Digest:
+    """A typed driver config."""
+
+    days: int
+
+
+@attrs.define
+class DigestDriver:
+    """Reschedules itself a day later with one more day counted."""
+
+    name: str = "digest-driver"
+    spec_ids: Sequence[str] = ("digest",)
+    config_type: type[Digest] = Digest
+    seen: list[Any] = attrs.Factory(list)
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: None, item: WorkItem) -> ts.Outcome:
+        self.seen.append(item.config)
+        return ts.Reschedule(EPOCH + dt.timedelta(days=1), Digest(item.config.days + 1))
+
+
+async def test_a_config_that_does_not_fit_is_an_item_error_not_a_crash(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A bad typed config fails that item with a message naming spec and field; others go on."""
+    queue = ts.MemoryQueue()
+    driver = DigestDriver()
+    await queue.enqueue("digest", item_id="bad", config={"days": "seven"})
+    await queue.enqueue("digest", item_id="good", config={"days": 1})
+    runner = make_runner(queue, driver)
+    async with running(runner):
+        await trio.sleep(1)
+        assert runner.state is ts.RunnerState.RUNNING
+    message = "invalid config for spec 'digest': days: expected int, got str"
+    bad = await queue.get("bad")
+    assert (bad.error_count, bad.last_error) == (1, message)
+    assert [(e.item_id, e.spec_id, e.error) for e in runner.recent_errors] == [
+        ("bad", "digest", message)
+    ]
+    good = await queue.get("good")
+    assert driver.seen == [Digest(1)]
+    assert (good.config, good.due_at) == ({"days": 2}, EPOCH + dt.timedelta(days=1))
+
+
+async def test_failed_items_back_off_then_die(autojump_clock: trio.testing.MockClock) -> None:
+    """Errors are retried after the policy's backoff; after max_errors the item is dead."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="flaky", config={"raise": "value"})
+    policy = ts.RestartPolicy(2, 60, jitter=ts.JitterMode.NONE)
+    runner = make_runner(queue, driver, retry=policy, max_errors=4)
+    async with running(runner):
+        await trio.sleep(100)
+        dead = await queue.get("flaky")
+        assert (dead.state, dead.error_count, dead.last_error) == (
+            ts.ItemState.DEAD,
+            4,
+            "ValueError: bad",
+        )
+        await queue.retry("flaky")
+        await trio.sleep(1)
+    assert driver.starts["flaky"] == [0.0, 2.0, 6.0, 14.0, 100.0]
+    assert sample(runner, "trio_supervise_items_failed_total") == 5
+    assert sample(runner, "trio_supervise_items_dead_total") == 1
+
+
+async def test_retry_backoff_is_jittered_by_item_and_error_count(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With jitter, each retry waits exactly policy.backoff(errors + 1, key=item id)."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="flaky", config={"raise": "value"})
+    policy = ts.RestartPolicy(2, 60)
+    async with running(make_runner(queue, driver, retry=policy)):
+        await trio.sleep(30)
+    jitter = ts.Jitter(seed=1)
+    expected = [0.0]
+    for attempt in range(1, 4):
+        expected.append(expected[-1] + policy.backoff(attempt, key="flaky", jitter=jitter))
+    assert driver.starts["flaky"][:4] == pytest.approx(expected, abs=1e-5)
+
+
+async def test_without_a_retry_policy_errors_wait_the_requeue_delay(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The seed's fixed requeue delay is the default retry, and Continue uses it too."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="flaky", config={"raise": "value"})
+    await queue.enqueue("job", item_id="loop", config={"outcome": "continue"})
+    async with running(make_runner(queue, driver, requeue_delay=5)):
+        await trio.sleep(11)
+    assert driver.starts["flaky"] == [0.0, 5.0, 10.0]
+    assert driver.starts["loop"] == [0.0, 5.0, 10.0]
+    assert (await queue.get("flaky")).error_count == 3
+
+
+@pytest.mark.parametrize(
+    ("kind", "text"),
+    [
+        ("value", "ValueError: bad"),
+        ("supervise", "lease lost on item 'x' (version 1)"),
+        ("group", "ExceptionGroup: many (2 sub-exceptions)"),
+    ],
+)
+async def test_a_driver_exception_is_an_item_error(
+    autojump_clock: trio.testing.MockClock, kind: str, text: str
+) -> None:
+    """Any Exception from a driver fails that item only; the runner keeps going."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="bad", config={"raise": kind})
+    await queue.enqueue("job", item_id="next", config={"sleep": 1})
+    runner = make_runner(queue, driver, requeue_delay=100)
+    async with running(runner):
+        await trio.sleep(2)
+        assert runner.state is ts.RunnerState.RUNNING
+    assert (await queue.get("bad")).last_error == text
+    assert (await queue.get("next")).state is ts.ItemState.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"), [("interrupt", KeyboardInterrupt), ("exit", SystemExit)]
+)
+async def test_a_driver_base_exception_propagates(
+    autojump_clock: trio.testing.MockClock, kind: str, error: type[BaseException]
+) -> None:
+    """KeyboardInterrupt or SystemExit from a driver leaves run() as itself and settles nothing."""
+    queue = ts.MemoryQueue()
+    await queue.enqueue("job", item_id="boom", config={"raise": kind, "sleep": 1})
+    runner = make_runner(queue)
+    with pytest.raises(error):
+        await runner.run()
+    assert trio.current_time() == 1.0
+    assert (await queue.get("boom")).state is ts.ItemState.RUNNING
+
+
+async def test_outside_cancellation_propagates_through_the_driver(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Cancelling run() from outside cancels the drivers too; nothing is settled."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="long", config={"sleep": 100})
+    runner = make_runner(queue, driver)
+    with trio.move_on_after(5):
+        await runner.run()
+    assert driver.cancelled == {"long": 5.0}
+    assert (await queue.get("long")).state is ts.ItemState.RUNNING
+    assert runner.state is ts.RunnerState.STOPPED
+
+
+# -- leases -----------------------------------------------------------------------------------
+
+
+async def test_a_stale_worker_cannot_overwrite_the_new_owner(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """After another worker re-claims an expired lease, the old worker's outcome is refused."""
+    queue = FaultyQueue()
+    driver = Recorder()
+    events: list[ts.RunnerEvent] = []
+    await queue.enqueue("job", item_id="shared", config={"sleep": 10})
+    queue.deaf = True
+    runner = make_runner(queue, driver, events=events, lease=3, concurrency=1)
+    async with running(runner):
+        await trio.sleep(3)
+        [taken] = await queue.claim_due(["job"], "b", lease=30, limit=1)
+        await trio.sleep(8)
+    assert driver.ends == {"shared": 10.0}
+    shared = await queue.get("shared")
+    assert (shared.state, shared.lease_owner, shared.lease_version) == (
+        ts.ItemState.RUNNING,
+        "b",
+        taken.lease_version,
+    )
+    refused = [e for e in queue.events if e.op == "settle:complete"]
+    assert [(e.lease_version, e.applied) for e in refused] == [(taken.lease_version - 1, False)]
+    assert [e.detail for e in events if e.kind is Kind.SETTLE_REFUSED] == ["complete"]
+    assert sample(runner, "trio_supervise_items_completed_total") is None
+    await queue.complete("shared", taken.lease_version)
+    assert (await queue.get("shared")).state is ts.ItemState.COMPLETED
+
+
+async def test_a_lost_lease_cancels_the_evaluation_at_the_renewal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """When a renewal finds the lease lost, the evaluation is cancelled then and nothing written."""
+    queue = FaultyQueue()
+    driver = Recorder()
+    events: list[ts.RunnerEvent] = []
+    await queue.enqueue("job", item_id="shared", config={"sleep": 10})
+    queue.deaf = True
+    runner = make_runner(queue, driver, events=events, lease=3, concurrency=1)
+    async with running(runner):
+        await trio.sleep(3)
+        [taken] = await queue.claim_due(["job"], "b", lease=30, limit=1)
+        queue.deaf = False
+        await trio.sleep(2)
+    assert driver.cancelled == {"shared": 4.0}
+    assert [(e.at, e.detail) for e in events if e.kind is Kind.LEASE_LOST] == [
+        (4.0, "renewal refused")
+    ]
+    assert [e.detail for e in events if e.kind is Kind.OUTCOME] == ["lease-lost"]
+    shared = await queue.get("shared")
+    assert (shared.lease_owner, shared.lease_version, shared.error_count) == (
+        "b",
+        taken.lease_version,
+        0,
+    )
+    assert sample(runner, "trio_supervise_lease_renewals_failed_total") == 1
+    assert runner.recent_errors[0].error == "lease lost: renewal refused"
+
+
+async def test_one_failed_renewal_is_survived(autojump_clock: trio.testing.MockClock) -> None:
+    """A single failed renewal round leaves the evaluation running; the lease still has time."""
+    queue = FaultyQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="long", config={"sleep": 25})
+    queue.renew_failures = 1
+    async with running(make_runner(queue, driver, lease=30)):
+        await trio.sleep(30)
+    assert driver.ends == {"long": 25.0}
+    assert (await queue.get("long")).state is ts.ItemState.COMPLETED
+
+
+async def test_renewals_failing_until_the_lease_runs_short_stop_the_evaluation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Once failed renewals leave less than one interval of lease, the evaluation is stopped."""
+    queue = FaultyQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="long", config={"sleep": 100})
+    queue.renew_failures = 2
+    runner = make_runner(queue, driver, lease=30)
+    async with running(runner):
+        await trio.sleep(21)
+    assert driver.cancelled == {"long": 20.0}
+    long = await queue.get("long")
+    assert (long.error_count, long.last_error) == (1, "lease renewal failed: down")
+    assert sample(runner, "trio_supervise_lease_renewals_failed_total") == 2
+
+
+# -- claims, start-up, observability ------------------------------------------------------------
+
+
+async def test_failed_claims_back_off_then_recover(autojump_clock: trio.testing.MockClock) -> None:
+    """A failing claim is retried after the claim backoff, visible as backing-off, then recovers."""
+    queue = FaultyQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="waiting")
+    queue.claim_failures = 3
+    policy = ts.RestartPolicy(1, 30, jitter=ts.JitterMode.NONE)
+    runner = make_runner(queue, driver, claim_retry=policy)
+    async with running(runner):
+        await trio.sleep(0.5)
+        assert (runner.state, runner.claim_failures) == (ts.RunnerState.BACKING_OFF, 1)
+        await trio.sleep(7)
+        assert (runner.state, runner.claim_failures) == (ts.RunnerState.RUNNING, 0)
+    assert driver.starts == {"waiting": [7.0]}
+    assert [e.error for e in runner.recent_errors] == ["claim failed: down"] * 3
+
+
+async def test_claims_failing_for_good_make_run_raise(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Past claim_retry.max_restarts consecutive failures, run() drains and raises the error."""
+    queue = FaultyQueue()
+    queue.claim_failures = 100
+    policy = ts.RestartPolicy(1, 30, max_restarts=2, jitter=ts.JitterMode.NONE)
+    runner = make_runner(queue, claim_retry=policy)
+    with pytest.raises(ts.QueueUnavailable, match="down"):
+        await runner.run()
+    assert trio.current_time() == 3.0
+    assert runner.state is ts.RunnerState.FAILED
+
+
+async def test_run_refuses_an_empty_or_invalid_registry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """run() raises DriverError before readiness when there is nothing valid to run."""
+    empty = ts.WorkflowRunner(
+        queue=ts.MemoryQueue(),
+        registry=ts.DriverRegistry(),
+        settings=ts.RunnerSettings(worker_id="a"),
+        build_context=no_context,
+    )
+    with pytest.raises(ts.DriverError, match="no drivers"):
+        await empty.run()
+
+    class Invalid(Recorder):
+        def validate_specs(self) -> None:
+            raise ValueError("spec 'job' has no schedule")
+
+    runner = make_runner(ts.MemoryQueue(), Invalid())
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(ts.DriverError, match="driver 'recorder': ValueError: spec 'job'"):
+            await nursery.start(runner.run)
+
+
+async def test_metrics_and_events_record_an_item_s_life(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Claim, outcome and settlement show up as events and as metrics on the runner's registry."""
+    queue = ts.MemoryQueue()
+    events: list[ts.RunnerEvent] = []
+    item = await queue.enqueue("job", item_id="one", config={"sleep": 2})
+    runner = make_runner(queue, events=events)
+    async with running(runner):
+        await trio.sleep(3)
+    mine = [(e.kind, e.at, e.detail) for e in events if e.item_id == item.id]
+    assert mine == [
+        (Kind.CLAIMED, 0.0, ""),
+        (Kind.OUTCOME, 2.0, "complete"),
+        (Kind.SETTLED, 2.0, "complete"),
+    ]
+    assert [e.kind for e in events if e.item_id is None] == [
+        Kind.STARTED,
+        Kind.DRAINING,
+        Kind.STOPPED,
+    ]
+    assert sample(runner, "trio_supervise_items_claimed_total") == 1
+    assert sample(runner, "trio_supervise_items_completed_total") == 1
+    assert sample(runner, "trio_supervise_evaluation_seconds_sum") == 2.0
+    global_value = prometheus_client.REGISTRY.get_sample_value(
+        "trio_supervise_items_claimed_total", {"spec": "job"}
+    )
+    assert global_value is None
+
+
+async def test_a_broken_event_callback_does_not_stop_the_runner(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception from on_event is logged and the work goes on."""
+    queue = ts.MemoryQueue()
+    await queue.enqueue("job", item_id="one")
+
+    def broken(event: ts.RunnerEvent) -> None:
+        raise RuntimeError("observer bug")
+
+    runner = make_runner(queue)
+    runner = attrs.evolve(runner, on_event=broken)
+    with caplog.at_level(logging.ERROR, logger="trio_supervise.runner"):
+        async with running(runner):
+            await trio.sleep(1)
+    assert (await queue.get("one")).state is ts.ItemState.COMPLETED
+    assert "on_event callback failed" in caplog.text
+
+
+async def test_a_runner_can_run_again_after_it_returns(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A supervisor may restart a runner: run() works again after it returned."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    shutdown = ts.Shutdown()
+    runner = make_runner(queue, driver)
+    async with running(runner):
+        await queue.enqueue("job", item_id="first")
+    runner = attrs.evolve(runner, shutdown=shutdown)
+    async with running(runner):
+        await queue.enqueue("job", item_id="second")
+        await trio.sleep(1)
+    assert set(driver.starts) == {"first", "second"}
