@@ -1,0 +1,224 @@
+"""Schema versions: a fresh schema equals the migrated one; newer schemas are refused."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_supervise import SchemaError
+from trio_supervise.queues import PostgresQueue, SQLiteQueue, migrate
+from trio_supervise.queues import _postgres, _sql, _sqlite
+
+from .conftest import pg_schema
+
+# -- the files -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_sql_files_are_consistent(backend: _sql.Backend) -> None:
+    """Migrations are numbered 1..n; every query the backend uses is defined once."""
+    steps = _sql.migrations(backend)
+    assert [m.version for m in steps] == list(range(1, len(steps) + 1))
+    assert _sql.latest_version(backend) == len(steps)
+    queries = _sql.load_queries(backend)
+    for name in ("create_version_table", "schema_version", "claim_due", "next_due_at"):
+        assert queries[name].strip()
+
+
+def test_sql_files_ship_in_the_package() -> None:
+    """The .sql files are package data next to the code (and so land in the wheel)."""
+    from importlib import resources
+
+    root = resources.files("trio_supervise.queues").joinpath("sql")
+    for backend in ("sqlite", "postgres"):
+        for name in ("schema.sql", "queries.sql", "migrations/0001_initial.sql"):
+            assert root.joinpath(backend, name).is_file()
+
+
+# -- SQLite ----------------------------------------------------------------------------------
+
+
+def _sqlite_shape(path: Path) -> dict[str, Any]:
+    with sqlite3.connect(path) as conn:
+        shape: dict[str, Any] = {}
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        for table in tables:
+            shape[f"columns:{table}"] = conn.execute(f"PRAGMA table_info({table})").fetchall()
+            for index in conn.execute(f"PRAGMA index_list({table})").fetchall():
+                name = index[1]
+                shape[f"index:{name}"] = (
+                    index[2:],
+                    conn.execute(f"PRAGMA index_xinfo({name})").fetchall(),
+                )
+        shape["sql"] = sorted(
+            " ".join(str(row[0]).split())
+            for row in conn.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL")
+        )
+        shape["versions"] = conn.execute(
+            "SELECT version FROM trio_supervise_schema_version ORDER BY version"
+        ).fetchall()
+        return shape
+
+
+def _sqlite_migrate(path: Path, *, fresh: bool, upto: int | None = None) -> int:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    try:
+        return _sqlite.migrate_connection(conn, 0, where=str(path), fresh=fresh, upto=upto)
+    finally:
+        conn.close()
+
+
+def test_sqlite_fresh_schema_equals_migrated(tmp_path: Path) -> None:
+    """schema.sql on an empty file gives exactly what replaying every migration gives."""
+    latest = _sql.latest_version("sqlite")
+    assert _sqlite_migrate(tmp_path / "fresh.db", fresh=True) == latest
+    assert _sqlite_migrate(tmp_path / "steps.db", fresh=False) == latest
+    fresh, steps = _sqlite_shape(tmp_path / "fresh.db"), _sqlite_shape(tmp_path / "steps.db")
+    assert fresh["versions"] == [(latest,)]
+    assert steps["versions"] == [(v,) for v in range(1, latest + 1)]
+    del fresh["versions"], steps["versions"]
+    assert fresh == steps
+    assert "columns:trio_supervise_items" in fresh
+
+
+async def test_sqlite_migrate_is_idempotent(tmp_path: Path) -> None:
+    """Migrating twice changes nothing the second time and reports the same version."""
+    path = tmp_path / "q.db"
+    latest = _sql.latest_version("sqlite")
+    assert await migrate(f"sqlite:///{path}") == latest
+    before = _sqlite_shape(path)
+    assert await migrate(f"sqlite:///{path}") == latest
+    async with await SQLiteQueue.connect(path, migrate=False) as queue:
+        assert await migrate(queue) == latest
+    assert _sqlite_shape(path) == before
+
+
+async def test_sqlite_newer_schema_is_refused(tmp_path: Path) -> None:
+    """A file whose schema is newer than this release knows is refused, even with migrate."""
+    path = tmp_path / "q.db"
+    await migrate(f"sqlite:///{path}")
+    newer = _sql.latest_version("sqlite") + 1
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (?, 0)",
+            (newer,),
+        )
+    for allow in (True, False):
+        with pytest.raises(SchemaError, match=f"version {newer}, newer"):
+            await SQLiteQueue.connect(path, migrate=allow)
+    with pytest.raises(SchemaError, match="newer"):
+        await migrate(f"sqlite:///{path}")
+
+
+async def test_sqlite_concurrent_migrators(tmp_path: Path) -> None:
+    """Several migrators of one file at once leave one schema and one version row."""
+    path = tmp_path / "q.db"
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(_sqlite.migrate_path, path)
+    assert _sqlite_shape(path)["versions"] == [(_sql.latest_version("sqlite"),)]
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+def _pg_shape(dsn: str, schema: str) -> dict[str, Any]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        columns = conn.execute(
+            "SELECT table_name, column_name, ordinal_position, data_type, is_nullable, "
+            "column_default FROM information_schema.columns WHERE table_schema = %s "
+            "ORDER BY table_name, ordinal_position",
+            (schema,),
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT indexname, replace(indexdef, %s, 'S') FROM pg_indexes "
+            "WHERE schemaname = %s ORDER BY indexname",
+            (schema, schema),
+        ).fetchall()
+        constraints = conn.execute(
+            "SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid) "
+            "FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace "
+            "WHERE n.nspname = %s ORDER BY 1, 2",
+            (schema,),
+        ).fetchall()
+        versions = conn.execute(
+            f'SELECT version FROM "{schema}".trio_supervise_schema_version ORDER BY version'
+        ).fetchall()
+    return {
+        "columns": columns,
+        "indexes": indexes,
+        "constraints": [(t.replace(schema, "S"), n, d) for t, n, d in constraints],
+        "versions": versions,
+    }
+
+
+def _pg_migrate(dsn: str, schema: str, *, fresh: bool) -> int:
+    with _postgres.open_connection(dsn, schema=schema) as conn:
+        return _postgres.migrate_connection(conn, where=schema, schema=schema, fresh=fresh)
+
+
+@pytest.mark.postgres
+def test_postgres_fresh_schema_equals_migrated() -> None:
+    """schema.sql on an empty schema gives exactly what replaying every migration gives."""
+    latest = _sql.latest_version("postgres")
+    with pg_schema() as (dsn, fresh_schema), pg_schema() as (_, steps_schema):
+        assert _pg_migrate(dsn, fresh_schema, fresh=True) == latest
+        assert _pg_migrate(dsn, steps_schema, fresh=False) == latest
+        fresh, steps = _pg_shape(dsn, fresh_schema), _pg_shape(dsn, steps_schema)
+    assert fresh["versions"] == [(latest,)]
+    assert steps["versions"] == [(v,) for v in range(1, latest + 1)]
+    del fresh["versions"], steps["versions"]
+    assert fresh == steps
+    assert fresh["columns"] and fresh["indexes"] and fresh["constraints"]
+
+
+@pytest.mark.postgres
+async def test_postgres_migrate_is_idempotent_and_concurrent_safe() -> None:
+    """Many migrators at once (advisory lock) leave one schema; migrating again is a no-op."""
+    latest = _sql.latest_version("postgres")
+    with pg_schema() as (dsn, schema):
+        results: list[int] = []
+
+        async def one() -> None:
+            results.append(await _postgres.migrate_dsn(dsn, schema=schema))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(one)
+        assert results == [latest] * 4
+        before = _pg_shape(dsn, schema)
+        assert before["versions"] == [(latest,)]
+        assert await _postgres.migrate_dsn(dsn, schema=schema) == latest
+        assert _pg_shape(dsn, schema) == before
+
+
+@pytest.mark.postgres
+async def test_postgres_newer_schema_is_refused() -> None:
+    """A database whose schema is newer than this release knows is refused, even with migrate."""
+    import psycopg
+
+    with pg_schema() as (dsn, schema):
+        await _postgres.migrate_dsn(dsn, schema=schema)
+        newer = _sql.latest_version("postgres") + 1
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                f'INSERT INTO "{schema}".trio_supervise_schema_version (version) VALUES (%s)',
+                (newer,),
+            )
+        for allow in (True, False):
+            with pytest.raises(SchemaError, match=f"version {newer}, newer"):
+                await PostgresQueue.connect(dsn, schema=schema, migrate=allow)
+        with pytest.raises(SchemaError, match="newer"):
+            await _postgres.migrate_dsn(dsn, schema=schema)
