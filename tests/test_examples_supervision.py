@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_supervise import Jitter
+from trio_supervise import ChildSpec, Jitter, RestartPolicy, Supervisor, WorkerState
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
@@ -57,3 +57,26 @@ def test_supervised_workers_runs_as_a_script() -> None:
     )
     assert result.stdout.splitlines()[-1] == " 33.000s  pipeline/fetch: stopped (0 restarts)"
     assert result.stderr.count("worker ended; restarting after backoff") == 2
+
+
+async def test_the_testing_snippet_on_the_docs_page(autojump_clock: trio.testing.MockClock) -> None:
+    """The "Testing supervised code" snippet of docs/supervision.md holds as written."""
+    failed_once = False
+
+    async def poller() -> None:
+        nonlocal failed_once
+        if not failed_once:
+            failed_once = True
+            raise ConnectionError("upstream refused")
+        await trio.sleep_forever()
+
+    policy, jitter = RestartPolicy(1, 30), Jitter(seed=7)
+    supervisor = Supervisor(
+        name="app", children=[ChildSpec("poller", poller, restart=policy)], jitter=jitter
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        await supervisor.watch("poller").wait_value(WorkerState.BACKING_OFF)
+        await supervisor.watch("poller").wait_value(WorkerState.RUNNING)
+        assert trio.current_time() == policy.backoff(1, key="poller", jitter=jitter)
+        nursery.cancel_scope.cancel()
