@@ -37,6 +37,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 from ._convert import converter as _shared_converter
 from ._errors import SettingsError
 from ._workflow import RunnerSettings
+from .queues._factory import DEFAULT_DATABASE_URL
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -59,8 +60,6 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"
 _RESERVED_ENV_PREFIXES = (CONFIG_ENV, ENV_PREFIX + "TEST_", ENV_PREFIX + "REQUIRE_")
 """Variables with our prefix that are not settings: the file path, and the test suite's knobs."""
 
-DEFAULT_DATABASE_URL = "sqlite:///trio_supervise.db"
-"""The embedded default: one SQLite file in the working directory."""
 
 _SECRET = "secret"
 """attrs metadata key: ``"url"`` masks a URL's password, ``True`` masks the whole value."""
@@ -151,11 +150,7 @@ def _structure_enum(value: object, cls: type[enum.Enum]) -> enum.Enum:
 
 
 def _settings_converter() -> cattrs.Converter:
-    """The shared converter, plus by-class enum hooks.
-
-    The shared converter's ``str`` hook is registered by class, and a ``StrEnum`` is a ``str``,
-    so without these a ``StrEnum`` field would accept any string unchecked.
-    """
+    """The shared converter, plus enum hooks whose errors list the choices."""
     made = _shared_converter.copy()
     for base in (enum.Enum, enum.StrEnum, enum.IntEnum):
         made.register_structure_hook(base, _structure_enum)

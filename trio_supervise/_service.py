@@ -1,0 +1,302 @@
+"""A :class:`Service`: drivers, workers, a queue and settings, run under one supervisor.
+
+Data flows one way: settings → service → supervisor → workers (the runner is one, the HTTP
+server another) → queue. Kubernetes or systemd stays the outer supervisor: this one's job is to
+never look healthy with a dead worker inside, and to drain cleanly when told to stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, NoReturn
+
+import attrs
+import trio
+from prometheus_client import CollectorRegistry
+
+from ._errors import WorkerFailed
+from ._http import ErrorRecord, OperationsApp, serve_http
+from ._lifecycle import Shutdown
+from ._policy import Jitter
+from ._runner import WorkflowRunner
+from ._settings import Settings, load_settings
+from ._supervisor import ChildSpec, Supervisor, WorkerStatus
+from ._workflow import DriverRegistry, WorkflowDriver
+from .queues import WorkQueue
+from .queues._factory import open_queue
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "Service", "run_service"]
+
+logger = logging.getLogger("trio_supervise.service")
+
+EXIT_OK = 0
+"""Shutdown was requested (a signal, or :meth:`Service.stop`) and everything drained."""
+EXIT_FAILED = 1
+"""A worker failed terminally."""
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SETTLE_MARGIN = 5.0
+"""Seconds the runner gets beyond its own drain grace to write its last outcomes."""
+
+
+async def _no_context() -> None:
+    return None
+
+
+def _drivers(value: Iterable[WorkflowDriver[Any]]) -> tuple[WorkflowDriver[Any], ...]:
+    return tuple(value)
+
+
+def _workers(value: Iterable[ChildSpec | Supervisor]) -> tuple[ChildSpec | Supervisor, ...]:
+    return tuple(value)
+
+
+@attrs.define(eq=False, kw_only=True)
+class Service:
+    """Turns drivers, workers and a queue into one running, observable service.
+
+    :param drivers: workflow drivers; with any, a :class:`WorkflowRunner` child claims their specs.
+    :param workers: extra long-lived children (:class:`ChildSpec` or nested :class:`Supervisor`).
+    :param settings: everything read from the environment; loaded with :func:`load_settings`
+        when ``None``.
+    :param queue_url: overrides ``settings.database_url``.
+    :param queue: an already open queue to use instead of opening one (tests, embedding).
+    :param build_context: builds the drivers' context once per runner start.
+    :param name: the top-level supervisor's name and the status page title.
+    :param handle_signals: SIGTERM/SIGINT begin graceful shutdown, a second one cancels at once.
+        Only possible in the main thread; off elsewhere.
+    """
+
+    drivers: Sequence[WorkflowDriver[Any]] = attrs.field(default=(), converter=_drivers)
+    workers: Sequence[ChildSpec | Supervisor] = attrs.field(default=(), converter=_workers)
+    settings: Settings | None = None
+    queue_url: str | None = None
+    queue: WorkQueue | None = None
+    build_context: Callable[[], Awaitable[Any]] = _no_context
+    name: str = "trio_supervise"
+    handle_signals: bool = True
+
+    shutdown: Shutdown = attrs.field(init=False, factory=Shutdown)
+    """Begin it to drain and stop the service (what SIGTERM does)."""
+    registry: CollectorRegistry = attrs.field(init=False, factory=CollectorRegistry)
+    """Every metric the service exports on ``/metrics``."""
+    supervisor: Supervisor | None = attrs.field(init=False, default=None)
+    runner: WorkflowRunner[Any] | None = attrs.field(init=False, default=None)
+    http_port: int | None = attrs.field(init=False, default=None)
+    """The bound HTTP port once the server is up (useful with port 0)."""
+    _forced_by: int | None = attrs.field(init=False, default=None)
+
+    # -- what the HTTP surface reads (StatusSource) --------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """True while the supervisor runs and no worker failed terminally."""
+        return self.supervisor is not None and not self.supervisor.failed
+
+    def workers_status(self) -> list[WorkerStatus]:
+        return [] if self.supervisor is None else self.supervisor.snapshot()
+
+    def recent_errors(self) -> list[ErrorRecord]:
+        records: list[ErrorRecord] = []
+        if self.runner is not None:
+            for error in reversed(self.runner.recent_errors):
+                where = "runner" if error.item_id is None else f"{error.spec_id}/{error.item_id}"
+                records.append(ErrorRecord(at=error.at, source=where, message=error.error))
+        return records
+
+    def stop(self, reason: str = "requested") -> None:
+        """Begin graceful shutdown."""
+        self.shutdown.begin(reason)
+
+    def main(self) -> NoReturn:
+        """Run the service as the process: ``if __name__ == "__main__": service.main()``."""
+        sys.exit(run_service(self))
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _effective_settings(self) -> Settings:
+        return self.settings if self.settings is not None else load_settings()
+
+    async def run(self, *, task_status: trio.TaskStatus[Service] = trio.TASK_STATUS_IGNORED) -> int:
+        """Run until shutdown; return the process exit code.
+
+        ``0`` after a requested shutdown drained; ``1`` (:data:`EXIT_FAILED`) when a worker failed
+        terminally; ``128 + signal`` when a second signal cut the drain short. Reports itself
+        through *task_status* once every child is running (and the HTTP port is bound).
+        Settings and queue errors (:class:`SettingsError`, :class:`QueueError`, ``ValueError``)
+        are raised before anything starts.
+        """
+        settings = self._effective_settings()
+        url = self.queue_url or settings.database_url
+        async with contextlib.AsyncExitStack() as stack:
+            queue = self.queue
+            if queue is None:
+                queue = await stack.enter_async_context(open_queue(url))
+            supervisor = self._build(settings, queue)
+            return await self._supervise(supervisor, task_status)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _build(self, settings: Settings, queue: WorkQueue) -> Supervisor:
+        jitter = Jitter() if settings.jitter_seed is None else Jitter(seed=settings.jitter_seed)
+        children: list[ChildSpec | Supervisor] = []
+        if self.drivers:
+            registry: DriverRegistry[Any] = DriverRegistry()
+            for driver in self.drivers:
+                registry.register(driver)
+            self.runner = WorkflowRunner(
+                queue=queue,
+                registry=registry,
+                settings=settings.runner,
+                build_context=self.build_context,
+                shutdown=self.shutdown,
+                jitter=jitter,
+                metrics_registry=self.registry,
+            )
+            children.append(
+                ChildSpec(
+                    "runner",
+                    self.runner.run,
+                    start=True,
+                    shutdown_grace=settings.runner.shutdown_grace + _SETTLE_MARGIN,
+                )
+            )
+        if settings.http.enabled:
+            app = OperationsApp(
+                _StatusView(self),
+                self.registry,
+                queue=queue,
+                title=self.name,
+                refresh=settings.http.refresh,
+            )
+            children.append(
+                ChildSpec(
+                    "http",
+                    functools.partial(self._serve_http, app, settings),
+                    start=True,
+                    shutdown_grace=settings.http.graceful_timeout + 1.0,
+                )
+            )
+        children.extend(self.workers)
+        self.supervisor = Supervisor(
+            name=self.name,
+            # Supervisor's ``converter=tuple`` types its argument as Iterable[_T_co] for mypy.
+            children=children,  # type: ignore[arg-type]
+            shutdown=self.shutdown,
+            jitter=jitter,
+            registry=self.registry,
+        )
+        return self.supervisor
+
+    async def _serve_http(
+        self,
+        app: OperationsApp,
+        settings: Settings,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            self.http_port = await nursery.start(
+                functools.partial(
+                    serve_http,
+                    app,
+                    settings.http.host,
+                    settings.http.port,
+                    shutdown=self.shutdown,
+                    graceful_timeout=settings.http.graceful_timeout,
+                )
+            )
+            task_status.started()
+
+    async def _supervise(
+        self, supervisor: Supervisor, task_status: trio.TaskStatus[Service]
+    ) -> int:
+        signals = self.handle_signals and threading.current_thread() is threading.main_thread()
+        failed = False
+        try:
+            async with trio.open_nursery() as nursery:
+                if signals:
+                    await nursery.start(self._watch_signals, nursery.cancel_scope)
+                await nursery.start(self._run_supervisor, supervisor, nursery.cancel_scope)
+                logger.info("service %r running", self.name)
+                task_status.started(self)
+        except* WorkerFailed as group:
+            for error in group.exceptions:
+                logger.error("service %r stopping: %s", self.name, error)
+            failed = True
+        if failed:
+            return EXIT_FAILED
+        if self._forced_by is not None:
+            logger.warning("service %r cancelled by a second signal", self.name)
+            return 128 + self._forced_by
+        logger.info("service %r stopped (%s)", self.name, self.shutdown.reason)
+        return EXIT_OK
+
+    @staticmethod
+    async def _run_supervisor(
+        supervisor: Supervisor,
+        scope: trio.CancelScope,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            await supervisor.run(task_status=task_status)
+        finally:
+            scope.cancel()  # the signal watcher has nothing left to watch
+
+    async def _watch_signals(
+        self,
+        scope: trio.CancelScope,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with trio.open_signal_receiver(*_SIGNALS) as received:
+            task_status.started()
+            async for signum in received:
+                name = signal.Signals(signum).name
+                if not self.shutdown.requested:
+                    logger.warning("%s received: draining (send it again to stop at once)", name)
+                    self.shutdown.begin(name)
+                    continue
+                logger.warning("%s received again: stopping now", name)
+                self._forced_by = signum
+                scope.cancel()
+                return
+
+
+@attrs.frozen
+class _StatusView:
+    """The service as the HTTP surface's :class:`StatusSource`."""
+
+    service: Service
+
+    @property
+    def healthy(self) -> bool:
+        return self.service.healthy
+
+    def workers(self) -> Sequence[WorkerStatus]:
+        return self.service.workers_status()
+
+    def recent_errors(self) -> Sequence[ErrorRecord]:
+        return self.service.recent_errors()
+
+
+def run_service(service: Service) -> int:
+    """Run *service* in a new Trio run and return the exit code (the CLI's ``run``).
+
+    Loads the settings first when the service has none, so that a settings error is raised
+    before anything starts, and configures logging at ``settings.log_level``.
+    """
+    if service.settings is None:
+        service.settings = load_settings()
+    logging.basicConfig(
+        level=service.settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return trio.run(service.run)
