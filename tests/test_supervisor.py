@@ -493,6 +493,81 @@ async def test_each_strategy_restarts_its_group(
         nursery.cancel_scope.cancel()
 
 
+async def test_rest_for_one_merges_a_pending_restart_into_an_earlier_childs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A group still backing off joins the group of an earlier child that fails, restarting once."""
+    quick, slow = RestartPolicy(1, 1), RestartPolicy(10, 10)
+    first = Worker(fails=1, runs_for=2)
+    middle = Worker(fails=1, runs_for=1)
+    last = Worker()
+    supervisor = Supervisor(
+        name="app",
+        strategy=Strategy.REST_FOR_ONE,
+        children=[
+            ChildSpec("first", first, restart=quick),
+            ChildSpec("middle", middle, restart=slow),
+            ChildSpec("last", last, restart=slow),
+        ],
+        jitter=JITTER,
+    )
+    merged_at = 2 + backoff(quick, "first", 1)
+    assert merged_at < 1 + backoff(slow, "middle", 1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        await trio.sleep(1.5)
+        assert supervisor.state("last") is WorkerState.BACKING_OFF
+        assert supervisor.state("first") is WorkerState.RUNNING
+        await trio.sleep(60)
+
+        assert first.starts == [0, at(merged_at)]
+        assert middle.starts == [0, at(merged_at)]
+        assert last.starts == [0, at(merged_at)]
+        assert last.ends == [1]
+        assert [restarts(supervisor, name) for name in ("first", "middle", "last")] == [1, 1, 1]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_group_member_failing_before_readiness_restarts_the_group_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A child that fails while its group is being relaunched starts a fresh group restart."""
+    policy = RestartPolicy(1, 1)
+    runs: list[float] = []
+
+    async def api(*, task_status: trio.TaskStatus[None]) -> None:
+        runs.append(trio.current_time())
+        if len(runs) == 1:
+            task_status.started()
+            await trio.sleep(1)
+            raise OSError("listener died")
+        if len(runs) == 2:
+            raise OSError("port still in use")
+        task_status.started()
+        await trio.sleep_forever()
+
+    sidecar = Worker()
+    supervisor = Supervisor(
+        name="app",
+        strategy=Strategy.ONE_FOR_ALL,
+        children=[
+            ChildSpec("api", api, start=True, restart=policy),
+            ChildSpec("sidecar", sidecar, restart=policy),
+        ],
+        jitter=JITTER,
+    )
+    second = 1 + backoff(policy, "api", 1)
+    third = second + backoff(policy, "api", 2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        await trio.sleep(30)
+        assert runs == [0, at(second), at(third)]
+        assert sidecar.starts == [0, at(third)]
+        assert supervisor.states == {"api": WorkerState.RUNNING, "sidecar": WorkerState.RUNNING}
+        assert supervisor.healthy.value
+        nursery.cancel_scope.cancel()
+
+
 async def test_one_for_all_stops_a_temporary_sibling_for_good(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -642,6 +717,19 @@ async def test_a_child_added_while_running_is_launched_and_supervised(
         supervisor.shutdown.begin()
         with pytest.raises(RuntimeError, match="shutting down"):
             supervisor.add_child(ChildSpec("too-late", late))
+
+
+async def test_a_child_added_before_run_starts_with_the_others(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """add_child before run queues the child, started in order when run begins."""
+    early, added = Worker(), Worker()
+    supervisor = Supervisor(name="app", children=[ChildSpec("early", early)])
+    supervisor.add_child(ChildSpec("added", added))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        assert supervisor.states == {"early": WorkerState.RUNNING, "added": WorkerState.RUNNING}
+        nursery.cancel_scope.cancel()
 
 
 async def test_start_child_returns_once_the_child_is_ready(
