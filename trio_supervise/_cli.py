@@ -1,31 +1,470 @@
-"""The ``trio-supervise`` command line."""
+"""The ``trio-supervise`` command line (also ``python -m trio_supervise``).
+
+User errors (bad settings, a bad URL, an unknown item, an unreachable database) are one line on
+stderr and exit code 1, never a traceback. ``status`` exits 0 healthy, 1 unhealthy, 2 unreachable.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import importlib
+import json
+import os
 import sys
-from collections.abc import Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TextIO
 
+import attrs
+import trio
+
+from ._convert import unstructure
+from ._errors import SuperviseError
+from ._settings import HttpSettings, Settings, load_settings, redact_url
 from ._version import __version__
+from .queues import ItemState, WorkItem, WorkQueue
+from .queues._factory import migrate, open_queue
 
 __all__ = ["main"]
+
+PROG = "trio-supervise"
+EXIT_USAGE = 2
+STATUS_UNREACHABLE = 2
+
+
+class UserError(Exception):
+    """A mistake the user can fix; reported as one line."""
+
+
+# -- parser -------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="trio-supervise",
-        description="Run and inspect trio_supervise services.",
+        prog=PROG, description="Run and inspect trio_supervise services."
     )
-    parser.add_argument("--version", action="version", version=f"trio-supervise {__version__}")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    settings = argparse.ArgumentParser(add_help=False)
+    settings.add_argument(
+        "--config", metavar="PATH", help="settings file (TOML); default: $TRIO_SUPERVISE_CONFIG"
+    )
+    database = argparse.ArgumentParser(add_help=False, parents=[settings])
+    database.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="queue URL; default: settings database_url ($TRIO_SUPERVISE_DATABASE_URL)",
+    )
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    run = commands.add_parser("run", parents=[settings], help="run a service")
+    run.add_argument("target", metavar="MODULE:ATTR", help="a Service, or a callable returning one")
+    run.add_argument("--http", metavar="HOST:PORT", help="serve the operations HTTP here")
+    run.set_defaults(handler=_cmd_run)
+
+    mig = commands.add_parser("migrate", parents=[database], help="apply schema migrations")
+    mig.set_defaults(handler=_cmd_migrate)
+
+    items = commands.add_parser("items", help="inspect and change work items")
+    actions = items.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", parents=[database, as_json], help="list items")
+    listing.add_argument(
+        "--state",
+        action="append",
+        choices=[state.value for state in ItemState],
+        help="only items in this state (repeatable)",
+    )
+    listing.add_argument("--spec", action="append", help="only items of this spec (repeatable)")
+    listing.add_argument("--limit", type=_positive_int, default=50, help="at most N (default 50)")
+    listing.set_defaults(handler=_cmd_list)
+
+    show = actions.add_parser("show", parents=[database, as_json], help="show one item")
+    show.add_argument("item_id", metavar="ID")
+    show.set_defaults(handler=_cmd_show)
+
+    enqueue = actions.add_parser("enqueue", parents=[database, as_json], help="add an item")
+    enqueue.add_argument("spec_id", metavar="SPEC")
+    enqueue.add_argument("item_config", metavar="CONFIG_JSON", nargs="?", default=None)
+    enqueue.add_argument("--id", dest="item_id", help="the item's id (default: generated)")
+    enqueue.add_argument("--tenant", default="", help="tenant id")
+    enqueue.add_argument("--subject", default="", help="subject id")
+    enqueue.add_argument("--due", help="ISO 8601 datetime with a timezone, or +SECONDS")
+    enqueue.add_argument("--key", help="idempotency key")
+    enqueue.set_defaults(handler=_cmd_enqueue)
+
+    cancel = actions.add_parser("cancel", parents=[database, as_json], help="cancel an item")
+    cancel.add_argument("item_id", metavar="ID")
+    cancel.set_defaults(handler=_cmd_cancel)
+
+    retry = actions.add_parser("retry", parents=[database, as_json], help="requeue an item")
+    retry.add_argument("item_id", metavar="ID")
+    retry.add_argument("--at", help="ISO 8601 datetime with a timezone, or +SECONDS")
+    retry.set_defaults(handler=_cmd_retry)
+
+    status = commands.add_parser(
+        "status", parents=[settings, as_json], help="ask a running service's /healthz"
+    )
+    status.add_argument("--url", help="default: http://HOST:PORT/healthz from the settings")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    status.set_defaults(handler=_cmd_status)
+
+    config = commands.add_parser(
+        "config", parents=[settings, as_json], help="print the effective settings (redacted)"
+    )
+    config.set_defaults(handler=_cmd_config)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(args.config)
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    url: str | None = getattr(args, "database_url", None)
+    return url if url else _settings(args).database_url
+
+
+def _with_queue(args: argparse.Namespace, body: Callable[[WorkQueue], Awaitable[Any]]) -> Any:
+    url = _database_url(args)
+
+    async def main() -> Any:
+        async with open_queue(url) as queue:
+            return await body(queue)
+
+    return trio.run(main)
+
+
+def _when(text: str | None, now: dt.datetime) -> dt.datetime | None:
+    if text is None:
+        return None
+    if text.startswith("+"):
+        try:
+            return now + dt.timedelta(seconds=float(text[1:]))
+        except ValueError:
+            raise UserError(f"expected +SECONDS, got {text!r}") from None
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise UserError(f"expected an ISO 8601 datetime or +SECONDS, got {text!r}") from None
+    if when.tzinfo is None:
+        raise UserError(f"the datetime {text!r} needs a timezone (e.g. {text}+00:00)")
+    return when
+
+
+def _item_json(item: WorkItem) -> dict[str, Any]:
+    document: dict[str, Any] = unstructure(item)
+    return document
+
+
+def _short(value: object, width: int) -> str:
+    text = "" if value is None else str(value)
+    text = text.replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _stamp(value: dt.datetime | None) -> str:
+    return "" if value is None else value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(rows: Sequence[Sequence[str]], headers: Sequence[str], out: TextIO) -> None:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    print(
+        "  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip(),
+        file=out,
+    )
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def _print_item(item: WorkItem, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(_item_json(item), indent=2, sort_keys=True))
+        return
+    fields = [
+        ("id", item.id),
+        ("spec", item.spec_id),
+        ("state", str(item.state) + (" (cancel requested)" if item.cancel_requested else "")),
+        ("due", f"{_stamp(item.due_at)} UTC"),
+        ("tenant", item.tenant_id),
+        ("subject", item.subject_id),
+        ("errors", str(item.error_count)),
+        ("last error", item.last_error or ""),
+        (
+            "lease",
+            f"{item.lease_owner} v{item.lease_version} until {_stamp(item.lease_expires_at)}"
+            if item.lease_owner
+            else f"none (v{item.lease_version})",
+        ),
+        ("idempotency", item.idempotency_key or ""),
+        ("created", f"{_stamp(item.created_at)} UTC"),
+        ("updated", f"{_stamp(item.updated_at)} UTC"),
+        ("config", json.dumps(item.config, sort_keys=True)),
+    ]
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        print(f"{name.ljust(width)}  {value}")
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from ._service import Service, run_service
+
+    module_name, sep, attr_path = args.target.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise UserError(f"expected MODULE:ATTR, got {args.target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and module_name.startswith(error.name):
+            raise UserError(f"cannot import module {module_name!r}: {error}") from None
+        raise
+    target: Any = module
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise UserError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+    service = target if isinstance(target, Service) else None
+    if service is None and callable(target):
+        service = target()
+    if not isinstance(service, Service):
+        raise UserError(f"{args.target} is not a Service, nor a callable returning one")
+    settings = (
+        load_settings(args.config) if args.config or service.settings is None else service.settings
+    )
+    if args.http:
+        host, port = _host_port(args.http)
+        settings = attrs.evolve(
+            settings, http=attrs.evolve(settings.http, host=host, port=port, enabled=True)
+        )
+    service.settings = settings
+    return run_service(service)
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UserError(f"--http expects HOST:PORT (port 0..65535), got {text!r}")
+    return host, int(port)
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    url = _database_url(args)
+    version = trio.run(migrate, url)
+    print(f"{redact_url(url)}: schema at version {version}")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    async def body(queue: WorkQueue) -> list[WorkItem]:
+        states = [ItemState(s) for s in args.state] if args.state else None
+        return await queue.list_items(states=states, spec_ids=args.spec, limit=args.limit)
+
+    items: list[WorkItem] = _with_queue(args, body)
+    if args.json:
+        print(json.dumps([_item_json(item) for item in items], indent=2, sort_keys=True))
+        return 0
+    if not items:
+        print("no items")
+        return 0
+    rows = [
+        [
+            item.id,
+            item.spec_id,
+            str(item.state) + ("*" if item.cancel_requested else ""),
+            _stamp(item.due_at),
+            str(item.error_count),
+            _short(item.tenant_id, 16),
+            _short(item.subject_id, 16),
+            _short(item.last_error, 40),
+        ]
+        for item in items
+    ]
+    _table(
+        rows,
+        ["id", "spec", "state", "due (utc)", "errors", "tenant", "subject", "last error"],
+        sys.stdout,
+    )
+    if any(item.cancel_requested for item in items):
+        print("* cancel requested")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    item: WorkItem = _with_queue(args, lambda queue: queue.get(args.item_id))
+    _print_item(item, args.json)
+    return 0
+
+
+def _cmd_enqueue(args: argparse.Namespace) -> int:
+    config: Any = None
+    if args.item_config is not None:
+        try:
+            config = json.loads(args.item_config)
+        except ValueError as error:
+            raise UserError(f"CONFIG_JSON is not JSON: {error}") from None
+
+    async def body(queue: WorkQueue) -> WorkItem:
+        return await queue.enqueue(
+            args.spec_id,
+            config=config,
+            tenant_id=args.tenant,
+            subject_id=args.subject,
+            due_at=_when(args.due, queue.clock.now()),
+            item_id=args.item_id,
+            idempotency_key=args.key,
+        )
+
+    item: WorkItem = _with_queue(args, body)
+    if args.json:
+        _print_item(item, True)
+    else:
+        print(f"enqueued {item.id} ({item.spec_id}), due {_stamp(item.due_at)} UTC")
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    item: WorkItem = _with_queue(args, lambda queue: queue.request_cancel(args.item_id))
+    if args.json:
+        _print_item(item, True)
+    elif item.state is ItemState.CANCELLED:
+        print(f"cancelled {item.id}")
+    else:
+        print(f"cancellation requested for {item.id} ({item.state}); its worker will stop it")
+    return 0
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    async def body(queue: WorkQueue) -> WorkItem:
+        return await queue.retry(args.item_id, at=_when(args.at, queue.clock.now()))
+
+    item: WorkItem = _with_queue(args, body)
+    if args.json:
+        _print_item(item, True)
+    else:
+        print(f"requeued {item.id}, due {_stamp(item.due_at)} UTC")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    url = args.url
+    if not url:
+        http: HttpSettings = _settings(args).http
+        host = f"[{http.host}]" if ":" in http.host else http.host
+        url = f"http://{host}:{http.port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:
+            code, body = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        code, body = error.code, error.read()
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        print(f"{PROG}: {url} is unreachable: {reason}", file=sys.stderr)
+        return STATUS_UNREACHABLE
+    try:
+        document = json.loads(body)
+        healthy = bool(document["healthy"])
+        workers = list(document["workers"])
+    except (ValueError, KeyError, TypeError):
+        print(f"{PROG}: {url} answered {code} without a health document", file=sys.stderr)
+        return STATUS_UNREACHABLE
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        print(f"{url}: {'healthy' if healthy else 'UNHEALTHY'} ({code})")
+        rows = [
+            [
+                str(w.get("worker")),
+                str(w.get("state")),
+                str(w.get("restarts", 0)),
+                _short(w.get("last_error"), 60),
+            ]
+            for w in workers
+        ]
+        _table(rows, ["worker", "state", "restarts", "last error"], sys.stdout)
+    return 0 if healthy and code == 200 else 1
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    view = _settings(args).redacted()
+    if args.json:
+        print(json.dumps(view, indent=2))
+        return 0
+    for key, value in _flatten(view):
+        print(f"{key} = {json.dumps(value)}")
+    return 0
+
+
+def _flatten(view: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    lines: list[tuple[str, Any]] = []
+    for key, value in view.items():
+        if isinstance(value, dict):
+            lines.extend(_flatten(value, f"{prefix}{key}."))
+        else:
+            lines.append((f"{prefix}{key}", value))
+    return lines
+
+
+# -- entry point --------------------------------------------------------------------------------
+
+_USER_ERRORS = (UserError, SuperviseError, ValueError, OSError)
+
+
+def _report(error: BaseException) -> None:
+    message = str(error) or type(error).__name__
+    print(f"{PROG}: error: {message}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     parser = build_parser()
-    parser.parse_args(argv)
-    parser.print_help()
-    return 0
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return handler(args)
+    except _USER_ERRORS as error:
+        _report(error)
+        return 1
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(_USER_ERRORS)
+        if rest is not None or matched is None:
+            raise
+        for leaf in _leaves(matched):
+            _report(leaf)
+        return 1
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 if __name__ == "__main__":  # pragma: no cover
