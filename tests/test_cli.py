@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import attrs
 import pytest
 
 from trio_supervise import __version__
@@ -28,3 +39,303 @@ def test_module_entry_point_runs() -> None:
         check=True,
     )
     assert __version__ in result.stdout
+
+
+# -- end to end against real databases ------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _postgres_dsn() -> str:
+    """The test DSN, or a skip (a failure when TRIO_SUPERVISE_REQUIRE_POSTGRES=1)."""
+    dsn = os.environ.get("TRIO_SUPERVISE_TEST_DSN")
+    problem = None if dsn else "TRIO_SUPERVISE_TEST_DSN is not set"
+    if dsn:
+        try:
+            import psycopg
+
+            with psycopg.connect(dsn, connect_timeout=3):
+                pass
+        except Exception as error:
+            problem = f"PostgreSQL at TRIO_SUPERVISE_TEST_DSN is unreachable: {error}"
+    if problem is not None:
+        if os.environ.get("TRIO_SUPERVISE_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{problem}, and TRIO_SUPERVISE_REQUIRE_POSTGRES=1")
+        pytest.skip(problem)
+    assert dsn is not None
+    return dsn
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of each kind, as a queue URL (PostgreSQL: a schema of its own)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'cli.db'}"
+        return
+    import psycopg
+    from psycopg import sql
+
+    dsn = _postgres_dsn()
+    schema = f"ts_cli_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    separator = "&" if "?" in dsn else "?"
+    try:
+        yield f"{dsn}{separator}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+@attrs.frozen
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(
+    database_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Result]:
+    """Run the CLI in-process against the test database; returns code, stdout, stderr."""
+    for name in list(os.environ):
+        if name.startswith("TRIO_SUPERVISE_") and not name.startswith("TRIO_SUPERVISE_TEST"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("TRIO_SUPERVISE_DATABASE_URL", database_url)
+
+    def run(*argv: str) -> Result:
+        code = main(list(argv))
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+def test_migrate_reports_the_schema_version(cli: Callable[..., Result]) -> None:
+    """migrate brings the schema up to date and says which version it reached."""
+    result = cli("migrate")
+    assert result.code == 0, result.err
+    assert "schema at version" in result.out
+    assert cli("migrate").code == 0  # idempotent
+
+
+def test_items_enqueue_list_show_cancel_retry(cli: Callable[..., Result]) -> None:
+    """An item's life from the command line, in tables and in JSON."""
+    assert cli("migrate").code == 0
+    made = cli(
+        "items", "enqueue", "report", '{"customer": "acme"}', "--id", "r-1", "--tenant", "t1"
+    )
+    assert made.code == 0, made.err
+    assert "enqueued r-1 (report)" in made.out
+    later = cli("items", "enqueue", "email", "--due", "+3600", "--json")
+    assert later.code == 0, later.err
+    email_id = json.loads(later.out)["id"]
+
+    table = cli("items", "list")
+    assert table.code == 0
+    header, *rows = table.out.splitlines()
+    assert header.split()[:4] == ["ID", "SPEC", "STATE", "DUE"]
+    assert rows[0].split()[:3] == ["r-1", "report", "queued"]
+    assert rows[1].split()[:3] == [email_id, "email", "queued"]
+
+    only_email = json.loads(cli("items", "list", "--spec", "email", "--json").out)
+    assert [item["id"] for item in only_email] == [email_id]
+    assert len(json.loads(cli("items", "list", "--limit", "1", "--json").out)) == 1
+
+    shown = cli("items", "show", "r-1", "--json")
+    document = json.loads(shown.out)
+    assert document["config"] == {"customer": "acme"}
+    assert document["tenant_id"] == "t1"
+    assert document["state"] == "queued"
+    assert 'config       {"customer": "acme"}' in cli("items", "show", "r-1").out
+
+    assert "cancelled r-1" in cli("items", "cancel", "r-1").out
+    cancelled = json.loads(cli("items", "list", "--state", "cancelled", "--json").out)
+    assert [item["id"] for item in cancelled] == ["r-1"]
+
+    retried = cli("items", "retry", "r-1")
+    assert retried.code == 0, retried.err
+    assert "requeued r-1" in retried.out
+    assert json.loads(cli("items", "show", "r-1", "--json").out)["state"] == "queued"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("items", "show", "nope"), "no item with id 'nope'"),
+        (("items", "cancel", "nope"), "no item with id 'nope'"),
+        (("items", "enqueue", "x", "{bad"), "CONFIG_JSON is not JSON"),
+        (("items", "enqueue", "x", "--due", "tomorrow"), "expected an ISO 8601 datetime"),
+        (("items", "enqueue", "x", "--due", "2030-01-01T00:00"), "needs a timezone"),
+        (("items", "list", "--database-url", "bogus://x"), "unknown queue URL scheme 'bogus'"),
+        (("run", "no_such_module_xyz:service"), "cannot import module 'no_such_module_xyz'"),
+        (("run", "json:dumps"), "is not a Service"),
+        (("run", "json:JSONDecoder"), "is not a Service"),
+        (("run", "json:nope"), "module 'json' has no attribute 'nope'"),
+        (("run", "json"), "expected MODULE:ATTR"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_1(
+    cli: Callable[..., Result], argv: tuple[str, ...], message: str
+) -> None:
+    """A user's mistake is one line on stderr and exit code 1, never a traceback."""
+    cli("migrate")
+    result = cli(*argv)
+    assert result.code == 1
+    assert result.err.count("\n") == 1
+    assert result.err.startswith("trio-supervise: error: ")
+    assert message in result.err
+    assert "Traceback" not in result.err
+
+
+def test_config_prints_effective_settings_with_secrets_redacted(
+    cli: Callable[..., Result], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """config shows file and environment merged, the DSN password masked."""
+    path = tmp_path / "settings.toml"
+    path.write_text("[http]\nport = 9123\n")
+    monkeypatch.setenv("TRIO_SUPERVISE_DATABASE_URL", "postgresql://app:hunter2@db/app")
+    result = cli("config", "--config", str(path))
+    assert result.code == 0, result.err
+    assert 'database_url = "postgresql://app:***@db/app"' in result.out
+    assert "http.port = 9123" in result.out
+    assert "hunter2" not in result.out
+    document = json.loads(cli("config", "--json").out)
+    assert document["database_url"] == "postgresql://app:***@db/app"
+
+
+def test_config_reports_a_bad_setting_in_one_line(
+    cli: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad setting is named with its path and rule."""
+    monkeypatch.setenv("TRIO_SUPERVISE_HTTP__PORT", "abc")
+    result = cli("config")
+    assert result.code == 1
+    assert result.err == (
+        "trio-supervise: error: "
+        "http.port: expected int, got 'abc' (from TRIO_SUPERVISE_HTTP__PORT)\n"
+    )
+
+
+def test_status_of_an_unreachable_service_exits_2(cli: Callable[..., Result]) -> None:
+    """Nothing listening: exit 2, saying so."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = cli("status", "--url", f"http://127.0.0.1:{port}/healthz", "--timeout", "2")
+    assert result.code == 2
+    assert "is unreachable" in result.err
+
+
+@pytest.mark.parametrize(("code", "expected"), [(200, 0), (503, 1)])
+def test_status_reports_health_and_exits_0_or_1(
+    cli: Callable[..., Result], code: int, expected: int
+) -> None:
+    """status prints each worker and exits 0 when healthy, 1 when not."""
+    document = {
+        "healthy": code == 200,
+        "workers": [{"worker": "runner", "state": "running", "restarts": 0, "last_error": None}],
+    }
+    with _health_server(code, document) as url:
+        result = cli("status", "--url", url)
+        as_json = cli("status", "--url", url, "--json")
+    assert result.code == expected
+    assert ("healthy" if code == 200 else "UNHEALTHY") in result.out
+    assert "runner" in result.out
+    assert json.loads(as_json.out) == document
+
+
+@contextlib.contextmanager
+def _health_server(code: int, document: dict[str, object]) -> Iterator[str]:
+    body = json.dumps(document).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(code)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/healthz"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+SERVICE_MODULE = """
+import trio
+from trio_supervise._service import Service
+from trio_supervise._workflow import Stop
+
+
+class Finisher:
+    name = "finisher"
+    spec_ids = ("job",)
+
+    def validate_specs(self):
+        pass
+
+    async def evaluate(self, context, item):
+        return Stop()
+
+
+def make_service():
+    return Service(drivers=[Finisher()], name="cli-service")
+"""
+
+
+@pytest.mark.slow
+def test_run_serves_a_service_until_sigterm(cli: Callable[..., Result], tmp_path: Path) -> None:
+    """run MODULE:ATTR --http HOST:PORT runs the service; status sees it; SIGTERM exits 0."""
+    (tmp_path / "cli_service.py").write_text(SERVICE_MODULE)
+    assert cli("migrate").code == 0
+    assert cli("items", "enqueue", "job", "--id", "j-1").code == 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trio_supervise",
+            "run",
+            "cli_service:make_service",
+            "--http",
+            f"127.0.0.1:{port}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/healthz"
+        deadline = 30.0
+        status = cli("status", "--url", url, "--timeout", "1")
+        while status.code != 0 and deadline > 0 and process.poll() is None:
+            threading.Event().wait(0.1)
+            deadline -= 0.1
+            status = cli("status", "--url", url, "--timeout", "1")
+        assert status.code == 0, (status, process.poll())
+        assert "runner" in status.out
+        assert "http" in status.out
+        while json.loads(cli("items", "show", "j-1", "--json").out)["state"] != "completed":
+            assert deadline > 0
+            threading.Event().wait(0.1)
+            deadline -= 0.1
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert cli("status", "--url", url, "--timeout", "1").code == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -248,10 +249,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except AttributeError:
             raise UserError(f"module {module_name!r} has no attribute {attr_path!r}") from None
     service = target if isinstance(target, Service) else None
-    if service is None and callable(target):
+    if service is None and callable(target) and _takes_no_arguments(target):
         service = target()
     if not isinstance(service, Service):
-        raise UserError(f"{args.target} is not a Service, nor a callable returning one")
+        raise UserError(
+            f"{args.target} is not a Service, nor a zero-argument callable returning one"
+        )
     settings = (
         load_settings(args.config) if args.config or service.settings is None else service.settings
     )
@@ -262,6 +265,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     service.settings = settings
     return run_service(service)
+
+
+def _takes_no_arguments(function: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(function).bind()
+    except TypeError:
+        return False
+    except ValueError:  # no signature (some builtins): let the call decide
+        return True
+    return True
 
 
 def _host_port(text: str) -> tuple[str, int]:
