@@ -185,8 +185,7 @@ class Service:
         children.extend(self.workers)
         self.supervisor = Supervisor(
             name=self.name,
-            # Supervisor's ``converter=tuple`` types its argument as Iterable[_T_co] for mypy.
-            children=children,  # type: ignore[arg-type]
+            children=children,
             shutdown=self.shutdown,
             jitter=jitter,
             registry=self.registry,

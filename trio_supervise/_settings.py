@@ -376,12 +376,24 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+@typing.overload
+def load_settings(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Settings: ...
+
+
+@typing.overload
+def load_settings(
+    path: str | os.PathLike[str] | None, env: Mapping[str, str] | None, *, cls: type[T]
+) -> T: ...
+
+
 def load_settings(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     *,
-    cls: type[T] = Settings,  # type: ignore[assignment]
-) -> T:
+    cls: type[Any] = Settings,
+) -> Any:
     """Read settings from the TOML file at *path* and the environment (which wins).
 
     With no *path*, the file named by ``TRIO_SUPERVISE_CONFIG`` is read, if that is set.
