@@ -26,7 +26,7 @@ async def main(argv: list[str]) -> None:
         rest = argv[3:]
     worker_id, out_dir = rest[0], Path(rest[1])
     (out_dir / f"ready-{worker_id}").touch()
-    while not (out_dir / "go").exists():
+    while not (out_dir / "go").exists():  # noqa: ASYNC110 - another process makes the file
         await trio.sleep(0.01)
     async with queue:
         with (out_dir / f"done-{worker_id}").open("a") as out:

@@ -10,8 +10,7 @@ import pytest
 import trio
 
 from trio_supervise import SchemaError
-from trio_supervise.queues import PostgresQueue, SQLiteQueue, migrate
-from trio_supervise.queues import _postgres, _sql, _sqlite
+from trio_supervise.queues import PostgresQueue, SQLiteQueue, _postgres, _sql, _sqlite, migrate
 
 from .conftest import pg_schema
 
@@ -181,7 +180,9 @@ def test_postgres_fresh_schema_equals_migrated() -> None:
     assert steps["versions"] == [(v,) for v in range(1, latest + 1)]
     del fresh["versions"], steps["versions"]
     assert fresh == steps
-    assert fresh["columns"] and fresh["indexes"] and fresh["constraints"]
+    assert fresh["columns"]
+    assert fresh["indexes"]
+    assert fresh["constraints"]
 
 
 @pytest.mark.postgres

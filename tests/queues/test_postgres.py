@@ -142,9 +142,8 @@ async def migrate_schema(dsn: str, schema: str) -> None:
 
 async def test_missing_schema_is_a_clear_error() -> None:
     """Opening a database without the schema says how to create it."""
-    with pg_schema() as (dsn, schema):
-        with pytest.raises(SchemaError, match="trio-supervise migrate"):
-            await PostgresQueue.connect(dsn, schema=schema)
+    with pg_schema() as (dsn, schema), pytest.raises(SchemaError, match="trio-supervise migrate"):
+        await PostgresQueue.connect(dsn, schema=schema)
 
 
 async def test_open_queue_and_migrate_by_url() -> None:

@@ -91,7 +91,7 @@ def test_parse_queue_url(url: str, expected: tuple[str, str]) -> None:
 )
 def test_bad_urls_name_the_rule(url: str) -> None:
     """A URL that fits no form is a ValueError that spells out the forms."""
-    with pytest.raises(ValueError, match="sqlite:///relative/path.db"):
+    with pytest.raises(ValueError, match=r"sqlite:///relative/path\.db"):
         parse_queue_url(url)
 
 
