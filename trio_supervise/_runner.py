@@ -17,11 +17,12 @@ being renewed) until its outcome is written.
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
 import enum
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Generic
 
 import attrs
@@ -118,6 +119,10 @@ class RecentError:
     at: dt.datetime
 
 
+# Workflow steps run from milliseconds to many minutes.
+_EVALUATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, float("inf"))
+
+
 @attrs.define(eq=False)
 class RunnerMetrics:
     """A runner's Prometheus metrics, on *registry* (a private one when None; never the global)."""
@@ -156,6 +161,7 @@ class RunnerMetrics:
             "How long driver evaluations took.",
             ["spec"],
             registry=self.registry,
+            buckets=_EVALUATION_BUCKETS,
         )
 
     def count_settled(self, kind: SettleKind, spec_id: str) -> None:
@@ -298,6 +304,7 @@ class WorkflowRunner(Generic[ContextT]):
     _errors: collections.deque[RecentError] = attrs.field(init=False)
     _claim_failures: int = attrs.field(init=False, default=0)
     _running: bool = attrs.field(init=False, default=False)
+    _wait_scope: trio.CancelScope | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry
@@ -362,6 +369,7 @@ class WorkflowRunner(Generic[ContextT]):
             fatal: Exception | None = None
             try:
                 async with trio.open_nursery() as services:
+                    services.start_soon(self._watch_shutdown)
                     services.start_soon(self._renewal_loop)
                     services.start_soon(settler.run)
                     async with trio.open_nursery() as evaluations:
@@ -388,7 +396,7 @@ class WorkflowRunner(Generic[ContextT]):
         while not self._shutdown.requested:
             free = settings.concurrency - len(self._in_flight)
             if free <= 0:
-                async with trio_util.move_on_when(self._shutdown.wait):
+                with self._until_shutdown():
                     await self._count.wait_value(lambda n: n < settings.concurrency)
                 continue
             spec_ids = self._registry.spec_ids()
@@ -422,9 +430,26 @@ class WorkflowRunner(Generic[ContextT]):
                 await self._wait_for_work(spec_ids)
         return None
 
+    @contextlib.contextmanager
+    def _until_shutdown(self) -> Iterator[None]:
+        """A scope that the shutdown watcher cancels (cheaper per wait than a nursery)."""
+        with trio.CancelScope() as scope:
+            if self._shutdown.requested:
+                scope.cancel()
+            self._wait_scope = scope
+            try:
+                yield
+            finally:
+                self._wait_scope = None
+
+    async def _watch_shutdown(self) -> None:
+        await self._shutdown.wait()
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+
     async def _wait_for_work(self, spec_ids: list[str]) -> None:
         with trio.move_on_after(self._settings.poll_interval):
-            async with trio_util.move_on_when(self._shutdown.wait):
+            with self._until_shutdown():
                 try:
                     await self._queue.wait_for_work(spec_ids)
                 except Exception as error:
@@ -546,6 +571,12 @@ class WorkflowRunner(Generic[ContextT]):
         interval = self._settings.renew_interval
         deadline = trio.current_time() + interval
         while True:
+            if not self._in_flight:
+                # Nothing to renew: sleep until something is claimed, then keep the cadence.
+                await self._count.wait_value(lambda n: n > 0)
+                now = trio.current_time()
+                if deadline <= now:
+                    deadline += math.ceil((now - deadline) / interval) * interval
             await trio.sleep_until(deadline)
             await self._renew_round(interval)
             deadline += interval
