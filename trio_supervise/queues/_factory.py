@@ -69,7 +69,7 @@ async def open_queue(
         works), the system clock for SQLite, the database's ``now()`` for PostgreSQL.
     :param migrate: bring a missing or older schema up to date on open. The default (``None``)
         does so for SQLite, whose file belongs to the application, and not for PostgreSQL,
-        where a shared database is migrated on purpose (``trio-supervise migrate URL``) and a
+        where a shared database is migrated on purpose (``trio-supervise migrate``) and a
         missing schema raises :class:`SchemaError` saying so.
     """
     backend, target = parse_queue_url(url)

@@ -107,7 +107,7 @@ def missing(found: int, backend: Backend, where: str, url: str) -> SchemaError:
     what = "has no queue schema" if found == 0 else f"has queue schema version {found}"
     return SchemaError(
         f"{where} {what}; this release of trio_supervise needs version "
-        f"{latest_version(backend)}. Run `trio-supervise migrate {url}` "
+        f"{latest_version(backend)}. Run `trio-supervise migrate --database-url {url}` "
         "(or `await trio_supervise.migrate(url)`), or open the queue with migrate=True"
     )
 
