@@ -4,6 +4,7 @@ from ._clock import Clock as Clock
 from ._clock import SystemClock as SystemClock
 from ._clock import TrioClock as TrioClock
 from ._errors import ConfigError as ConfigError
+from ._errors import DriverError as DriverError
 from ._errors import DuplicateItem as DuplicateItem
 from ._errors import ItemNotFound as ItemNotFound
 from ._errors import ItemStateError as ItemStateError
@@ -14,11 +15,42 @@ from ._errors import SchemaError as SchemaError
 from ._errors import SettingsError as SettingsError
 from ._errors import SuperviseError as SuperviseError
 from ._errors import WorkerFailed as WorkerFailed
+from ._http import ErrorRecord as ErrorRecord
+from ._http import OperationsApp as OperationsApp
+from ._http import StatusSource as StatusSource
+from ._http import serve_http as serve_http
 from ._lifecycle import Shutdown as Shutdown
 from ._policy import Jitter as Jitter
 from ._policy import JitterMode as JitterMode
 from ._policy import RestartPolicy as RestartPolicy
+from ._runner import RecentError as RecentError
+from ._runner import RunnerEvent as RunnerEvent
+from ._runner import RunnerEventKind as RunnerEventKind
+from ._runner import RunnerMetrics as RunnerMetrics
+from ._runner import RunnerState as RunnerState
+from ._runner import WorkflowRunner as WorkflowRunner
+from ._service import Service as Service
+from ._service import run_service as run_service
+from ._settings import HttpSettings as HttpSettings
+from ._settings import LogLevel as LogLevel
+from ._settings import Settings as Settings
+from ._settings import load_settings as load_settings
+from ._supervisor import ChildSpec as ChildSpec
+from ._supervisor import RestartType as RestartType
+from ._supervisor import Strategy as Strategy
+from ._supervisor import Supervisor as Supervisor
+from ._supervisor import WorkerState as WorkerState
+from ._supervisor import WorkerStatus as WorkerStatus
 from ._version import __version__ as __version__
+from ._workflow import Continue as Continue
+from ._workflow import DriverRegistry as DriverRegistry
+from ._workflow import Outcome as Outcome
+from ._workflow import PassStats as PassStats
+from ._workflow import Reschedule as Reschedule
+from ._workflow import RunnerSettings as RunnerSettings
+from ._workflow import Stop as Stop
+from ._workflow import WorkflowDriver as WorkflowDriver
+from ._workflow import run_due_pass as run_due_pass
 from .queues import ItemState as ItemState
 from .queues import Lease as Lease
 from .queues import LeaseStatus as LeaseStatus
@@ -27,11 +59,19 @@ from .queues import SettleKind as SettleKind
 from .queues import Settlement as Settlement
 from .queues import WorkItem as WorkItem
 from .queues import WorkQueue as WorkQueue
+from .queues import migrate as migrate
+from .queues import open_queue as open_queue
 
 __all__ = [
+    "ChildSpec",
     "Clock",
     "ConfigError",
+    "Continue",
+    "DriverError",
+    "DriverRegistry",
     "DuplicateItem",
+    "ErrorRecord",
+    "HttpSettings",
     "ItemNotFound",
     "ItemState",
     "ItemStateError",
@@ -40,20 +80,48 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "LeaseStatus",
+    "LogLevel",
     "MemoryQueue",
+    "OperationsApp",
+    "Outcome",
+    "PassStats",
     "QueueError",
     "QueueUnavailable",
+    "RecentError",
+    "Reschedule",
     "RestartPolicy",
+    "RestartType",
+    "RunnerEvent",
+    "RunnerEventKind",
+    "RunnerMetrics",
+    "RunnerSettings",
+    "RunnerState",
     "SchemaError",
+    "Service",
+    "Settings",
     "SettingsError",
     "SettleKind",
     "Settlement",
     "Shutdown",
+    "StatusSource",
+    "Stop",
+    "Strategy",
     "SuperviseError",
+    "Supervisor",
     "SystemClock",
     "TrioClock",
     "WorkItem",
     "WorkQueue",
     "WorkerFailed",
+    "WorkerState",
+    "WorkerStatus",
+    "WorkflowDriver",
+    "WorkflowRunner",
     "__version__",
+    "load_settings",
+    "migrate",
+    "open_queue",
+    "run_due_pass",
+    "run_service",
+    "serve_http",
 ]
