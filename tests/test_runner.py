@@ -73,9 +73,11 @@ class FaultyQueue(ts.MemoryQueue):
     deaf: bool = attrs.field(init=False, default=False)
     renew_failures: int = attrs.field(init=False, default=0)
     claim_failures: int = attrs.field(init=False, default=0)
+    renew_latency: float = attrs.field(init=False, default=0.0)
 
     async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
         self.renew_calls.append((trio.current_time(), len(leases)))
+        await trio.sleep(self.renew_latency)  # a round trip to a distant database
         if self.renew_failures:
             self.renew_failures -= 1
             raise ts.QueueUnavailable("down")
@@ -679,3 +681,35 @@ async def test_a_runner_can_run_again_after_it_returns(
         await queue.enqueue("job", item_id="second")
         await trio.sleep(1)
     assert set(driver.starts) == {"first", "second"}
+
+
+async def test_a_renewal_racing_a_settlement_is_not_a_lost_lease(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Items that finish just as their renewal round runs are not reported as lost leases."""
+    queue = FaultyQueue()
+    events: list[ts.RunnerEvent] = []
+    queue.renew_latency = 0.5
+    for n in range(8):
+        await queue.enqueue("job", item_id=f"i{n}", config={"sleep": 10})
+    runner = make_runner(queue, events=events, lease=30, concurrency=8)
+    async with running(runner):
+        await trio.sleep(11)
+    assert [e for e in events if e.kind is Kind.LEASE_LOST] == []
+    assert sample(runner, "trio_supervise_lease_renewals_failed_total") is None
+    assert sample(runner, "trio_supervise_items_completed_total") == 8
+
+
+async def test_a_context_that_fails_to_build_fails_the_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """run() raises build_context's error before readiness, and the state says failed."""
+
+    async def broken() -> None:
+        raise ConnectionError("no database")
+
+    runner = attrs.evolve(make_runner(ts.MemoryQueue()), build_context=broken)
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(ConnectionError, match="no database"):
+            await nursery.start(runner.run)
+    assert runner.state is ts.RunnerState.FAILED

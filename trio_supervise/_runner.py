@@ -196,6 +196,8 @@ class _InFlight:
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     reason: _Reason | None = None
     detail: str = ""
+    settling: bool = False
+    """The outcome is being written: from now on the write's result, not a renewal, is the truth."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -382,8 +384,10 @@ class WorkflowRunner(Generic[ContextT]):
             except BaseExceptionGroup as group:
                 raise_specific(group)
             if fatal is not None:
-                failed = True
                 raise fatal
+        except Exception:
+            failed = True
+            raise
         finally:
             self._state = RunnerState.FAILED if failed else RunnerState.STOPPED
             self._running = False
@@ -489,6 +493,7 @@ class WorkflowRunner(Generic[ContextT]):
     async def _run_item(self, entry: _InFlight, context: ContextT, settler: _Settler) -> None:
         try:
             settlement = await self._evaluate(entry, context)
+            entry.settling = True
             if settlement is not None:
                 await self._settle(entry, settlement, settler)
         finally:
@@ -618,6 +623,9 @@ class WorkflowRunner(Generic[ContextT]):
                     entry.stop(_Reason.RENEWAL_FAILED, text)
             return
         for entry in due.values():
+            if entry.settling or self._in_flight.get(entry.key) is not entry:
+                # Written (or being written) meanwhile: a LOST here is the settlement's doing.
+                continue
             status = statuses.get(entry.item.id, LeaseStatus.LOST)
             if status is LeaseStatus.LOST:
                 self._lose(entry, "renewal refused")
