@@ -512,10 +512,10 @@ async def test_a_lost_lease_cancels_the_evaluation_at_the_renewal(
     queue.deaf = True
     runner = make_runner(queue, driver, events=events, lease=3, concurrency=1)
     async with running(runner):
-        await trio.sleep(3)
+        await trio.sleep(3.5)  # between renewal rounds, after the lease expired at 3 s
         [taken] = await queue.claim_due(["job"], "b", lease=30, limit=1)
         queue.deaf = False
-        await trio.sleep(2)
+        await trio.sleep(1.5)
     assert driver.cancelled == {"shared": 4.0}
     assert [(e.at, e.detail) for e in events if e.kind is Kind.LEASE_LOST] == [
         (4.0, "renewal refused")
