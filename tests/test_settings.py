@@ -14,9 +14,9 @@ from trio_supervise._settings import (
     Settings,
     default_worker_id,
     load_settings,
-    redact_url,
     structure_settings,
 )
+from trio_supervise.queues import redact_dsn
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -193,9 +193,9 @@ def test_structure_settings_refuses_a_wrong_shape() -> None:
         ),
     ],
 )
-def test_redact_url_masks_passwords_only(url: str, shown: str) -> None:
+def test_redact_dsn_masks_passwords_only(url: str, shown: str) -> None:
     """Passwords in the authority or the query are masked; the rest stays readable."""
-    assert redact_url(url) == shown
+    assert redact_dsn(url) == shown
 
 
 def test_redacted_view_masks_the_database_password() -> None:

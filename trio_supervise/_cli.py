@@ -23,10 +23,11 @@ import trio
 
 from ._convert import unstructure
 from ._errors import SuperviseError
-from ._settings import HttpSettings, Settings, load_settings, redact_url
+from ._settings import HttpSettings, Settings, load_settings
 from ._version import __version__
 from .queues import ItemState, WorkItem, WorkQueue
 from .queues._factory import migrate, open_queue
+from .queues._sql import redact_dsn
 
 __all__ = ["main"]
 
@@ -288,7 +289,7 @@ def _host_port(text: str) -> tuple[str, int]:
 def _cmd_migrate(args: argparse.Namespace) -> int:
     url = _database_url(args)
     version = trio.run(migrate, url)
-    print(f"{redact_url(url)}: schema at version {version}")
+    print(f"{redact_dsn(url)}: schema at version {version}")
     return 0
 
 

@@ -25,7 +25,6 @@ import socket
 import tomllib
 import types
 import typing
-import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +37,7 @@ from ._convert import converter as _shared_converter
 from ._errors import SettingsError
 from ._workflow import RunnerSettings
 from .queues._factory import DEFAULT_DATABASE_URL
+from .queues._sql import redact_dsn
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -47,7 +47,6 @@ __all__ = [
     "Settings",
     "default_worker_id",
     "load_settings",
-    "redact_url",
     "structure_settings",
 ]
 
@@ -414,30 +413,6 @@ def load_settings(
 # -- redaction -----------------------------------------------------------------------------------
 
 _MASK = "***"
-_SECRET_QUERY_KEYS = frozenset({"password", "passwd", "sslpassword", "secret", "token"})
-
-
-def redact_url(url: str) -> str:
-    """*url* with any password (in the authority or the query string) replaced by ``***``."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return _MASK
-    redacted = url
-    if parts.password is not None:
-        scheme, sep, rest = redacted.partition("://")
-        userinfo, _, hostpart = rest.partition("@")
-        user = userinfo.partition(":")[0]
-        redacted = f"{scheme}{sep}{user}:{_MASK}@{hostpart}"
-    if parts.query:
-        base, _, query = redacted.partition("?")
-        query, hash_sign, fragment = query.partition("#")
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-        query = "&".join(
-            f"{key}={_MASK if key.lower() in _SECRET_QUERY_KEYS else value}" for key, value in pairs
-        )
-        redacted = f"{base}?{query}{hash_sign}{fragment}"
-    return redacted
 
 
 def _redact(instance: Any) -> dict[str, Any]:
@@ -448,7 +423,7 @@ def _redact(instance: Any) -> dict[str, Any]:
         if value is None:
             result[field.name] = None
         elif secret == "url":
-            result[field.name] = redact_url(str(value))
+            result[field.name] = redact_dsn(str(value))
         elif secret:
             result[field.name] = _MASK
         elif attrs.has(type(value)):

@@ -135,9 +135,10 @@ def check_limit(limit: int) -> int:
 
 
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/?#@\s]*:)[^@\s]*(?=@)")
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.IGNORECASE)
+_SECRET_KEYS = r"(?:ssl)?password|passwd|secret|token"
+_QUERY_PASSWORD = re.compile(rf"(?P<head>[?&](?:{_SECRET_KEYS})=)[^&#\s]*", re.IGNORECASE)
 _KV_PASSWORD = re.compile(
-    r"(?P<head>\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE
+    rf"(?P<head>\b(?:{_SECRET_KEYS})\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE
 )
 
 
