@@ -3,11 +3,18 @@
 Everything happens in the Trio thread with no await in the middle of a write, so each method is
 atomic. "Now" comes from an injectable clock; the default, :class:`TrioClock`, follows Trio's
 clock, so under ``autojump_clock`` due times and lease expiries follow virtual time.
+
+Claims, and the next due time, are served by two heaps per spec id, so they cost
+``O(log n)`` per item rather than a scan of every item ever enqueued: queued items by
+``(due_at, id)``, running items by lease expiry. Every write replaces the stored
+:class:`WorkItem` (they are frozen) and pushes a fresh heap entry; an entry whose item has
+been replaced since is stale and is dropped when it reaches the top of its heap.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import itertools
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +53,10 @@ class QueueEvent:
     applied: bool = True
 
 
+_Entry = tuple[dt.datetime, str, int, WorkItem]
+"""A heap entry: (time, item id, push sequence number, the item as stored when pushed)."""
+
+
 def _other_than(generation: int) -> Callable[[int], bool]:
     return lambda value: value != generation
 
@@ -71,6 +82,11 @@ class MemoryQueue:
     _items: dict[str, WorkItem] = attrs.field(init=False, factory=dict)
     _keys: dict[str, str] = attrs.field(init=False, factory=dict)
     _versions: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
+    _queued: dict[str, list[_Entry]] = attrs.field(init=False, factory=dict)
+    """Per spec id, queued items by ``(due_at, id)`` (with stale entries; see the module doc)."""
+    _leased: dict[str, list[_Entry]] = attrs.field(init=False, factory=dict)
+    """Per spec id, running items by ``(lease_expires_at, id)``."""
+    _pushes: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
@@ -92,6 +108,8 @@ class MemoryQueue:
         """Forget every item and event."""
         self._items.clear()
         self._keys.clear()
+        self._queued.clear()
+        self._leased.clear()
         self.events.clear()
         self._changed()
 
@@ -136,8 +154,28 @@ class MemoryQueue:
 
     def _put(self, item: WorkItem, **changes: Any) -> WorkItem:
         new = attrs.evolve(item, updated_at=self._now(), **changes)
-        self._items[new.id] = new
+        self._store(new)
         return new
+
+    def _store(self, item: WorkItem) -> None:
+        """Store *item* (replacing any older copy) and index it if it can be claimed."""
+        self._items[item.id] = item
+        if item.state is ItemState.QUEUED:
+            heap = self._queued.setdefault(item.spec_id, [])
+            heapq.heappush(heap, (item.due_at, item.id, next(self._pushes), item))
+        elif item.state is ItemState.RUNNING:
+            assert item.lease_expires_at is not None
+            heap = self._leased.setdefault(item.spec_id, [])
+            heapq.heappush(heap, (item.lease_expires_at, item.id, next(self._pushes), item))
+
+    def _top(self, heap: list[_Entry] | None) -> _Entry | None:
+        """The first entry of *heap* whose item is still stored as it was pushed, or None."""
+        while heap:
+            entry = heap[0]
+            if self._items.get(entry[1]) is entry[3]:
+                return entry
+            heapq.heappop(heap)
+        return None
 
     def _requeue(self, item: WorkItem, due_at: dt.datetime, **changes: Any) -> WorkItem:
         return self._put(
@@ -148,13 +186,6 @@ class MemoryQueue:
             lease_expires_at=None,
             **changes,
         )
-
-    def _claimable_at(self, item: WorkItem) -> dt.datetime | None:
-        if item.state is ItemState.QUEUED:
-            return item.due_at
-        if item.state is ItemState.RUNNING:
-            return item.lease_expires_at
-        return None
 
     def _apply(self, s: Settlement) -> None:
         item = self._fenced(f"settle:{s.kind}", s.item_id, s.lease_version)
@@ -221,7 +252,7 @@ class MemoryQueue:
             created_at=now,
             updated_at=now,
         )
-        self._items[item_id] = item
+        self._store(item)
         if idempotency_key is not None:
             self._keys[idempotency_key] = item_id
         self._log("enqueue", item_id, spec_id=spec_id)
@@ -295,25 +326,45 @@ class MemoryQueue:
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         now = self._now()
-        wanted = set(spec_ids)
-        due = []
-        for item in self._items.values():
-            at = self._claimable_at(item)
-            if item.spec_id in wanted and at is not None and at <= now:
-                due.append((item.due_at, item.id))
-        due.sort()
+        wanted = sorted(set(spec_ids))
+        # Running items whose lease has expired (rescue), in (due_at, id) order.
+        expired: list[WorkItem] = []
+        for spec_id in wanted:
+            heap = self._leased.get(spec_id)
+            while (entry := self._top(heap)) is not None and entry[0] <= now:
+                assert heap is not None
+                expired.append(heapq.heappop(heap)[3])
+        expired.sort(key=lambda item: (item.due_at, item.id), reverse=True)
+        queued = [(spec_id, heap) for spec_id in wanted if (heap := self._queued.get(spec_id))]
         claimed = []
         expires = now + dt.timedelta(seconds=lease)
-        for _, item_id in due[:limit]:
+        while len(claimed) < limit:
+            # The smallest (due_at, id) among the expired leases and the due queued items.
+            best: tuple[dt.datetime, str] | None = None
+            source: list[_Entry] | None = None
+            if expired:
+                best = (expired[-1].due_at, expired[-1].id)
+            for _, heap in queued:
+                entry = self._top(heap)
+                if entry is not None and entry[0] <= now and (best is None or entry[:2] < best):
+                    best, source = entry[:2], heap
+            if best is None:
+                break
+            item = expired.pop() if source is None else heapq.heappop(source)[3]
             item = self._put(
-                self._items[item_id],
+                item,
                 state=ItemState.RUNNING,
                 lease_owner=worker_id,
                 lease_expires_at=expires,
                 lease_version=next(self._versions),
             )
-            self._log("claim", item_id, item.lease_version, worker_id=worker_id)
+            self._log("claim", item.id, item.lease_version, worker_id=worker_id)
             claimed.append(item)
+        for item in expired:
+            # Not claimed this time (the limit): back in its heap, still claimable.
+            assert item.lease_expires_at is not None
+            heap = self._leased[item.spec_id]
+            heapq.heappush(heap, (item.lease_expires_at, item.id, next(self._pushes), item))
         return claimed
 
     def _renew_one(self, lease: Lease, duration: float) -> LeaseStatus:
@@ -403,11 +454,12 @@ class MemoryQueue:
         return self._next_due_at(set(spec_ids))
 
     def _next_due_at(self, wanted: set[str]) -> dt.datetime | None:
-        times = [
-            at
-            for item in self._items.values()
-            if item.spec_id in wanted and (at := self._claimable_at(item)) is not None
-        ]
+        times = []
+        for spec_id in wanted:
+            for heap in (self._queued.get(spec_id), self._leased.get(spec_id)):
+                entry = self._top(heap)
+                if entry is not None:
+                    times.append(entry[0])
         return min(times, default=None)
 
     async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
