@@ -21,6 +21,8 @@ _UTC = dt.UTC
 
 def utc(value: dt.datetime) -> dt.datetime:
     """Return *value* in UTC; a naive datetime is refused rather than guessed at."""
+    if value.tzinfo is _UTC:
+        return value  # the common case, and what astimezone would return: the same object
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"datetime must be timezone-aware, got naive {value.isoformat()}")
     return value.astimezone(_UTC)

@@ -23,7 +23,7 @@ import enum
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Generic
+from typing import Any, Generic
 
 import attrs
 import trio
@@ -138,6 +138,8 @@ class RunnerMetrics:
     dead: Counter = attrs.field(init=False)
     renewals_failed: Counter = attrs.field(init=False)
     evaluation_seconds: Histogram = attrs.field(init=False)
+    _children: dict[tuple[int, str], Any] = attrs.field(init=False, factory=dict)
+    _settled: dict[SettleKind, Counter] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         def counter(name: str, documentation: str) -> Counter:
@@ -164,18 +166,28 @@ class RunnerMetrics:
             buckets=_EVALUATION_BUCKETS,
         )
 
-    def count_settled(self, kind: SettleKind, spec_id: str) -> None:
-        """Count a settlement the queue applied."""
-        counter = {
+        self._settled = {
             SettleKind.COMPLETE: self.completed,
             SettleKind.CONTINUE: self.continued,
             SettleKind.RESCHEDULE: self.rescheduled,
             SettleKind.RELEASE: self.released,
             SettleKind.CANCEL: self.cancelled,
             SettleKind.DEAD: self.dead,
-        }.get(kind)
+        }
+
+    def for_spec(self, metric: Counter | Histogram, spec_id: str) -> Any:
+        """``metric.labels(spec_id)``, remembered: the lookup costs more than the count itself."""
+        key = (id(metric), spec_id)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(spec_id)
+        return child
+
+    def count_settled(self, kind: SettleKind, spec_id: str) -> None:
+        """Count a settlement the queue applied."""
+        counter = self._settled.get(kind)
         if counter is not None:
-            counter.labels(spec_id).inc()
+            self.for_spec(counter, spec_id).inc()
 
 
 class _Reason(enum.IntEnum):
@@ -474,7 +486,7 @@ class WorkflowRunner(Generic[ContextT]):
         entry = _InFlight(item, renewed_at=claimed_at)
         self._in_flight[entry.key] = entry
         self._count.value = len(self._in_flight)
-        self._metrics.claimed.labels(item.spec_id).inc()
+        self._metrics.for_spec(self._metrics.claimed, item.spec_id).inc()
         self._emit(RunnerEventKind.CLAIMED, item)
         if self._shutdown.requested:
             entry.stop(_Reason.SHUTDOWN, "claimed during shutdown")
@@ -519,13 +531,13 @@ class WorkflowRunner(Generic[ContextT]):
                     )
                 except Exception as exc:
                     error = describe_error(exc)
-            self._metrics.evaluation_seconds.labels(item.spec_id).observe(
+            self._metrics.for_spec(self._metrics.evaluation_seconds, item.spec_id).observe(
                 trio.current_time() - started
             )
 
         match entry.reason:
             case _Reason.LOST:
-                self._metrics.failed.labels(item.spec_id).inc()
+                self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
                 self._record_error(item.id, item.spec_id, f"lease lost: {entry.detail}")
                 self._emit(RunnerEventKind.OUTCOME, item, detail="lease-lost")
                 return None
@@ -543,7 +555,7 @@ class WorkflowRunner(Generic[ContextT]):
                 )
         if error is not None or settlement is None:
             error = error or "evaluation was cancelled"
-            self._metrics.failed.labels(item.spec_id).inc()
+            self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
             self._record_error(item.id, item.spec_id, error)
             logger.warning("item %r (spec %r) failed: %s", item.id, item.spec_id, error)
             settlement = failure_settlement(item, error, settings, self._jitter)
@@ -616,7 +628,7 @@ class WorkflowRunner(Generic[ContextT]):
             text = describe_error(error)
             logger.warning("renewing %d leases failed: %s", len(leases), text)
             for entry in due.values():
-                self._metrics.renewals_failed.labels(entry.item.spec_id).inc()
+                self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
                 self._emit(RunnerEventKind.RENEWAL_FAILED, entry.item, detail=text)
                 # Keep evaluating while the lease outlives the next round; otherwise stop.
                 if entry.renewed_at + settings.lease - trio.current_time() <= interval:
@@ -639,7 +651,7 @@ class WorkflowRunner(Generic[ContextT]):
                 entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested")
 
     def _lose(self, entry: _InFlight, detail: str) -> None:
-        self._metrics.renewals_failed.labels(entry.item.spec_id).inc()
+        self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
         self._emit(RunnerEventKind.LEASE_LOST, entry.item, detail=detail)
         entry.stop(_Reason.LOST, detail)
 

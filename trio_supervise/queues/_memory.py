@@ -53,6 +53,12 @@ class QueueEvent:
     applied: bool = True
 
 
+_FINISHED = {
+    SettleKind.COMPLETE: ItemState.COMPLETED,
+    SettleKind.CANCEL: ItemState.CANCELLED,
+    SettleKind.DEAD: ItemState.DEAD,
+}
+
 _Entry = tuple[dt.datetime, str, int, WorkItem]
 """A heap entry: (time, item id, push sequence number, the item as stored when pushed)."""
 
@@ -116,7 +122,8 @@ class MemoryQueue:
     # -- internals ---------------------------------------------------------------------------
 
     def _now(self) -> dt.datetime:
-        return utc(self._clock.now())
+        now = self._clock.now()
+        return now if now.tzinfo is dt.UTC else utc(now)
 
     def _changed(self) -> None:
         self._changes.value += 1
@@ -128,9 +135,11 @@ class MemoryQueue:
         version: int | None = None,
         *,
         applied: bool = True,
+        at: dt.datetime | None = None,
         **detail: Any,
     ) -> None:
-        self.events.append(QueueEvent(self._now(), op, item_id, version, detail, applied))
+        at = self._now() if at is None else at
+        self.events.append(QueueEvent(at, op, item_id, version, detail, applied))
 
     def _item(self, item_id: str) -> WorkItem:
         try:
@@ -152,8 +161,8 @@ class MemoryQueue:
             )
         return item
 
-    def _put(self, item: WorkItem, **changes: Any) -> WorkItem:
-        new = attrs.evolve(item, updated_at=self._now(), **changes)
+    def _put(self, item: WorkItem, now: dt.datetime | None = None, **changes: Any) -> WorkItem:
+        new = attrs.evolve(item, updated_at=self._now() if now is None else now, **changes)
         self._store(new)
         return new
 
@@ -177,9 +186,12 @@ class MemoryQueue:
             heapq.heappop(heap)
         return None
 
-    def _requeue(self, item: WorkItem, due_at: dt.datetime, **changes: Any) -> WorkItem:
+    def _requeue(
+        self, item: WorkItem, due_at: dt.datetime, now: dt.datetime, **changes: Any
+    ) -> WorkItem:
         return self._put(
             item,
+            now,
             state=ItemState.QUEUED,
             due_at=due_at,
             lease_owner=None,
@@ -187,35 +199,40 @@ class MemoryQueue:
             **changes,
         )
 
-    def _apply(self, s: Settlement) -> None:
+    def _apply(self, s: Settlement, now: dt.datetime | None = None) -> None:
         item = self._fenced(f"settle:{s.kind}", s.item_id, s.lease_version)
-        now = self._now()
+        now = self._now() if now is None else now
         match s.kind:
             case SettleKind.CONTINUE:
-                self._requeue(item, now + dt.timedelta(seconds=s.delay), error_count=0)
+                self._requeue(item, now + dt.timedelta(seconds=s.delay), now, error_count=0)
             case SettleKind.RELEASE:
-                self._requeue(item, now + dt.timedelta(seconds=s.delay))
+                self._requeue(item, now + dt.timedelta(seconds=s.delay), now)
             case SettleKind.RESCHEDULE:
                 assert s.at is not None
-                self._requeue(item, s.at, config=check_json(s.config), error_count=0)
+                self._requeue(item, s.at, now, config=check_json(s.config), error_count=0)
             case SettleKind.RETRY:
                 self._requeue(
                     item,
                     now + dt.timedelta(seconds=s.delay),
+                    now,
                     error_count=item.error_count + 1,
                     last_error=s.error,
                 )
             case SettleKind.COMPLETE | SettleKind.CANCEL | SettleKind.DEAD:
-                state = {
-                    SettleKind.COMPLETE: ItemState.COMPLETED,
-                    SettleKind.CANCEL: ItemState.CANCELLED,
-                    SettleKind.DEAD: ItemState.DEAD,
-                }[s.kind]
                 changes: dict[str, Any] = {}
                 if s.kind is SettleKind.DEAD:
                     changes = {"error_count": item.error_count + 1, "last_error": s.error}
-                self._put(item, state=state, lease_owner=None, lease_expires_at=None, **changes)
-        self._log(f"settle:{s.kind}", s.item_id, s.lease_version, delay=s.delay, error=s.error)
+                self._put(
+                    item,
+                    now,
+                    state=_FINISHED[s.kind],
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    **changes,
+                )
+        self._log(
+            f"settle:{s.kind}", s.item_id, s.lease_version, at=now, delay=s.delay, error=s.error
+        )
 
     # -- producing and inspecting ------------------------------------------------------------
 
@@ -306,9 +323,11 @@ class MemoryQueue:
         item = self._item(item_id)
         if item.state is ItemState.RUNNING:
             raise ItemStateError(f"item {item_id!r} is running; cancel it first")
+        now = self._now()
         item = self._requeue(
             item,
-            self._now() if at is None else utc(at),
+            now if at is None else utc(at),
+            now,
             error_count=0,
             cancel_requested=False,
         )
@@ -336,7 +355,7 @@ class MemoryQueue:
                 expired.append(heapq.heappop(heap)[3])
         expired.sort(key=lambda item: (item.due_at, item.id), reverse=True)
         queued = [(spec_id, heap) for spec_id in wanted if (heap := self._queued.get(spec_id))]
-        claimed = []
+        claimed: list[WorkItem] = []
         expires = now + dt.timedelta(seconds=lease)
         while len(claimed) < limit:
             # The smallest (due_at, id) among the expired leases and the due queued items.
@@ -353,12 +372,13 @@ class MemoryQueue:
             item = expired.pop() if source is None else heapq.heappop(source)[3]
             item = self._put(
                 item,
+                now,
                 state=ItemState.RUNNING,
                 lease_owner=worker_id,
                 lease_expires_at=expires,
                 lease_version=next(self._versions),
             )
-            self._log("claim", item.id, item.lease_version, worker_id=worker_id)
+            self._log("claim", item.id, item.lease_version, at=now, worker_id=worker_id)
             claimed.append(item)
         for item in expired:
             # Not claimed this time (the limit): back in its heap, still claimable.
@@ -438,9 +458,10 @@ class MemoryQueue:
     async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
         await trio.lowlevel.checkpoint()
         results = []
+        now = self._now()
         for settlement in settlements:
             try:
-                self._apply(settlement)
+                self._apply(settlement, now)
             except LeaseLost:
                 results.append(False)
             else:
