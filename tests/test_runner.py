@@ -183,6 +183,40 @@ async def test_an_idle_runner_wakes_for_new_and_newly_due_work(
     assert driver.starts == {"now": [5.0], "soon": [7.0]}
 
 
+@attrs.define(eq=False)
+class CountingQueue(ts.MemoryQueue):
+    """The memory queue, counting claims; ``exact`` overrides its ``exact_wakeups``."""
+
+    exact: bool | None = None
+    claims: int = attrs.field(init=False, default=0)
+
+    @property
+    def exact_wakeups(self) -> bool:
+        return super().exact_wakeups if self.exact is None else self.exact
+
+    async def claim_due(
+        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+    ) -> list[WorkItem]:
+        self.claims += 1
+        return await super().claim_due(spec_ids, worker_id, lease, limit)
+
+
+@pytest.mark.parametrize(("exact", "claims"), [(None, 2), (False, 1 + 86_400 // 60)])
+async def test_a_queue_with_exact_wakeups_is_not_polled(
+    autojump_clock: trio.testing.MockClock, exact: bool | None, claims: int
+) -> None:
+    """With exact wake-ups (the memory queue on Trio's clock) an idle day costs no polls."""
+    queue = CountingQueue(exact=exact)
+    assert queue.exact_wakeups is (exact is None)
+    driver = Recorder()
+    await queue.enqueue("job", item_id="tomorrow", due_at=EPOCH + dt.timedelta(days=1))
+    async with running(make_runner(queue, driver, poll_interval=60)):
+        await trio.sleep(86_400 + 1)
+    assert driver.starts == {"tomorrow": [86_400.0]}
+    # Exact: the first claim and the one at the due time. Polled: one claim a minute as well.
+    assert queue.claims == claims
+
+
 async def test_renewals_go_in_one_call_per_round(autojump_clock: trio.testing.MockClock) -> None:
     """Every in-flight lease is renewed in one renew_many call every lease / 3 seconds."""
     queue = FaultyQueue()

@@ -4,7 +4,8 @@ Three tasks share the runner's state:
 
 - the *claim loop* keeps up to ``concurrency`` evaluations in flight, claiming as slots free up,
   and when the queue has nothing due waits with
-  ``with trio.move_on_after(poll_interval): await queue.wait_for_work(spec_ids)``;
+  ``with trio.move_on_after(poll_interval): await queue.wait_for_work(spec_ids)`` (without the
+  bound when the queue's ``exact_wakeups`` is true: see the queue protocol);
 - the *renewal loop* renews every held lease in one ``renew_many`` call every ``lease / 3``; a
   lost lease cancels that item's scope, a requested cancellation cancels it too;
 - the *settler* writes outcomes with ``settle_many``, taking everything that finished since its
@@ -464,7 +465,10 @@ class WorkflowRunner(Generic[ContextT]):
             self._wait_scope.cancel()
 
     async def _wait_for_work(self, spec_ids: list[str]) -> None:
-        with trio.move_on_after(self._settings.poll_interval):
+        # A queue whose wake-ups are exact (see the protocol) needs no polling: under an autojump
+        # clock, polling would wake the runner every poll_interval of virtual time for nothing.
+        exact = getattr(self._queue, "exact_wakeups", False) is True
+        with trio.move_on_after(math.inf if exact else self._settings.poll_interval):
             with self._until_shutdown():
                 try:
                     await self._queue.wait_for_work(spec_ids)

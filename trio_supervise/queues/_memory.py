@@ -103,6 +103,16 @@ class MemoryQueue:
     def clock(self) -> Clock:
         return self._clock
 
+    @property
+    def exact_wakeups(self) -> bool:
+        """True with a :class:`TrioClock`: :meth:`wait_for_work` then wakes exactly when needed.
+
+        Every write happens in this process and wakes the waiters; due times are reached on
+        Trio's clock. With another clock (say one a test moves by hand), due times can arrive
+        without Trio noticing, so a runner keeps polling. See the protocol's module doc.
+        """
+        return isinstance(self._clock, TrioClock)
+
     # -- inspection helpers (not part of the protocol) ---------------------------------------
 
     @property

@@ -22,6 +22,16 @@ Errors and retries
     ``reschedule`` settlement (a successful evaluation) sets it back to zero. ``release`` (a lease
     handed back without an outcome) leaves it alone.
 
+Exact wake-ups (optional)
+    A queue may define a boolean attribute ``exact_wakeups``. True promises that
+    :meth:`WorkQueue.wait_for_work` returns by itself whenever work may have become claimable:
+    on every write that can make work due, from anywhere, and at the next due time by Trio's
+    clock. A runner then waits without its poll interval, so under an autojump clock it does
+    not wake every ``poll_interval`` of virtual time while nothing is due. A queue without the
+    attribute (or with it False) is polled; the attribute is not part of the protocol's
+    structural type, so existing queues need no change. :class:`MemoryQueue` sets it when its
+    clock is a :class:`TrioClock` (all its writes happen in this process).
+
 Cancellation
     :meth:`WorkQueue.request_cancel` cancels a queued item at once. On a running item it sets
     ``cancel_requested``; the owner learns it from its next renewal
