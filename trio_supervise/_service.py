@@ -24,9 +24,9 @@ from ._errors import WorkerFailed
 from ._http import ErrorRecord, OperationsApp, serve_http
 from ._lifecycle import Shutdown
 from ._policy import Jitter
-from ._runner import WorkflowRunner
+from ._runner import RunnerEvent, RunnerState, WorkflowRunner
 from ._settings import Settings, load_settings
-from ._supervisor import ChildSpec, Supervisor, WorkerStatus
+from ._supervisor import ChildSpec, Supervisor, WorkerState, WorkerStatus
 from ._workflow import DriverRegistry, WorkflowDriver
 from .queues import WorkQueue
 from .queues._factory import open_queue
@@ -71,6 +71,8 @@ class Service:
     :param name: the top-level supervisor's name and the status page title.
     :param handle_signals: SIGTERM/SIGINT begin graceful shutdown, a second one cancels at once.
         Only possible in the main thread; off elsewhere.
+    :param on_event: passed to the :class:`WorkflowRunner`: called with every
+        :class:`RunnerEvent` (claims, outcomes, settlements); it must not block.
     """
 
     drivers: Sequence[WorkflowDriver[Any]] = attrs.field(default=(), converter=_drivers)
@@ -81,6 +83,7 @@ class Service:
     build_context: Callable[[], Awaitable[Any]] = _no_context
     name: str = "trio_supervise"
     handle_signals: bool = True
+    on_event: Callable[[RunnerEvent], None] | None = None
 
     shutdown: Shutdown = attrs.field(init=False, factory=Shutdown)
     """Begin it to drain and stop the service (what SIGTERM does)."""
@@ -100,7 +103,25 @@ class Service:
         return self.supervisor is not None and not self.supervisor.failed
 
     def workers_status(self) -> list[WorkerStatus]:
-        return [] if self.supervisor is None else self.supervisor.snapshot()
+        """The supervisor's snapshot; the runner's row says ``backing-off`` while its claims fail.
+
+        A runner whose queue is unreachable keeps running (and retries), so its supervisor sees
+        nothing wrong; this row is where ``/healthz`` and the status page show the outage.
+        """
+        if self.supervisor is None:
+            return []
+        rows = self.supervisor.snapshot()
+        runner = self.runner
+        if runner is None or runner.state is not RunnerState.BACKING_OFF:
+            return rows
+        errors = runner.recent_errors
+        last = errors[-1].error if errors else None
+        return [
+            attrs.evolve(row, state=WorkerState.BACKING_OFF, last_error=last or row.last_error)
+            if row.worker == "runner" and row.state is WorkerState.RUNNING
+            else row
+            for row in rows
+        ]
 
     def recent_errors(self) -> list[ErrorRecord]:
         records: list[ErrorRecord] = []
@@ -157,6 +178,7 @@ class Service:
                 shutdown=self.shutdown,
                 jitter=jitter,
                 metrics_registry=self.registry,
+                on_event=self.on_event,
             )
             children.append(
                 ChildSpec(

@@ -405,11 +405,30 @@ class PostgresQueue:
     def _changed(self) -> None:
         self._changes.value += 1
 
-    async def _run(self, fn: Callable[[psycopg.Connection[Row]], T]) -> T:
+    async def _run(self, fn: Callable[[psycopg.Connection[Row]], T], *, retry: bool = True) -> T:
+        """Run *fn* on a pooled connection in a thread.
+
+        When the connection turns out to be dead (the server restarted, or an administrator
+        terminated it while it sat in the pool), the pool's other idle connections are likely
+        dead too: they are checked and replaced, and *fn* runs once more on a fresh connection.
+        Only for calls that may safely run twice (*retry*): reads, and writes that are fenced or
+        idempotent. A connection that dies mid-call leaves its transaction rolled back, unless
+        the commit itself was lost in flight, which is why ``enqueue`` and ``mark_error`` pass
+        ``retry=False``.
+        """
         if self._closed:
             raise QueueError(f"the PostgreSQL queue at {redact_dsn(self._dsn)} is closed")
 
         def call() -> T:
+            import psycopg
+
+            with self._pool.connection() as conn:
+                try:
+                    return fn(conn)
+                except psycopg.OperationalError:
+                    if not (retry and conn.broken):
+                        raise
+            self._pool.check()
             with self._pool.connection() as conn:
                 return fn(conn)
 
@@ -478,7 +497,7 @@ class PostgresQueue:
             except psycopg.errors.UniqueViolation as error:
                 raise DuplicateItem(item_id) from error
 
-        row, created = await self._run(run)
+        row, created = await self._run(run, retry=False)
         if created:
             self._changed()
         return _item(row)
@@ -625,7 +644,7 @@ class PostgresQueue:
             if conn.execute(_Q["mark_error"], params).fetchone() is None:
                 raise LeaseLost(item_id, lease_version, self._why(conn, item_id))
 
-        await self._run(run)
+        await self._run(run, retry=False)
 
     async def _settle_one(self, settlement: Settlement) -> None:
         [applied] = await self._settle([settlement], why=True)

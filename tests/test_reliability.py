@@ -1,0 +1,223 @@
+"""Regression tests for what the chaos runs found (``python -m benchmarks.chaos``).
+
+- PostgreSQL connections terminated while idle in the pool (``pg_terminate_backend``, a server
+  restart) made every call fail once per dead connection, so under repeated terminations the
+  runner's claim failures piled up until it gave up and its process exited. Now a dead
+  connection makes the pool check the rest and the call runs once more on a fresh one.
+- While claims failed, ``/healthz`` still showed the runner ``running``: nothing told an operator
+  that the queue was unreachable. Now the runner's row says ``backing-off``.
+- A :class:`Service` had no way to observe its runner's events (the chaos workers log every
+  settlement through it): ``Service(on_event=...)``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from trio_supervise import MemoryQueue, RunnerEvent, RunnerEventKind
+from trio_supervise._errors import QueueUnavailable
+from trio_supervise._service import Service
+from trio_supervise._settings import HttpSettings, Settings
+from trio_supervise._supervisor import WorkerState
+from trio_supervise._workflow import Outcome, RunnerSettings, Stop
+from trio_supervise.queues import (
+    ItemState,
+    Lease,
+    LeaseStatus,
+    PostgresQueue,
+    SettleKind,
+    Settlement,
+    WorkItem,
+)
+
+from .queues.conftest import pg_schema
+
+
+@attrs.frozen
+class Finisher:
+    name: str = "finisher"
+    spec_ids: Sequence[str] = ("job",)
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: object, item: WorkItem) -> Outcome:
+        await trio.lowlevel.checkpoint()
+        return Stop()
+
+
+@attrs.define
+class FlakyQueue(MemoryQueue):
+    """A memory queue whose claims fail while ``down`` is set, as if the database were gone."""
+
+    down: bool = False
+
+    @property
+    def exact_wakeups(self) -> bool:
+        return False  # the outage starts without a write: the runner must poll to notice it
+
+    async def claim_due(
+        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+    ) -> list[WorkItem]:
+        if self.down:
+            await trio.lowlevel.checkpoint()
+            raise QueueUnavailable("queue at test://flaky is unavailable: connection refused")
+        return await super().claim_due(spec_ids, worker_id, lease, limit)
+
+
+def _settings() -> Settings:
+    return Settings(
+        http=HttpSettings(port=0),
+        runner=RunnerSettings(worker_id="w", poll_interval=0.05, shutdown_grace=1.0),
+    )
+
+
+async def test_healthz_shows_the_runner_backing_off_while_claims_fail() -> None:
+    """While the queue is unreachable /healthz lists the runner as backing-off, then running."""
+    queue = FlakyQueue()
+    service = Service(drivers=[Finisher()], settings=_settings(), queue=queue, handle_signals=False)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            url = f"http://127.0.0.1:{service.http_port}/healthz"
+            async with httpx.AsyncClient() as client:
+
+                async def runner_row() -> dict[str, object]:
+                    document = (await client.get(url)).json()
+                    [row] = [w for w in document["workers"] if w["worker"] == "runner"]
+                    assert document["healthy"] is True  # a queue outage is not a dead process
+                    return dict(row)
+
+                assert (await runner_row())["state"] == "running"
+                queue.down = True
+                while (row := await runner_row())["state"] != "backing-off":  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+                assert "connection refused" in str(row["last_error"])
+                queue.down = False
+                item = await queue.enqueue("job")
+                while (await runner_row())["state"] != "running":  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+                while (await queue.get(item.id)).state is not ItemState.COMPLETED:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            assert [w.state for w in service.workers_status() if w.worker == "runner"] == [
+                WorkerState.RUNNING
+            ]
+            service.stop()
+
+
+async def test_service_passes_on_event_to_its_runner() -> None:
+    """Service(on_event=...) sees the runner's claims, outcomes and settlements."""
+    queue = MemoryQueue()
+    events: list[RunnerEvent] = []
+    item = await queue.enqueue("job")
+    settings = attrs.evolve(_settings(), http=HttpSettings(enabled=False))
+    service = Service(
+        drivers=[Finisher()],
+        settings=settings,
+        queue=queue,
+        handle_signals=False,
+        on_event=events.append,
+    )
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            while (await queue.get(item.id)).state is not ItemState.COMPLETED:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            service.stop()
+    kinds = [event.kind for event in events if event.item_id == item.id]
+    assert kinds[:1] == [RunnerEventKind.CLAIMED]
+    assert RunnerEventKind.OUTCOME in kinds
+    assert RunnerEventKind.SETTLED in kinds
+
+
+# -- PostgreSQL: terminated connections ------------------------------------------------------------
+
+
+def _terminate(dsn: str, app: str) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            [app],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _fill_pool(queue: PostgresQueue, calls: int) -> None:
+    """Make the pool open several connections, so that several sit idle afterwards."""
+
+    async def slow(_: int) -> None:
+        await queue._run(lambda conn: conn.execute("SELECT pg_sleep(0.05)").fetchall())
+
+    async with trio.open_nursery() as nursery:
+        for n in range(calls):
+            nursery.start_soon(slow, n)
+
+
+@pytest.mark.postgres
+async def test_every_worker_call_survives_its_connections_being_terminated() -> None:
+    """Claim, renew, settle and read right after every pooled connection was terminated."""
+    from psycopg.conninfo import make_conninfo
+
+    with pg_schema() as (dsn, schema):
+        app = f"ts-test-{uuid.uuid4().hex[:8]}"
+        queue = await PostgresQueue.connect(
+            make_conninfo(dsn, application_name=app),
+            schema=schema,
+            migrate=True,
+            pool_size=4,
+            listen=False,
+        )
+        async with queue:
+            await queue.enqueue("job", item_id="a")
+            await _fill_pool(queue, 4)
+            assert _terminate(dsn, app) >= 2
+            [item] = await queue.claim_due(["job"], "w", 30, 1)
+
+            await _fill_pool(queue, 4)
+            assert _terminate(dsn, app) >= 2
+            lease = Lease("a", item.lease_version, "w")
+            assert await queue.renew_many([lease], 30) == {"a": LeaseStatus.HELD}
+
+            assert _terminate(dsn, app) >= 1
+            done = Settlement(
+                item_id="a", lease_version=item.lease_version, kind=SettleKind.COMPLETE
+            )
+            assert await queue.settle_many([done]) == [True]
+
+            assert _terminate(dsn, app) >= 1
+            assert dict(await queue.counts()) == {("job", ItemState.COMPLETED): 1}
+
+
+@pytest.mark.postgres
+async def test_enqueue_is_not_retried_after_a_terminated_connection() -> None:
+    """An enqueue might have committed before its connection died: it reports, never repeats."""
+    from psycopg.conninfo import make_conninfo
+
+    with pg_schema() as (dsn, schema):
+        app = f"ts-test-{uuid.uuid4().hex[:8]}"
+        queue = await PostgresQueue.connect(
+            make_conninfo(dsn, application_name=app, password="s3cret-sentinel"),
+            schema=schema,
+            migrate=True,
+            pool_size=1,
+            listen=False,
+        )
+        async with queue:
+            await queue.counts()
+            assert _terminate(dsn, app) == 1
+            with pytest.raises(QueueUnavailable) as caught:
+                await queue.enqueue("job", item_id="b")
+            assert "s3cret-sentinel" not in str(caught.value)
+            # Nothing was written, and the pool replaced the dead connection.
+            await queue.enqueue("job", item_id="b")
+            assert dict(await queue.counts()) == {("job", ItemState.QUEUED): 1}
