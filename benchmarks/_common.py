@@ -1,0 +1,184 @@
+"""What every measure shares: the result record, the table, wall-clock timing, no-op drivers.
+
+Wall-clock time (``time.perf_counter``) is the point of a benchmark, so it is read here and only
+here; the library itself reads time through Trio alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import trio
+
+import trio_supervise as ts
+
+__all__ = [
+    "Config",
+    "NoopDriver",
+    "Result",
+    "noop_step",
+    "rate",
+    "wall",
+]
+
+Better = Literal["higher", "lower"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """How big a run is, and where the database is."""
+
+    quick: bool = False
+    dsn: str | None = None
+    tiny: bool = False
+    """Smallest counts that still exercise the code (the smoke test); not a measurement."""
+
+    def size(self, full: int, quick: int, tiny: int) -> int:
+        """Pick a count for this run's size."""
+        if self.tiny:
+            return tiny
+        return quick if self.quick else full
+
+
+@dataclasses.dataclass
+class Result:
+    """One measure: ours against its baseline, and whether the goal is met.
+
+    ``ratio`` is always ``ours / baseline``. ``better`` says which way is good: with ``higher``
+    the goal is met when ``ratio >= goal``, with ``lower`` when ``ratio <= goal``.
+    """
+
+    id: str
+    title: str
+    ours: float
+    baseline: float
+    better: Better
+    goal: float
+    unit: str
+    baseline_name: str = ""
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        if self.baseline == 0:
+            return math.inf if self.ours > 0 else math.nan
+        return self.ours / self.baseline
+
+    @property
+    def met(self) -> bool:
+        ratio = self.ratio
+        if math.isnan(ratio):
+            return False
+        return ratio >= self.goal if self.better == "higher" else ratio <= self.goal
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "ours": self.ours,
+            "baseline": self.baseline,
+            "baseline_name": self.baseline_name,
+            "ratio": self.ratio,
+            "better": self.better,
+            "goal": self.goal,
+            "unit": self.unit,
+            "met": self.met,
+            **self.detail,
+        }
+
+
+def rate(count: int, seconds: float) -> float:
+    """Items per second."""
+    return count / seconds if seconds > 0 else math.inf
+
+
+class wall:
+    """A wall-clock stopwatch: ``with wall() as w: ...; w.seconds``."""
+
+    seconds: float = 0.0
+
+    def __enter__(self) -> wall:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._start
+
+
+def now() -> float:
+    """Wall-clock seconds (monotonic), for latencies measured across tasks and processes."""
+    return time.perf_counter()
+
+
+async def noop_step() -> None:
+    """The no-op unit of work that every throughput measure runs, ours and the baselines."""
+
+
+class NoopDriver:
+    """A driver whose every evaluation is :func:`noop_step`, then :class:`~trio_supervise.Stop`.
+
+    *on_done* is called after each evaluation (counting, latency stamps).
+    """
+
+    name = "noop"
+
+    def __init__(
+        self, spec_ids: Sequence[str] = ("noop",), on_done: Callable[[ts.WorkItem], None] = print
+    ) -> None:
+        self.spec_ids = list(spec_ids)
+        self._on_done = on_done
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: object, item: ts.WorkItem) -> ts.Outcome:
+        await noop_step()
+        self._on_done(item)
+        return ts.Stop()
+
+
+async def no_context() -> None:
+    return None
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """The results as a fixed-width text table."""
+    head = ("id", "measure", "ours", "baseline", "unit", "ratio", "goal", "met")
+    rows = [head]
+    for r in results:
+        sign = ">=" if r.better == "higher" else "<="
+        rows.append(
+            (
+                r.id,
+                r.title,
+                _num(r.ours),
+                _num(r.baseline),
+                r.unit,
+                f"{r.ratio:.3g}",
+                f"{sign} {r.goal:g}",
+                "yes" if r.met else "NO",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = []
+    for index, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def _num(value: float) -> str:
+    if math.isinf(value) or math.isnan(value):
+        return str(value)
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def run_trio(fn: Callable[[], Any], **kwargs: Any) -> Any:
+    """``trio.run`` for a zero-argument async function."""
+    return trio.run(fn, **kwargs)

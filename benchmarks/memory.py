@@ -1,0 +1,163 @@
+"""P1 (memory-queue runner against a bare nursery) and P4 (a simulated year under autojump)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+
+import trio
+import trio.testing
+
+import trio_supervise as ts
+
+from ._common import Config, NoopDriver, Result, noop_step, rate, wall
+from ._runs import run_until
+
+CONCURRENCY = 64
+
+
+# -- P1 ---------------------------------------------------------------------------------------
+
+
+def bare_nursery_rate(count: int) -> float:
+    """No-op coroutines per second in a bare Trio nursery, 64 at a time."""
+
+    async def main() -> float:
+        semaphore = trio.Semaphore(CONCURRENCY)
+
+        async def one() -> None:
+            try:
+                await noop_step()
+            finally:
+                semaphore.release()
+
+        with wall() as w:
+            async with trio.open_nursery() as nursery:
+                for _ in range(count):
+                    await semaphore.acquire()
+                    nursery.start_soon(one)
+        return rate(count, w.seconds)
+
+    return trio.run(main)
+
+
+def memory_runner_rate(count: int) -> float:
+    """Items per second through a runner on a :class:`MemoryQueue` (no-op driver, 64 at once)."""
+
+    async def main() -> float:
+        queue = ts.MemoryQueue()
+        for _ in range(count):
+            await queue.enqueue("noop")
+        evaluated = 0
+        done = trio.Event()
+
+        def on_done(item: ts.WorkItem) -> None:
+            nonlocal evaluated
+            evaluated += 1
+            if evaluated >= count:
+                done.set()
+
+        settings = ts.RunnerSettings(
+            worker_id="bench", concurrency=CONCURRENCY, claim_batch=CONCURRENCY
+        )
+        gc.collect()
+        with wall() as w:
+            await run_until(queue, NoopDriver(on_done=on_done), settings, done)
+        completed = sum(
+            n for (_, state), n in (await queue.counts()).items() if state is ts.ItemState.COMPLETED
+        )
+        if completed != count:
+            raise RuntimeError(f"P1: {completed} of {count} items completed")
+        return rate(count, w.seconds)
+
+    return trio.run(main)
+
+
+def p1(config: Config) -> Result:
+    count = config.size(50_000, 20_000, 200)
+    baseline = max(bare_nursery_rate(count) for _ in range(2))
+    ours = max(memory_runner_rate(count) for _ in range(2))
+    return Result(
+        id="P1",
+        title="memory-queue runner, no-op, concurrency 64",
+        ours=ours,
+        baseline=baseline,
+        baseline_name="bare Trio nursery, same no-op, 64 at a time",
+        better="higher",
+        goal=0.5,
+        unit="items/s",
+        detail={"items": count, "concurrency": CONCURRENCY},
+    )
+
+
+# -- P4 ---------------------------------------------------------------------------------------
+
+_DAY = dt.timedelta(days=1)
+
+
+class DailyDriver:
+    """Each item reschedules itself a day later, ``days`` times, then stops."""
+
+    name = "daily"
+    spec_ids = ("daily",)
+
+    def __init__(self, days: int) -> None:
+        self.days = days
+        self.evaluations = 0
+        self.total = 0
+        self.done = trio.Event()
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: object, item: ts.WorkItem) -> ts.Outcome:
+        await noop_step()
+        self.evaluations += 1
+        if self.evaluations >= self.total:
+            self.done.set()
+        done = item.config["done"] + 1
+        if done >= self.days:
+            return ts.Stop()
+        return ts.Reschedule(at=item.due_at + _DAY, config={"done": done})
+
+
+def time_travel(workflows: int, days: int) -> tuple[float, float]:
+    """(evaluations per wall second, virtual days passed) for a simulated stretch of days."""
+    driver = DailyDriver(days)
+    total = driver.total = workflows * days
+
+    async def main() -> float:
+        queue = ts.MemoryQueue()
+        for _ in range(workflows):
+            await queue.enqueue("daily", config={"done": 0})
+        settings = ts.RunnerSettings(
+            worker_id="bench", concurrency=CONCURRENCY, claim_batch=CONCURRENCY
+        )
+        start = trio.current_time()
+        await run_until(queue, driver, settings, driver.done, limit=(days + 2) * 86_400.0)
+        return (trio.current_time() - start) / 86_400.0
+
+    gc.collect()
+    with wall() as w:
+        virtual_days = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    if driver.evaluations != total:
+        raise RuntimeError(f"P4: {driver.evaluations} of {total} evaluations")
+    return rate(total, w.seconds), virtual_days
+
+
+def p4(config: Config) -> Result:
+    workflows = config.size(1_000, 1_000, 20)
+    days = config.size(365, 60, 3)
+    ours, virtual_days = time_travel(workflows, days)
+    baseline = memory_runner_rate(config.size(50_000, 20_000, 200))
+    return Result(
+        id="P4",
+        title=f"time travel: {workflows} daily workflows x {days} days, autojump",
+        ours=ours,
+        baseline=baseline,
+        baseline_name="P1's memory-queue runner (real clock)",
+        better="higher",
+        goal=0.5,
+        unit="evals/s",
+        detail={"workflows": workflows, "days": days, "virtual_days": virtual_days},
+    )

@@ -1,0 +1,400 @@
+"""P2, P2f, P6 and P7: the runner on PostgreSQL against Procrastinate, the raw SQL floor, polling,
+and one worker process.
+
+Benchmark data lives in schemas of its own (``bench_ts``, ``bench_floor``, ``bench_p7``), dropped
+at the end; Procrastinate gets a database of its own (``bench_procrastinate``), dropped too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import trio
+
+import trio_supervise as ts
+from trio_supervise.queues._postgres import PostgresQueue, migrate_dsn
+
+from ._common import Config, NoopDriver, Result, noop_step, now, rate, wall
+from ._runs import run_until
+
+CONCURRENCY = 64
+FLOOR_BATCH = 100
+TS_SCHEMA = "bench_ts"
+FLOOR_SCHEMA = "bench_floor"
+P7_SCHEMA = "bench_p7"
+PROCRASTINATE_DB = "bench_procrastinate"
+
+
+def _connect(dsn: str, **kwargs: object):  # type: ignore[no-untyped-def]
+    import psycopg
+
+    return psycopg.connect(dsn, autocommit=True, **kwargs)  # type: ignore[arg-type]
+
+
+def drop_schema(dsn: str, schema: str) -> None:
+    with _connect(dsn) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@contextlib.contextmanager
+def bench_schema(dsn: str, schema: str) -> Iterator[None]:
+    """A fresh queue schema for the body, dropped afterwards."""
+    drop_schema(dsn, schema)
+    trio.run(_migrate, dsn, schema)
+    try:
+        yield
+    finally:
+        drop_schema(dsn, schema)
+
+
+async def _migrate(dsn: str, schema: str) -> None:
+    await migrate_dsn(dsn, schema=schema)
+
+
+def fill(dsn: str, schema: str, count: int, spec_id: str = "noop") -> None:
+    """Insert *count* queued items, due now, in one statement (setup, not measured)."""
+    with _connect(dsn, options=f"-c search_path={schema}") as conn:
+        conn.execute("TRUNCATE trio_supervise_items")
+        conn.execute(
+            """
+            INSERT INTO trio_supervise_items (id, spec_id, state, due_at, created_at, updated_at)
+            SELECT 'item-' || lpad(n::text, 8, '0'), %s, 'queued', now(), now(), now()
+            FROM generate_series(1, %s) AS n
+            """,
+            (spec_id, count),
+        )
+        conn.execute("VACUUM ANALYZE trio_supervise_items")
+
+
+def completed(dsn: str, schema: str) -> int:
+    with _connect(dsn, options=f"-c search_path={schema}") as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM trio_supervise_items WHERE state = 'completed'"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+# -- ours: the runner in this process ---------------------------------------------------------
+
+
+def runner_rate(dsn: str, schema: str, count: int) -> float:
+    """Items per second through one runner on PostgreSQL (no-op driver, 64 at once)."""
+    fill(dsn, schema, count)
+
+    async def main() -> float:
+        queue = await PostgresQueue.connect(dsn, schema=schema)
+        evaluated = 0
+        done = trio.Event()
+
+        def on_done(item: ts.WorkItem) -> None:
+            nonlocal evaluated
+            evaluated += 1
+            if evaluated >= count:
+                done.set()
+
+        settings = ts.RunnerSettings(
+            worker_id="bench", concurrency=CONCURRENCY, claim_batch=CONCURRENCY
+        )
+        try:
+            gc.collect()
+            with wall() as w:
+                await run_until(queue, NoopDriver(on_done=on_done), settings, done)
+        finally:
+            await queue.aclose()
+        return rate(count, w.seconds)
+
+    result: float = trio.run(main)
+    if completed(dsn, schema) != count:
+        raise RuntimeError("PostgreSQL runner: not every item completed")
+    return result
+
+
+# -- the raw SQL floor ------------------------------------------------------------------------
+
+_FLOOR_CLAIM = """
+WITH due AS (
+    SELECT id FROM trio_supervise_items
+    WHERE state = 'queued' AND due_at <= now()
+    ORDER BY due_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE trio_supervise_items AS i SET
+    state = 'running', lease_owner = 'floor', lease_expires_at = now() + interval '60 seconds',
+    lease_version = i.lease_version + 1, updated_at = now()
+FROM due WHERE i.id = due.id
+RETURNING i.id, i.lease_version
+"""
+
+_FLOOR_COMPLETE = """
+UPDATE trio_supervise_items AS i SET
+    state = 'completed', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+FROM unnest(%(ids)s::text[], %(versions)s::bigint[]) AS s(id, version)
+WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
+"""
+
+
+def floor_rate(dsn: str, schema: str, count: int) -> float:
+    """Items per second for one connection claiming 100 with SKIP LOCKED, completing them in one
+    statement, the no-op run between (the floor any PostgreSQL queue can reach)."""
+    fill(dsn, schema, count)
+    with _connect(dsn, options=f"-c search_path={schema}") as conn, wall() as w:
+        done = 0
+        while True:
+            rows = conn.execute(_FLOOR_CLAIM, {"limit": FLOOR_BATCH}).fetchall()
+            if not rows:
+                break
+            conn.execute(
+                _FLOOR_COMPLETE,
+                {"ids": [r[0] for r in rows], "versions": [r[1] for r in rows]},
+            )
+            done += len(rows)
+    if done != count or completed(dsn, schema) != count:
+        raise RuntimeError("raw floor: not every item completed")
+    return rate(count, w.seconds)
+
+
+# -- Procrastinate ----------------------------------------------------------------------------
+
+
+def _procrastinate_dsn(dsn: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = PROCRASTINATE_DB
+    return make_conninfo(**params)
+
+
+def procrastinate_rate(dsn: str, count: int) -> float:
+    """Jobs per second for one Procrastinate worker, same no-op, same concurrency."""
+    import procrastinate
+
+    with _connect(dsn) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {PROCRASTINATE_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {PROCRASTINATE_DB}")
+    try:
+        app = procrastinate.App(
+            connector=procrastinate.PsycopgConnector(conninfo=_procrastinate_dsn(dsn))
+        )
+
+        @app.task(name="noop", queue="bench")
+        async def noop() -> None:
+            await noop_step()
+
+        async def main() -> float:
+            async with app.open_async():
+                await app.schema_manager.apply_schema_async()
+                for start in range(0, count, 1000):
+                    await noop.batch_defer_async(*[{} for _ in range(min(1000, count - start))])
+                gc.collect()
+                with wall() as w:
+                    await app.run_worker_async(
+                        queues=["bench"],
+                        concurrency=CONCURRENCY,
+                        wait=False,
+                        install_signal_handlers=False,
+                        listen_notify=False,
+                    )
+                async with app.connector.pool.connection() as conn:  # type: ignore[attr-defined]
+                    cursor = await conn.execute(
+                        "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+                    )
+                    row = await cursor.fetchone()
+                if row[0] != count:
+                    raise RuntimeError(f"procrastinate: {row[0]} of {count} jobs succeeded")
+            return rate(count, w.seconds)
+
+        return asyncio.run(main())
+    finally:
+        with _connect(dsn) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {PROCRASTINATE_DB} WITH (FORCE)")
+
+
+def p2(config: Config) -> list[Result]:
+    assert config.dsn is not None
+    count = config.size(20_000, 5_000, 200)
+    procrastinate_count = config.size(4_000, 1_500, 50)
+    with bench_schema(config.dsn, TS_SCHEMA), bench_schema(config.dsn, FLOOR_SCHEMA):
+        ours = max(runner_rate(config.dsn, TS_SCHEMA, count) for _ in range(2))
+        floor = max(floor_rate(config.dsn, FLOOR_SCHEMA, count) for _ in range(2))
+    theirs = procrastinate_rate(config.dsn, procrastinate_count)
+    return [
+        Result(
+            id="P2",
+            title="PostgreSQL runner, one process, no-op, concurrency 64",
+            ours=ours,
+            baseline=theirs,
+            baseline_name="Procrastinate 3 worker, same server, no-op, concurrency 64",
+            better="higher",
+            goal=10.0,
+            unit="items/s",
+            detail={"items": count, "baseline_items": procrastinate_count},
+        ),
+        Result(
+            id="P2f",
+            title="PostgreSQL runner against the raw SQL floor",
+            ours=ours,
+            baseline=floor,
+            baseline_name="one connection: claim 100 SKIP LOCKED, complete in one statement",
+            better="higher",
+            goal=0.3,
+            unit="items/s",
+            detail={"items": count, "floor_batch": FLOOR_BATCH},
+        ),
+    ]
+
+
+# -- P6: latency with NOTIFY ------------------------------------------------------------------
+
+
+def latency(dsn: str, schema: str, samples: int, poll_interval: float) -> list[float]:
+    """Seconds from ``enqueue`` being called (on another queue object, so the wake-up travels
+    through NOTIFY) to the evaluation starting."""
+    started: dict[str, float] = {}
+    sent: dict[str, float] = {}
+
+    async def main() -> None:
+        consumer = await PostgresQueue.connect(dsn, schema=schema)
+        producer = await PostgresQueue.connect(dsn, schema=schema, listen=False)
+        done = trio.Event()
+
+        def on_done(item: ts.WorkItem) -> None:
+            started[item.id] = now()
+            if len(started) >= samples:
+                done.set()
+
+        settings = ts.RunnerSettings(
+            worker_id="bench", concurrency=CONCURRENCY, poll_interval=poll_interval
+        )
+
+        async def produce() -> None:
+            await trio.sleep(0.5)  # the runner is idle and listening
+            for n in range(samples):
+                item_id = f"lat-{n:05d}"
+                before = now()
+                await producer.enqueue("noop", item_id=item_id)
+                sent[item_id] = before
+                # Spread out, off the poll grid, so every sample starts from an idle wait.
+                await trio.sleep(0.013)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(produce)
+                await run_until(consumer, NoopDriver(on_done=on_done), settings, done, limit=120.0)
+        finally:
+            await producer.aclose()
+            await consumer.aclose()
+
+    with _connect(dsn, options=f"-c search_path={schema}") as conn:
+        conn.execute("TRUNCATE trio_supervise_items")
+    trio.run(main)
+    return sorted(started[key] - sent[key] for key in sent)
+
+
+def p6(config: Config) -> Result:
+    assert config.dsn is not None
+    samples = config.size(400, 150, 10)
+    poll_interval = 1.0
+    with bench_schema(config.dsn, TS_SCHEMA):
+        values = latency(config.dsn, TS_SCHEMA, samples, poll_interval)
+    p50 = statistics.median(values)
+    p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+    return Result(
+        id="P6",
+        title="PostgreSQL enqueue-to-start latency p50 with NOTIFY",
+        ours=p50,
+        baseline=poll_interval,
+        baseline_name="the poll interval (what polling alone would wait, at worst)",
+        better="lower",
+        goal=0.05,
+        unit="s",
+        detail={"p50": p50, "p99": p99, "max": values[-1], "samples": samples},
+    )
+
+
+# -- P7: two worker processes against one -----------------------------------------------------
+
+
+def processes_rate(dsn: str, schema: str, count: int, processes: int) -> float:
+    """Items per second for *processes* worker processes sharing one queue (each a runner).
+
+    Each worker connects and reports ready; the clock starts when all are told to go and stops
+    when the last worker sees nothing left to claim (it reports ``time.perf_counter()``, which is
+    the same monotonic clock in every process).
+    """
+    fill(dsn, schema, count)
+    path = [_root(), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "benchmarks._worker", dsn, schema, f"w{n}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for n in range(processes)
+    ]
+    try:
+        for worker in workers:
+            assert worker.stdout is not None
+            line = worker.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"worker did not start: {line!r}")
+        start = now()
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        ends = []
+        for worker in workers:
+            assert worker.stdout is not None
+            line = worker.stdout.readline().split()
+            if not line or line[0] != "done":
+                raise RuntimeError(f"P7 worker failed: {line!r}")
+            ends.append(float(line[1]))
+    finally:
+        for worker in workers:
+            if worker.stdin is not None and not worker.stdin.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    worker.stdin.close()
+        for worker in workers:
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+    if completed(dsn, schema) != count:
+        raise RuntimeError("P7: not every item completed")
+    return rate(count, max(ends) - start)
+
+
+def _root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def p7(config: Config) -> Result:
+    assert config.dsn is not None
+    count = config.size(30_000, 8_000, 200)
+    with bench_schema(config.dsn, P7_SCHEMA):
+        one = max(processes_rate(config.dsn, P7_SCHEMA, count, 1) for _ in range(2))
+        two = max(processes_rate(config.dsn, P7_SCHEMA, count, 2) for _ in range(2))
+    return Result(
+        id="P7",
+        title="two worker processes against one, PostgreSQL",
+        ours=two,
+        baseline=one,
+        baseline_name="one worker process",
+        better="higher",
+        goal=1.6,
+        unit="items/s",
+        detail={"items": count, "cpus": os.cpu_count()},
+    )
