@@ -221,3 +221,70 @@ async def test_enqueue_is_not_retried_after_a_terminated_connection() -> None:
             # Nothing was written, and the pool replaced the dead connection.
             await queue.enqueue("job", item_id="b")
             assert dict(await queue.counts()) == {("job", ItemState.QUEUED): 1}
+
+
+@attrs.frozen
+class NulRaiser:
+    """Completes items, except 'bad', whose evaluation raises with a NUL in its message."""
+
+    name: str = "nul"
+    spec_ids: Sequence[str] = ("job",)
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: object, item: WorkItem) -> Outcome:
+        await trio.lowlevel.checkpoint()
+        if item.id == "bad":
+            raise ValueError("binary\x00garbage")
+        return Stop()
+
+
+@pytest.mark.postgres
+async def test_an_error_text_with_a_nul_is_stored_and_its_batch_settles() -> None:
+    """PostgreSQL text cannot hold NUL: the error is spelled out, not a failed batch of writes."""
+    from trio_supervise import DriverRegistry, WorkflowRunner
+
+    with pg_schema() as (dsn, schema):
+        queue = await PostgresQueue.connect(dsn, schema=schema, migrate=True, pool_size=2)
+        async with queue:
+            for item_id in ("bad", "a", "b", "c"):
+                await queue.enqueue("job", item_id=item_id)
+            runner: WorkflowRunner[None] = WorkflowRunner(
+                queue=queue,
+                registry=DriverRegistry[None]().register(NulRaiser()),
+                settings=RunnerSettings(worker_id="w", requeue_delay=60, poll_interval=0.05),
+                build_context=_no_context,
+            )
+            with trio.fail_after(20):
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(runner.run)
+                    while (await queue.get("bad")).error_count == 0:  # noqa: ASYNC110
+                        await trio.sleep(0.02)
+                    runner.shutdown.begin("test")
+            bad = await queue.get("bad")
+            assert bad.last_error is not None
+            assert "binary\\x00garbage" in bad.last_error
+            for item_id in ("a", "b", "c"):
+                assert (await queue.get(item_id)).state is ItemState.COMPLETED
+
+
+async def _no_context() -> None:
+    return None
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("field", ["spec_id", "item_id", "tenant_id", "subject_id", "config"])
+async def test_postgres_refuses_a_nul_up_front_naming_the_field(field: str) -> None:
+    """A NUL PostgreSQL cannot store is refused before any SQL runs, in one line naming it."""
+    from trio_supervise import ConfigError
+
+    values: dict[str, object] = {"spec_id": "job"}
+    values[field] = {"k": "a\x00b"} if field == "config" else "a\x00b"
+    with pg_schema() as (dsn, schema):
+        queue = await PostgresQueue.connect(dsn, schema=schema, migrate=True, listen=False)
+        async with queue:
+            spec = values.pop("spec_id")
+            with pytest.raises(ConfigError, match=f"^{field} cannot be stored in PostgreSQL"):
+                await queue.enqueue(spec, **values)  # type: ignore[arg-type]
+            assert dict(await queue.counts()) == {}

@@ -120,6 +120,32 @@ def _scrub(text: str, secret: str | None) -> str:
 _UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "53300"}
 
 
+def _has_nul(value: object) -> bool:
+    """Whether a JSON value holds a NUL character in any string (key or value)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(key) or _has_nul(inner) for key, inner in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(inner) for inner in value)
+    return False
+
+
+def _refuse_nul(**fields: object) -> None:
+    """PostgreSQL text cannot hold NUL: refuse it up front, naming the field, not mid-statement."""
+    from .._errors import ConfigError
+
+    for name, value in fields.items():
+        if _has_nul(value):
+            rule = "strings in it" if name == "config" else "it"
+            raise ConfigError(f"{name} cannot be stored in PostgreSQL: {rule} must not contain NUL")
+
+
+def _storable_error(text: str | None) -> str | None:
+    """*text* as ``last_error`` can hold it: a NUL (say, from a driver's message) spelled out."""
+    return None if text is None else text.replace("\x00", "\\x00")
+
+
 def map_error(error: Exception, dsn: str) -> QueueError:
     """The project's exception for a psycopg (or pool) error; the caller chains *error*."""
     import psycopg
@@ -469,6 +495,14 @@ class PostgresQueue:
         item_id = uuid.uuid4().hex if item_id is None else item_id
         if not item_id:
             raise ValueError("item_id must be a non-empty string")
+        _refuse_nul(
+            spec_id=spec_id,
+            item_id=item_id,
+            tenant_id=tenant_id,
+            subject_id=subject_id,
+            idempotency_key=idempotency_key,
+            config=config,
+        )
         params = {
             "id": item_id,
             "spec_id": spec_id,
@@ -638,7 +672,12 @@ class PostgresQueue:
         )
 
     async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
-        params = {"id": item_id, "version": lease_version, "error": error, "now": self._now()}
+        params = {
+            "id": item_id,
+            "version": lease_version,
+            "error": _storable_error(error),
+            "now": self._now(),
+        }
 
         def run(conn: psycopg.Connection[Row]) -> None:
             if conn.execute(_Q["mark_error"], params).fetchone() is None:
@@ -674,7 +713,7 @@ class PostgresQueue:
                 json.dumps(check_json(s.config)) if s.kind is SettleKind.RESCHEDULE else None
                 for s in sent
             ],
-            "errors": [s.error for s in sent],
+            "errors": [_storable_error(s.error) for s in sent],
             "now": self._now(),
         }
 
