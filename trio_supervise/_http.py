@@ -320,7 +320,12 @@ class OperationsApp:
             await self._lifespan(receive, send)
         elif kind == "http":
             await self._http(scope, send)
-        else:  # websocket and anything newer: refuse by closing
+        elif kind == "websocket":
+            # Closing before accepting makes the server answer the handshake with 403 (returning
+            # without a word would be a 500).
+            logger.debug("refusing a websocket handshake for %r", scope.get("path"))
+            await send({"type": "websocket.close", "code": 1008})
+        else:  # anything newer: nothing to say
             logger.debug("refusing ASGI scope %r", kind)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
