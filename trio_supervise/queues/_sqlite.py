@@ -34,6 +34,7 @@ import trio_util
 
 from .._clock import Clock, SystemClock, utc
 from .._errors import (
+    ConfigError,
     DuplicateItem,
     ItemNotFound,
     ItemStateError,
@@ -322,6 +323,10 @@ class SQLiteQueue:
         idempotency_key: str | None = None,
     ) -> WorkItem:
         validate_spec_id(spec_id)
+        if "\x00" in spec_id:
+            # Claims and listings match spec ids through json_each, which stops at a NUL: such an
+            # item could never be claimed. Refuse it rather than strand it.
+            raise ConfigError("spec_id cannot be stored in SQLite: it must not contain NUL")
         config = check_json({} if config is None else config)
         item_id = uuid.uuid4().hex if item_id is None else item_id
         if not item_id:
