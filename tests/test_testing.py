@@ -298,6 +298,8 @@ async def test_a_whole_service_runs_in_virtual_time(
     await harness.queue.enqueue("countdown", config={"left": 2}, item_id="x")
     await harness.advance(2 * DAY)
     assert (await harness.queue.get("x")).state == "completed"
+    assert [entry.kind for entry in harness.history.for_item("x")].count("claimed") == 2
+    assert harness.history.times("settled", "x", "complete") == [DAY]
     backoff = POLICY.backoff(1, key="flaky", jitter=harness.jitter)
     assert harness.history.times("restart", "flaky") == [backoff]
     assert harness.history.select("state", "runner")[0].detail == "running"

@@ -235,8 +235,8 @@ class Harness:
         settings when it has none (the defaults, with :func:`harness_runner_settings`' runner).
         Its ``jitter_seed`` becomes the harness's when unset, its HTTP server is off unless
         *http* (it would wait on real sockets), and it handles no signals. Its workers' states
-        are recorded from when it is ready; its runner's events are not (the service exposes no
-        event hook).
+        are recorded from when it is ready, and its runner's events (claims, outcomes, renewals)
+        as they happen, beside any ``on_event`` hook the service already has.
         """
         settings = service.settings
         if settings is None:
@@ -248,6 +248,9 @@ class Harness:
         service.settings = settings
         if service.queue is None:
             service.queue = self.queue
+        service.on_event = _chain(
+            service.on_event, functools.partial(self._on_runner_event, "runner")
+        )
         service.handle_signals = False
         done = trio.Event()
         self._running.append(done)
@@ -440,3 +443,17 @@ def run_scenario(
         return harness.history
 
     return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def _chain(
+    first: Callable[[RunnerEvent], None] | None, then: Callable[[RunnerEvent], None]
+) -> Callable[[RunnerEvent], None]:
+    """One event hook that calls *first* (when there is one), then *then*."""
+    if first is None:
+        return then
+
+    def both(event: RunnerEvent) -> None:
+        first(event)
+        then(event)
+
+    return both
