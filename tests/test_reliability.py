@@ -70,6 +70,14 @@ class FlakyQueue(MemoryQueue):
             raise QueueUnavailable("queue at test://flaky is unavailable: connection refused")
         return await super().claim_due(spec_ids, worker_id, lease, limit)
 
+    writes_down: bool = False
+
+    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
+        if self.writes_down:
+            await trio.lowlevel.checkpoint()
+            raise QueueUnavailable("queue at test://flaky is unavailable: connection reset")
+        return await super().settle_many(settlements)
+
 
 def _settings() -> Settings:
     return Settings(
@@ -109,6 +117,36 @@ async def test_healthz_shows_the_runner_backing_off_while_claims_fail() -> None:
                 WorkerState.RUNNING
             ]
             service.stop()
+
+
+async def test_a_write_that_finds_the_queue_unreachable_shows_backing_off(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A settlement failing for an unreachable queue turns the runner backing-off until the
+    next queue call succeeds (the chaos R2 run saw claims block while writes failed)."""
+    from trio_supervise import DriverRegistry, RunnerState, WorkflowRunner
+
+    queue = FlakyQueue(writes_down=True)
+    events: list[RunnerEvent] = []
+    first = await queue.enqueue("job")
+    runner: WorkflowRunner[None] = WorkflowRunner(
+        queue=queue,
+        registry=DriverRegistry[None]().register(Finisher()),
+        settings=RunnerSettings(worker_id="w", lease=30),
+        build_context=_no_context,
+        on_event=events.append,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        while not any(e.kind is RunnerEventKind.SETTLE_FAILED for e in events):  # noqa: ASYNC110
+            await trio.sleep(0.1)
+        assert runner.state is RunnerState.BACKING_OFF
+        assert runner.claim_failures == 0
+        queue.writes_down = False
+        while (await queue.get(first.id)).state is not ItemState.COMPLETED:  # noqa: ASYNC110
+            await trio.sleep(0.1)  # claimed again once its lease expired, then written
+        assert runner.state is RunnerState.RUNNING
+        runner.shutdown.begin("test")
 
 
 async def test_service_passes_on_event_to_its_runner() -> None:

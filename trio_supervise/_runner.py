@@ -31,7 +31,7 @@ import trio
 import trio_util
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ._errors import DriverError, SuperviseError
+from ._errors import DriverError, QueueUnavailable, SuperviseError
 from ._lifecycle import Shutdown
 from ._policy import Jitter
 from ._workflow import (
@@ -65,7 +65,8 @@ class RunnerState(enum.StrEnum):
     RUNNING = "running"
     """Claiming and evaluating."""
     BACKING_OFF = "backing-off"
-    """Claims are failing; waiting before the next attempt."""
+    """The queue is failing: claims wait before the next attempt; renewals or writes found it
+    unreachable (until the next queue call succeeds)."""
     DRAINING = "draining"
     """Shutdown began (or claims failed for good): letting in-flight items finish."""
     STOPPED = "stopped"
@@ -440,7 +441,7 @@ class WorkflowRunner(Generic[ContextT]):
                 continue
             if self._claim_failures:
                 self._claim_failures = 0
-                self._state = RunnerState.RUNNING
+            self._queue_answered()
             for item in items:
                 self._start(nursery, item, started, context, settler)
             if len(items) < limit:
@@ -578,7 +579,9 @@ class WorkflowRunner(Generic[ContextT]):
             self._record_error(item.id, item.spec_id, text)
             self._emit(RunnerEventKind.SETTLE_FAILED, item, detail=text)
             logger.warning("item %r: %s (its lease will expire)", item.id, text)
+            self._queue_unreachable(error)
             return
+        self._queue_answered()
         if applied:
             self._metrics.count_settled(settlement.kind, item.spec_id)
             self._emit(RunnerEventKind.SETTLED, item, detail=str(settlement.kind))
@@ -631,6 +634,7 @@ class WorkflowRunner(Generic[ContextT]):
         except Exception as error:
             text = describe_error(error)
             logger.warning("renewing %d leases failed: %s", len(leases), text)
+            self._queue_unreachable(error)
             for entry in due.values():
                 self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
                 self._emit(RunnerEventKind.RENEWAL_FAILED, entry.item, detail=text)
@@ -638,6 +642,7 @@ class WorkflowRunner(Generic[ContextT]):
                 if entry.renewed_at + settings.lease - trio.current_time() <= interval:
                     entry.stop(_Reason.RENEWAL_FAILED, text)
             return
+        self._queue_answered()
         for entry in due.values():
             if entry.settling or self._in_flight.get(entry.key) is not entry:
                 # Written (or being written) meanwhile: a LOST here is the settlement's doing.
@@ -653,6 +658,15 @@ class WorkflowRunner(Generic[ContextT]):
             ):
                 self._emit(RunnerEventKind.CANCEL_REQUESTED, entry.item)
                 entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested")
+
+    def _queue_unreachable(self, error: Exception) -> None:
+        """A renewal or write found the queue unreachable: show it until a call succeeds."""
+        if isinstance(error, QueueUnavailable) and self._state is RunnerState.RUNNING:
+            self._state = RunnerState.BACKING_OFF
+
+    def _queue_answered(self) -> None:
+        if self._state is RunnerState.BACKING_OFF and not self._claim_failures:
+            self._state = RunnerState.RUNNING
 
     def _lose(self, entry: _InFlight, detail: str) -> None:
         self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()

@@ -118,6 +118,8 @@ def _scrub(text: str, secret: str | None) -> str:
 
 
 _UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "53300"}
+_RECONNECT_WAIT = 2.0
+"""Seconds a call whose connection died waits for a fresh one before reporting the outage."""
 
 
 def _has_nul(value: object) -> bool:
@@ -436,7 +438,9 @@ class PostgresQueue:
 
         When the connection turns out to be dead (the server restarted, or an administrator
         terminated it while it sat in the pool), the pool's other idle connections are likely
-        dead too: they are checked and replaced, and *fn* runs once more on a fresh connection.
+        dead too: they are checked and replaced, and *fn* runs once more on a fresh connection,
+        waited for at most ``_RECONNECT_WAIT`` seconds (a server that is down is reported as
+        :class:`QueueUnavailable` soon, so the runner backs off and its health shows why).
         Only for calls that may safely run twice (*retry*): reads, and writes that are fenced or
         idempotent. A connection that dies mid-call leaves its transaction rolled back, unless
         the commit itself was lost in flight, which is why ``enqueue`` and ``mark_error`` pass
@@ -455,7 +459,7 @@ class PostgresQueue:
                     if not (retry and conn.broken):
                         raise
             self._pool.check()
-            with self._pool.connection() as conn:
+            with self._pool.connection(timeout=_RECONNECT_WAIT) as conn:
                 return fn(conn)
 
         try:
