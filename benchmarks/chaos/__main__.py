@@ -26,9 +26,6 @@ R3_HINT = (
 
 
 def _print_table(report: dict[str, Any]) -> None:
-    rows = [
-        ("items", "completed", "lost", "double_finalized", "stale_refused", "evaluations"),
-    ]
     for name, figures in report["r1"].items():
         if "skipped" in figures:
             print(f"R1 {name}: skipped ({figures['skipped']})")
@@ -41,7 +38,6 @@ def _print_table(report: dict[str, Any]) -> None:
             f"(calm {figures['calm_seconds']} s, chaos {figures['chaos_seconds']} s, "
             f"{figures['kills']} kills, {figures['pauses']} pauses)"
         )
-    del rows
     r2 = report.get("r2")
     if r2 is not None:
         if "skipped" in r2:

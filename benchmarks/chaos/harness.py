@@ -683,6 +683,10 @@ def run_r2(
             if outage is not None
             else ("disabled" if not stop_window else "no local cluster to stop"),
             "degraded_seen": bool(degraded) and all(degraded.values()),
+            "degraded_definition": (
+                "every worker's /healthz listed its runner as backing-off at least once between "
+                "the server stop and 5 s after it was started again"
+            ),
             "degraded_per_worker": degraded,
             "recovered": (
                 not timed_out
