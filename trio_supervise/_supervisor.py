@@ -200,12 +200,6 @@ class _Outcome(enum.Enum):
     CANCELLED = "cancelled"
 
 
-def _set_event() -> trio.Event:
-    event = trio.Event()
-    event.set()
-    return event
-
-
 @attrs.define(eq=False)
 class _Restart:
     """A restart waiting out its backoff: one child, or a strategy's group."""
@@ -217,20 +211,26 @@ class _Restart:
 
 @attrs.define(eq=False)
 class _Slot:
-    """A child and everything the supervisor knows about it."""
+    """A child and everything the supervisor knows about it.
+
+    A supervisor may hold tens of thousands of idle children, so a slot stays small: the state is
+    a plain value, and the ``AsyncValue`` mirroring it (about 1.6 KB with its waiter table) and the
+    event marking the end of a run are only created once someone waits on them.
+    """
 
     child: ChildSpec | Supervisor
-    state: trio_util.AsyncValue[WorkerState] = attrs.field(
-        factory=lambda: trio_util.AsyncValue(WorkerState.STARTING)
-    )
+    _state: WorkerState = WorkerState.STARTING
+    _watched: trio_util.AsyncValue[WorkerState] | None = None
     since: float | None = None
     restarts: int = 0
     attempt: int = 0
     last_error: str | None = None
     scope: trio.CancelScope | None = None
     """The current run's cancel scope, while a run is alive."""
-    done: trio.Event = attrs.field(factory=_set_event)
-    """Set once the current run (if any) has ended."""
+    in_run: bool = False
+    """A run was launched and has not ended yet."""
+    _run_ended: trio.Event | None = None
+    """Created by :meth:`wait_run_ended` while a run is alive; set when that run ends."""
     held: bool = False
     """The current run was stopped by the supervisor for its strategy; its outcome is ignored."""
     pending: _Restart | None = None
@@ -238,6 +238,40 @@ class _Slot:
     @property
     def name(self) -> str:
         return self.child.name
+
+    @property
+    def state(self) -> WorkerState:
+        return self._state
+
+    def set_state(self, state: WorkerState) -> None:
+        self._state = state
+        if self._watched is not None:
+            self._watched.value = state
+
+    def watch(self) -> trio_util.AsyncValue[WorkerState]:
+        """The state as an ``AsyncValue``, created on first use and kept in step from then on."""
+        if self._watched is None:
+            self._watched = trio_util.AsyncValue(self._state)
+        return self._watched
+
+    def begin_run(self) -> None:
+        self.in_run = True
+        self._run_ended = None
+
+    def end_run(self) -> None:
+        self.in_run = False
+        if self._run_ended is not None:
+            self._run_ended.set()
+            self._run_ended = None
+
+    async def wait_run_ended(self) -> None:
+        """Return once the current run (if any) has ended; a checkpoint either way."""
+        if not self.in_run:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._run_ended is None:
+            self._run_ended = trio.Event()
+        await self._run_ended.wait()
 
     @property
     def grace(self) -> float:
@@ -256,19 +290,31 @@ class _Slot:
 
 
 class _Readiness(trio.TaskStatus[object]):
-    """Wraps a ``task_status`` to mark the child ``running`` when it reports readiness."""
+    """Wraps a ``task_status`` to mark the child ``running`` when it reports readiness.
 
-    def __init__(self, inner: trio.TaskStatus[None], on_started: Callable[[], None]) -> None:
-        self._inner = inner
-        self._on_started = on_started
+    It lets go of the inner status once it is used: that status holds the temporary nursery of
+    ``nursery.start`` (with its cancel status, about 1 KB), which would otherwise live as long as
+    the child.
+    """
+
+    def __init__(self, inner: trio.TaskStatus[None], supervisor: Supervisor, slot: _Slot) -> None:
+        self._inner: trio.TaskStatus[None] | None = inner
+        self._supervisor = supervisor
+        self._slot = slot
         self.reported = False
 
     def started(self, value: object = None) -> None:
         if self.reported:
             raise RuntimeError("called 'started' twice on the same task status")
         self.reported = True
-        self._on_started()
-        self._inner.started()
+        self._supervisor._set_state(self._slot, WorkerState.RUNNING)
+        self.release()
+
+    def release(self) -> None:
+        """Report readiness to the inner status (if not done yet), without marking the child."""
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.started()
 
 
 class _WorkerMetrics:
@@ -406,6 +452,7 @@ class Supervisor:
     """True until a worker in this supervisor's tree fails terminally; then false for good."""
 
     _slots: list[_Slot] = attrs.field(init=False, factory=list, repr=False)
+    _by_name: dict[str, _Slot] = attrs.field(init=False, factory=dict, repr=False)
     _parent: Supervisor | None = attrs.field(init=False, default=None, repr=False)
     _fallback_jitter: Jitter = attrs.field(init=False, factory=Jitter, repr=False)
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
@@ -443,11 +490,11 @@ class Supervisor:
 
     def state(self, name: str) -> WorkerState:
         """The state of the child *name* (a path, ``sub/child``, reaches into nested ones)."""
-        return self._find(name).state.value
+        return self._find(name).state
 
     def watch(self, name: str) -> trio_util.AsyncValue[WorkerState]:
         """The state of the child *name* as an ``AsyncValue``, to wait for a transition."""
-        return self._find(name).state
+        return self._find(name).watch()
 
     @property
     def states(self) -> Mapping[str, WorkerState]:
@@ -461,7 +508,7 @@ class Supervisor:
             records.append(
                 WorkerStatus(
                     worker=self._path(slot),
-                    state=slot.state.value,
+                    state=slot.state,
                     restarts=slot.restarts,
                     last_error=slot.last_error,
                     since=slot.since,
@@ -507,13 +554,14 @@ class Supervisor:
                 ancestor = ancestor._parent
         elif not isinstance(child, ChildSpec):
             raise TypeError(f"a child must be a ChildSpec or a Supervisor, got {child!r}")
-        if any(slot.name == child.name for slot in self._slots):
+        if child.name in self._by_name:
             raise ValueError(f"supervisor {self.name!r} already has a child named {child.name!r}")
         if isinstance(child, Supervisor):
             child._parent = self
             self.shutdown.adopt(child.shutdown)
         slot = _Slot(child)
         self._slots.append(slot)
+        self._by_name[child.name] = slot
         return slot
 
     # -- running -----------------------------------------------------------------------------
@@ -529,7 +577,8 @@ class Supervisor:
             raise RuntimeError(f"supervisor {self.name!r} is already running")
         self._running = True
         for slot in self._slots:
-            slot.attempt, slot.held, slot.pending, slot.done = 0, False, None, _set_event()
+            slot.attempt, slot.held, slot.pending = 0, False, None
+            slot.end_run()
         logger.info(
             "supervisor starting", extra={"supervisor": self.name, "strategy": str(self.strategy)}
         )
@@ -587,7 +636,8 @@ class Supervisor:
         slot.pending = None
         assert self._nursery is not None
         scope = trio.CancelScope()
-        slot.scope, slot.held, slot.done = scope, False, trio.Event()
+        slot.scope, slot.held = scope, False
+        slot.begin_run()
         self._set_state(slot, WorkerState.STARTING)
         await self._nursery.start(self._run_child, slot, scope)
 
@@ -599,8 +649,8 @@ class Supervisor:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """One run of a child: observe how it ends, and decide."""
-        done = slot.done
-        readiness = _Readiness(task_status, lambda: self._set_state(slot, WorkerState.RUNNING))
+        readiness = _Readiness(task_status, self, slot)
+        del task_status  # only through readiness, which lets go of it once used (see _Readiness)
         started_at = trio.current_time()
         outcome = _Outcome.CANCELLED
         error: Exception | None = None
@@ -628,9 +678,8 @@ class Supervisor:
             if not decided and not slot.held:
                 # Cancelled from above, or KeyboardInterrupt: it is not running any more.
                 self._set_state(slot, WorkerState.STOPPED)
-            done.set()
-        if not readiness.reported:
-            task_status.started()
+            slot.end_run()
+        readiness.release()
 
     def _on_end(
         self, slot: _Slot, outcome: _Outcome, error: Exception | None, ran_for: float
@@ -718,7 +767,7 @@ class Supervisor:
             in_range = [slot]
         members: set[int] = {id(slot)}
         for sibling in in_range:
-            if sibling is slot or sibling.state.value in (WorkerState.FAILED, WorkerState.STOPPED):
+            if sibling is slot or sibling.state in (WorkerState.FAILED, WorkerState.STOPPED):
                 continue
             if sibling.restart_type is RestartType.TEMPORARY:
                 # OTP: a temporary sibling is stopped with its group and never restarted.
@@ -747,7 +796,7 @@ class Supervisor:
             shutting_down = await self.shutdown.sleep(restart.delay)
             if not shutting_down:
                 for member in restart.members:
-                    await member.done.wait()
+                    await member.wait_run_ended()
             for member in restart.members:
                 if member.pending is not restart:
                     continue
@@ -767,7 +816,7 @@ class Supervisor:
 
     def _set_state(self, slot: _Slot, state: WorkerState) -> None:
         slot.since = trio.current_time()
-        slot.state.value = state
+        slot.set_state(state)
 
     def _prefix(self) -> str:
         if self._parent is None:
@@ -788,12 +837,12 @@ class Supervisor:
         supervisor: Supervisor = self
         *parents, last = path.split("/")
         for name in parents:
-            child = next((s.child for s in supervisor._slots if s.name == name), None)
-            if not isinstance(child, Supervisor):
+            parent = supervisor._by_name.get(name)
+            if parent is None or not isinstance(parent.child, Supervisor):
                 break
-            supervisor = child
+            supervisor = parent.child
         else:
-            for slot in supervisor._slots:
-                if slot.name == last:
-                    return slot
+            slot = supervisor._by_name.get(last)
+            if slot is not None:
+                return slot
         raise KeyError(f"supervisor {self.name!r} has no worker {path!r}")
