@@ -9,10 +9,12 @@ Three tasks share the runner's state:
 - the *renewal loop* renews every held lease in one ``renew_many`` call every ``lease / 3``; a
   lost lease cancels that item's scope, a requested cancellation cancels it too;
 - the *settler* writes outcomes with ``settle_many``, taking everything that finished since its
-  last write in one call.
+  last write in one call, then does each item's bookkeeping and frees its slot.
 
 Each item is evaluated in its own cancel scope and holds its slot (and its lease, which keeps
-being renewed) until its outcome is written.
+being renewed) until its outcome is written. The item's task ends when it hands its outcome to
+the settler: nothing waits per item for the write (no event, no second wake-up of the task), which
+is most of what a no-op item cost on top of its task and scope.
 """
 
 from __future__ import annotations
@@ -224,34 +226,30 @@ class _InFlight:
         self.scope.cancel()
 
 
-@attrs.define(eq=False)
-class _Pending:
-    settlement: Settlement
-    done: trio.Event = attrs.field(factory=trio.Event)
-    applied: bool = False
-    error: Exception | None = None
+_Written = Callable[[_InFlight, Settlement, bool, Exception | None], None]
+"""Called by the settler once per item after its write: (entry, settlement, applied, error)."""
 
 
 @attrs.define(eq=False)
 class _Settler:
-    """Batches outcomes into ``settle_many`` calls: whatever is waiting goes in the next call."""
+    """Batches outcomes into ``settle_many`` calls: whatever is waiting goes in the next call.
+
+    After each call it reports every item's result to *written*, in submission order; *written*
+    must not raise.
+    """
 
     queue: WorkQueue
     batch: int
-    _send: trio.MemorySendChannel[_Pending] = attrs.field(init=False)
-    _receive: trio.MemoryReceiveChannel[_Pending] = attrs.field(init=False)
+    written: _Written
+    _send: trio.MemorySendChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
+    _receive: trio.MemoryReceiveChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
+        self._send, self._receive = trio.open_memory_channel[tuple[_InFlight, Settlement]](math.inf)
 
-    async def settle(self, settlement: Settlement) -> bool:
-        """Write *settlement*: True if applied, False if stale; raise if the call fails."""
-        pending = _Pending(settlement)
-        self._send.send_nowait(pending)
-        await pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        return pending.applied
+    def submit(self, entry: _InFlight, settlement: Settlement) -> None:
+        """Queue *settlement* for the next write; *written* reports how it went."""
+        self._send.send_nowait((entry, settlement))
 
     async def run(self) -> None:
         async for first in self._receive:
@@ -264,19 +262,17 @@ class _Settler:
                 except trio.WouldBlock:
                     break
             try:
-                results = await self.queue.settle_many([each.settlement for each in batch])
+                results = await self.queue.settle_many([settlement for _, settlement in batch])
                 if len(results) != len(batch):
                     raise SuperviseError(
                         f"settle_many returned {len(results)} results for {len(batch)} settlements"
                     )
             except Exception as error:
-                for each in batch:
-                    each.error = error
-                    each.done.set()
+                for entry, settlement in batch:
+                    self.written(entry, settlement, False, error)
             else:
-                for each, applied in zip(batch, results, strict=True):
-                    each.applied = applied
-                    each.done.set()
+                for (entry, settlement), applied in zip(batch, results, strict=True):
+                    self.written(entry, settlement, applied, None)
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -381,7 +377,7 @@ class WorkflowRunner(Generic[ContextT]):
                 raise DriverError("the registry has no drivers: nothing to run")
             self._registry.validate_all()
             context = await self._build_context()
-            settler = _Settler(self._queue, self._settings.settle_batch)
+            settler = _Settler(self._queue, self._settings.settle_batch, self._written)
             fatal: Exception | None = None
             try:
                 async with trio.open_nursery() as services:
@@ -394,6 +390,9 @@ class WorkflowRunner(Generic[ContextT]):
                         task_status.started()
                         fatal = await self._claim_loop(evaluations, context, settler)
                         await self._drain()
+                    # Every item's task has ended; the outcomes they handed over are written
+                    # (or fail) before the settler stops.
+                    await self._count.wait_value(0)
                     services.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 raise_specific(group)
@@ -403,6 +402,9 @@ class WorkflowRunner(Generic[ContextT]):
             failed = True
             raise
         finally:
+            # Cancelled from outside before some outcomes were written: those leases expire.
+            self._in_flight.clear()
+            self._count.value = 0
             self._state = RunnerState.FAILED if failed else RunnerState.STOPPED
             self._running = False
             self._emit(RunnerEventKind.STOPPED, detail=str(self._state))
@@ -444,6 +446,7 @@ class WorkflowRunner(Generic[ContextT]):
             self._queue_answered()
             for item in items:
                 self._start(nursery, item, started, context, settler)
+            self._count.value = len(self._in_flight)
             if len(items) < limit:
                 await self._wait_for_work(spec_ids)
         return None
@@ -489,8 +492,7 @@ class WorkflowRunner(Generic[ContextT]):
         settler: _Settler,
     ) -> None:
         entry = _InFlight(item, renewed_at=claimed_at)
-        self._in_flight[entry.key] = entry
-        self._count.value = len(self._in_flight)
+        self._in_flight[entry.key] = entry  # the caller updates _count after the batch
         self._metrics.for_spec(self._metrics.claimed, item.spec_id).inc()
         self._emit(RunnerEventKind.CLAIMED, item)
         if self._shutdown.requested:
@@ -508,14 +510,20 @@ class WorkflowRunner(Generic[ContextT]):
     # -- one item ------------------------------------------------------------------------------
 
     async def _run_item(self, entry: _InFlight, context: ContextT, settler: _Settler) -> None:
+        handed_over = False
         try:
             settlement = await self._evaluate(entry, context)
             entry.settling = True
             if settlement is not None:
-                await self._settle(entry, settlement, settler)
+                settler.submit(entry, settlement)
+                handed_over = True  # the slot is freed in _written, once the outcome is written
         finally:
-            self._in_flight.pop(entry.key, None)
-            self._count.value = len(self._in_flight)
+            if not handed_over:
+                self._free(entry)
+
+    def _free(self, entry: _InFlight) -> None:
+        self._in_flight.pop(entry.key, None)
+        self._count.value = len(self._in_flight)
 
     async def _evaluate(self, entry: _InFlight, context: ContextT) -> Settlement | None:
         item = entry.item
@@ -570,11 +578,20 @@ class WorkflowRunner(Generic[ContextT]):
         self._emit(RunnerEventKind.OUTCOME, item, detail=detail)
         return settlement
 
-    async def _settle(self, entry: _InFlight, settlement: Settlement, settler: _Settler) -> None:
-        item = entry.item
+    def _written(
+        self, entry: _InFlight, settlement: Settlement, applied: bool, error: Exception | None
+    ) -> None:
+        """The settler wrote (or failed to write) the outcome: account for it, free the slot."""
         try:
-            applied = await settler.settle(settlement)
-        except Exception as error:
+            self._account(entry, settlement, applied, error)
+        finally:
+            self._free(entry)
+
+    def _account(
+        self, entry: _InFlight, settlement: Settlement, applied: bool, error: Exception | None
+    ) -> None:
+        item = entry.item
+        if error is not None:
             text = f"writing {settlement.kind} failed: {describe_error(error)}"
             self._record_error(item.id, item.spec_id, text)
             self._emit(RunnerEventKind.SETTLE_FAILED, item, detail=text)
