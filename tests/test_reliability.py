@@ -309,20 +309,3 @@ async def test_an_error_text_with_a_nul_is_stored_and_its_batch_settles() -> Non
 
 async def _no_context() -> None:
     return None
-
-
-@pytest.mark.postgres
-@pytest.mark.parametrize("field", ["spec_id", "item_id", "tenant_id", "subject_id", "config"])
-async def test_postgres_refuses_a_nul_up_front_naming_the_field(field: str) -> None:
-    """A NUL PostgreSQL cannot store is refused before any SQL runs, in one line naming it."""
-    from trio_supervise import ConfigError
-
-    values: dict[str, object] = {"spec_id": "job"}
-    values[field] = {"k": "a\x00b"} if field == "config" else "a\x00b"
-    with pg_schema() as (dsn, schema):
-        queue = await PostgresQueue.connect(dsn, schema=schema, migrate=True, listen=False)
-        async with queue:
-            spec = values.pop("spec_id")
-            with pytest.raises(ConfigError, match=f"^{field} cannot be stored in PostgreSQL"):
-                await queue.enqueue(spec, **values)  # type: ignore[arg-type]
-            assert dict(await queue.counts()) == {}

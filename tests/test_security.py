@@ -19,6 +19,7 @@ import socket
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -318,7 +319,7 @@ HOSTILE_SQL = [
     "line\nbreak\r\ttab",
 ]
 NUL = "nul\x00inside"
-"""NUL: stored by memory and SQLite; PostgreSQL text cannot hold it, so there it is refused."""
+"""NUL: PostgreSQL text cannot hold it, so every backend refuses it by name."""
 
 
 async def _table_count(queue: WorkQueue, backend: str, tmp_path: Path) -> int:
@@ -404,32 +405,26 @@ async def test_hostile_spec_ids_and_configs_reach_the_database_only_as_parameter
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-async def test_a_nul_is_stored_where_the_backend_can_and_refused_by_name_where_not(
-    backend: str, tmp_path: Path
-) -> None:
-    """Memory stores NUL anywhere; SQLite everywhere but the spec id; PostgreSQL nowhere.
+async def test_a_nul_is_refused_by_name_on_every_backend(backend: str, tmp_path: Path) -> None:
+    """A NUL in any text field or config string is refused up front, naming the field.
 
-    Where a backend cannot store it, it is refused up front naming the field, and nothing is
-    written: never stored truncated, never stranded unclaimable.
+    PostgreSQL cannot store one and a spec id holding one could never be claimed on SQLite, so
+    every backend keeps the same contract: nothing is written, never stored truncated.
     """
     from trio_supervise import ConfigError
 
     async with open_backend(backend, None, tmp_path) as queue:
-        if backend == "memory":
-            await queue.enqueue(NUL, item_id=NUL, tenant_id=NUL, config={NUL: NUL})
-            assert [i.id for i in await queue.claim_due([NUL], "w", 30, 1)] == [NUL]
-            return
-        with pytest.raises(
-            ConfigError, match=r"^spec_id cannot be stored in .*must not contain NUL"
-        ):
-            await queue.enqueue(NUL)
-        if backend == "sqlite":
-            item = await queue.enqueue("job", item_id=NUL, tenant_id=NUL, config={NUL: NUL})
-            got = await queue.get(NUL)
-            assert (got.tenant_id, got.config) == (NUL, {NUL: NUL})
-            assert [i.id for i in await queue.claim_due(["job"], "w", 30, 1)] == [item.id]
-            return
-        for field, value in (("tenant_id", NUL), ("config", {"x": NUL})):
-            with pytest.raises(ConfigError, match=f"^{field} cannot be stored in PostgreSQL"):
-                await queue.enqueue("job", **{field: value})  # type: ignore[arg-type]
+        cases: list[tuple[str, dict[str, Any]]] = [
+            ("spec_id", {"spec_id": NUL}),
+            ("item_id", {"item_id": NUL}),
+            ("tenant_id", {"tenant_id": NUL}),
+            ("subject_id", {"subject_id": NUL}),
+            ("idempotency_key", {"idempotency_key": NUL}),
+            ("config", {"config": {"x": NUL}}),
+            ("config", {"config": {NUL: 1}}),
+        ]
+        for field, fields in cases:
+            spec_id = fields.pop("spec_id", "job")
+            with pytest.raises(ConfigError, match=f"^{field} must not contain NUL"):
+                await queue.enqueue(spec_id, **fields)
         assert dict(await queue.counts()) == {}

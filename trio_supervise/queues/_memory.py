@@ -35,7 +35,7 @@ from ._protocol import (
     Settlement,
     WorkItem,
     check_json,
-    validate_spec_id,
+    check_new_item,
 )
 
 __all__ = ["MemoryQueue", "QueueEvent"]
@@ -258,13 +258,17 @@ class MemoryQueue:
         idempotency_key: str | None = None,
     ) -> WorkItem:
         await trio.lowlevel.checkpoint()
-        validate_spec_id(spec_id)
-        config = check_json({} if config is None else config)
+        config = check_new_item(
+            spec_id=spec_id,
+            config=config,
+            item_id=item_id,
+            tenant_id=tenant_id,
+            subject_id=subject_id,
+            idempotency_key=idempotency_key,
+        )
         if idempotency_key is not None and idempotency_key in self._keys:
             return self._items[self._keys[idempotency_key]]
         item_id = uuid.uuid4().hex if item_id is None else item_id
-        if not item_id:
-            raise ValueError("item_id must be a non-empty string")
         if item_id in self._items:
             raise DuplicateItem(item_id)
         now = self._now()

@@ -60,7 +60,7 @@ from ._protocol import (
     Settlement,
     WorkItem,
     check_json,
-    validate_spec_id,
+    check_new_item,
 )
 from ._sql import redact_dsn
 
@@ -120,27 +120,6 @@ def _scrub(text: str, secret: str | None) -> str:
 _UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "53300"}
 _RECONNECT_WAIT = 2.0
 """Seconds a call whose connection died waits for a fresh one before reporting the outage."""
-
-
-def _has_nul(value: object) -> bool:
-    """Whether a JSON value holds a NUL character in any string (key or value)."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(key) or _has_nul(inner) for key, inner in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(inner) for inner in value)
-    return False
-
-
-def _refuse_nul(**fields: object) -> None:
-    """PostgreSQL text cannot hold NUL: refuse it up front, naming the field, not mid-statement."""
-    from .._errors import ConfigError
-
-    for name, value in fields.items():
-        if _has_nul(value):
-            rule = "strings in it" if name == "config" else "it"
-            raise ConfigError(f"{name} cannot be stored in PostgreSQL: {rule} must not contain NUL")
 
 
 def _storable_error(text: str | None) -> str | None:
@@ -494,19 +473,15 @@ class PostgresQueue:
         item_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> WorkItem:
-        validate_spec_id(spec_id)
-        config = check_json({} if config is None else config)
-        item_id = uuid.uuid4().hex if item_id is None else item_id
-        if not item_id:
-            raise ValueError("item_id must be a non-empty string")
-        _refuse_nul(
+        config = check_new_item(
             spec_id=spec_id,
+            config=config,
             item_id=item_id,
             tenant_id=tenant_id,
             subject_id=subject_id,
             idempotency_key=idempotency_key,
-            config=config,
         )
+        item_id = uuid.uuid4().hex if item_id is None else item_id
         params = {
             "id": item_id,
             "spec_id": spec_id,

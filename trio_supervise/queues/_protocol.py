@@ -61,6 +61,7 @@ __all__ = [
     "WorkItem",
     "WorkQueue",
     "check_json",
+    "check_new_item",
     "validate_spec_id",
 ]
 
@@ -68,15 +69,33 @@ JSONValue: TypeAlias = Any
 """A value that survives ``json.dumps``/``json.loads`` unchanged (dict, list, str, number, ...)."""
 
 
+def _has_nul(value: JSONValue) -> bool:
+    """Whether a JSON value holds a NUL character in any string (key or value)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(key) or _has_nul(inner) for key, inner in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(inner) for inner in value)
+    return False
+
+
 def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
-    """Return a deep copy of *value* through JSON, or raise :class:`ConfigError` naming *what*."""
+    """Return a deep copy of *value* through JSON, or raise :class:`ConfigError` naming *what*.
+
+    Strings holding a NUL character are refused too: PostgreSQL cannot store them, and every
+    backend keeps one contract.
+    """
     from .._errors import ConfigError
 
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{what} is not JSON-compatible: {error}") from error
-    return json.loads(text)
+    copy = json.loads(text)
+    if _has_nul(copy):
+        raise ConfigError(f"{what} must not contain NUL characters in its strings")
+    return copy
 
 
 def validate_spec_id(spec_id: object) -> str:
@@ -84,6 +103,39 @@ def validate_spec_id(spec_id: object) -> str:
     if not isinstance(spec_id, str) or not spec_id:
         raise ValueError(f"spec_id must be a non-empty string, got {spec_id!r}")
     return spec_id
+
+
+def check_new_item(
+    *,
+    spec_id: str,
+    config: JSONValue,
+    item_id: str | None,
+    tenant_id: str,
+    subject_id: str,
+    idempotency_key: str | None,
+) -> JSONValue:
+    """Validate what ``enqueue`` was given, the same way on every backend; return the config.
+
+    Refuses an empty spec id or item id, a NUL character in any text field (PostgreSQL cannot
+    store one, and a spec id with one could never be claimed) and a config that is not JSON, each
+    naming the field. Nothing is written when this raises.
+    """
+    from .._errors import ConfigError
+
+    validate_spec_id(spec_id)
+    if item_id is not None and not item_id:
+        raise ValueError("item_id must be a non-empty string")
+    texts = {
+        "spec_id": spec_id,
+        "item_id": item_id,
+        "tenant_id": tenant_id,
+        "subject_id": subject_id,
+        "idempotency_key": idempotency_key,
+    }
+    for name, text in texts.items():
+        if text is not None and "\x00" in text:
+            raise ConfigError(f"{name} must not contain NUL characters")
+    return check_json({} if config is None else config)
 
 
 class ItemState(enum.StrEnum):

@@ -34,7 +34,6 @@ import trio_util
 
 from .._clock import Clock, SystemClock, utc
 from .._errors import (
-    ConfigError,
     DuplicateItem,
     ItemNotFound,
     ItemStateError,
@@ -53,7 +52,7 @@ from ._protocol import (
     Settlement,
     WorkItem,
     check_json,
-    validate_spec_id,
+    check_new_item,
 )
 
 __all__ = ["DEFAULT_SQLITE_PATH", "SQLiteQueue"]
@@ -322,15 +321,15 @@ class SQLiteQueue:
         item_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> WorkItem:
-        validate_spec_id(spec_id)
-        if "\x00" in spec_id:
-            # Claims and listings match spec ids through json_each, which stops at a NUL: such an
-            # item could never be claimed. Refuse it rather than strand it.
-            raise ConfigError("spec_id cannot be stored in SQLite: it must not contain NUL")
-        config = check_json({} if config is None else config)
+        config = check_new_item(
+            spec_id=spec_id,
+            config=config,
+            item_id=item_id,
+            tenant_id=tenant_id,
+            subject_id=subject_id,
+            idempotency_key=idempotency_key,
+        )
         item_id = uuid.uuid4().hex if item_id is None else item_id
-        if not item_id:
-            raise ValueError("item_id must be a non-empty string")
         now = self._now_us()
         params = {
             "id": item_id,
