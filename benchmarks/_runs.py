@@ -15,7 +15,7 @@ async def run_until(
     settings: ts.RunnerSettings,
     done: trio.Event,
     *,
-    limit: float = 600.0,
+    limit: float = 180.0,
 ) -> None:
     """Run a runner on *queue* until *done* is set, then shut it down and wait for it to drain.
 

@@ -1,8 +1,10 @@
 """P2, P2f, P6 and P7: the runner on PostgreSQL against Procrastinate, the raw SQL floor, polling,
 and one worker process.
 
-Benchmark data lives in schemas of its own (``bench_ts``, ``bench_floor``, ``bench_p7``), dropped
-at the end; Procrastinate gets a database of its own (``bench_procrastinate``), dropped too.
+Benchmark data lives in schemas of its own (``bench_ts_<pid>``, ``bench_floor_<pid>``,
+``bench_p7_<pid>``), dropped at the end; Procrastinate gets a database of its own
+(``bench_procrastinate_<pid>``), dropped too. The process id keeps two runs on one server (CI and a
+developer, say) from dropping each other's data mid-run.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from ._runs import run_until
 
 CONCURRENCY = 64
 FLOOR_BATCH = 100
-TS_SCHEMA = "bench_ts"
-FLOOR_SCHEMA = "bench_floor"
-P7_SCHEMA = "bench_p7"
-PROCRASTINATE_DB = "bench_procrastinate"
+_RUN = os.getpid()
+TS_SCHEMA = f"bench_ts_{_RUN}"
+FLOOR_SCHEMA = f"bench_floor_{_RUN}"
+P7_SCHEMA = f"bench_p7_{_RUN}"
+PROCRASTINATE_DB = f"bench_procrastinate_{_RUN}"
 
 
 def _connect(dsn: str, **kwargs: object):  # type: ignore[no-untyped-def]
