@@ -8,7 +8,8 @@ Claims, and the next due time, are served by two heaps per spec id, so they cost
 ``O(log n)`` per item rather than a scan of every item ever enqueued: queued items by
 ``(due_at, id)``, running items by lease expiry. Every write replaces the stored
 :class:`WorkItem` (they are frozen) and pushes a fresh heap entry; an entry whose item has
-been replaced since is stale and is dropped when it reaches the top of its heap.
+been replaced since is stale and is dropped when it reaches the top of its heap, or earlier,
+when its heap has doubled since it was last swept (:meth:`MemoryQueue._sweep`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ._protocol import (
     WorkItem,
     check_json,
     check_new_item,
+    replace_trusted,
 )
 
 __all__ = ["MemoryQueue", "QueueEvent"]
@@ -61,6 +63,18 @@ _FINISHED = {
 
 _Entry = tuple[dt.datetime, str, int, WorkItem]
 """A heap entry: (time, item id, push sequence number, the item as stored when pushed)."""
+
+_SWEEP_MIN = 256
+
+
+class _Heap(list[_Entry]):
+    """A heap of entries (``heapq``), and the length at which its stale entries are swept out."""
+
+    __slots__ = ("sweep_at",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sweep_at = _SWEEP_MIN
 
 
 def _other_than(generation: int) -> Callable[[int], bool]:
@@ -88,9 +102,9 @@ class MemoryQueue:
     _items: dict[str, WorkItem] = attrs.field(init=False, factory=dict)
     _keys: dict[str, str] = attrs.field(init=False, factory=dict)
     _versions: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
-    _queued: dict[str, list[_Entry]] = attrs.field(init=False, factory=dict)
+    _queued: dict[str, _Heap] = attrs.field(init=False, factory=dict)
     """Per spec id, queued items by ``(due_at, id)`` (with stale entries; see the module doc)."""
-    _leased: dict[str, list[_Entry]] = attrs.field(init=False, factory=dict)
+    _leased: dict[str, _Heap] = attrs.field(init=False, factory=dict)
     """Per spec id, running items by ``(lease_expires_at, id)``."""
     _pushes: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
     _changes: trio_util.AsyncValue[int] = attrs.field(
@@ -172,7 +186,9 @@ class MemoryQueue:
         return item
 
     def _put(self, item: WorkItem, now: dt.datetime | None = None, **changes: Any) -> WorkItem:
-        new = attrs.evolve(item, updated_at=self._now() if now is None else now, **changes)
+        # replace_trusted skips evolve's converters: every value here is the queue's own (see
+        # its docstring), and "now" is UTC.
+        new = replace_trusted(item, updated_at=self._now() if now is None else now, **changes)
         self._store(new)
         return new
 
@@ -180,12 +196,31 @@ class MemoryQueue:
         """Store *item* (replacing any older copy) and index it if it can be claimed."""
         self._items[item.id] = item
         if item.state is ItemState.QUEUED:
-            heap = self._queued.setdefault(item.spec_id, [])
-            heapq.heappush(heap, (item.due_at, item.id, next(self._pushes), item))
+            self._push(self._queued, item.due_at, item)
         elif item.state is ItemState.RUNNING:
             assert item.lease_expires_at is not None
-            heap = self._leased.setdefault(item.spec_id, [])
-            heapq.heappush(heap, (item.lease_expires_at, item.id, next(self._pushes), item))
+            self._push(self._leased, item.lease_expires_at, item)
+
+    def _push(self, heaps: dict[str, _Heap], at: dt.datetime, item: WorkItem) -> None:
+        heap = heaps.get(item.spec_id)
+        if heap is None:
+            heap = heaps[item.spec_id] = _Heap()
+        heapq.heappush(heap, (at, item.id, next(self._pushes), item))
+        if len(heap) >= heap.sweep_at:
+            self._sweep(heap)
+
+    def _sweep(self, heap: _Heap) -> None:
+        """Drop *heap*'s stale entries, which :meth:`_top` would skip anyway.
+
+        A settled item's lease entry stays in its heap until its old expiry reaches the top, so
+        without this a busy queue keeps a stale copy of every item it ran in the last lease
+        period (and the garbage collector walks them all). Sweeping when the heap has doubled
+        since the last sweep costs O(1) per push, amortised. Entries are totally ordered (the
+        push number breaks ties), so the heap pops in the same order after ``heapify``.
+        """
+        heap[:] = [entry for entry in heap if self._items.get(entry[1]) is entry[3]]
+        heapq.heapify(heap)
+        heap.sweep_at = max(_SWEEP_MIN, 2 * len(heap))
 
     def _top(self, heap: list[_Entry] | None) -> _Entry | None:
         """The first entry of *heap* whose item is still stored as it was pushed, or None."""
@@ -397,8 +432,7 @@ class MemoryQueue:
         for item in expired:
             # Not claimed this time (the limit): back in its heap, still claimable.
             assert item.lease_expires_at is not None
-            heap = self._leased[item.spec_id]
-            heapq.heappush(heap, (item.lease_expires_at, item.id, next(self._pushes), item))
+            self._push(self._leased, item.lease_expires_at, item)
         return claimed
 
     def _renew_one(self, lease: Lease, duration: float) -> LeaseStatus:
