@@ -71,20 +71,31 @@ def _to_us(value: dt.datetime) -> int:
 
 
 def _from_us(value: int) -> dt.datetime:
-    return _EPOCH + dt.timedelta(microseconds=value)
+    # The same exact integer arithmetic as timedelta(microseconds=value), in half the time.
+    return _EPOCH + _US * value
+
+
+_STATES = {str(state): state for state in ItemState}
+"""``ItemState(text)`` as a dict lookup (the enum call costs ten times as much per row)."""
+
+
+def _config(text: str) -> JSONValue:
+    # The empty config is the common one: a new dict each time, as json.loads would give.
+    return {} if text == "{}" else json.loads(text)
 
 
 def _item(row: sqlite3.Row) -> WorkItem:
     expires = row["lease_expires_at"]
+    state = row["state"]
     return WorkItem(
         id=row["id"],
         spec_id=row["spec_id"],
         tenant_id=row["tenant_id"],
         subject_id=row["subject_id"],
-        config=json.loads(row["config"]),
+        config=_config(row["config"]),
         cancel_requested=bool(row["cancel_requested"]),
         lease_version=row["lease_version"],
-        state=ItemState(row["state"]),
+        state=_STATES[state] if state in _STATES else ItemState(state),
         due_at=_from_us(row["due_at"]),
         error_count=row["error_count"],
         last_error=row["last_error"],
