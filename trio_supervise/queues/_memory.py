@@ -34,6 +34,7 @@ from ._protocol import (
     LeaseStatus,
     SettleKind,
     Settlement,
+    SingleWrites,
     WorkItem,
     check_json,
     check_new_item,
@@ -91,7 +92,7 @@ def _check_duration(name: str, value: float, *, positive: bool = False) -> float
 
 
 @attrs.define(eq=False)
-class MemoryQueue:
+class MemoryQueue(SingleWrites):
     """The whole :class:`WorkQueue` protocol in memory; inspectable and resettable.
 
     :ivar events: every write in order (``claim``, ``renew``, ``settle:<kind>``, ...), including
@@ -463,34 +464,6 @@ class MemoryQueue:
         await trio.lowlevel.checkpoint()
         lease = _check_duration("lease", lease, positive=True)
         return {each.item_id: self._renew_one(each, lease) for each in leases}
-
-    async def release(self, item_id: str, lease_version: int, delay: float) -> None:
-        await self._settle_one(
-            Settlement(
-                item_id=item_id,
-                lease_version=lease_version,
-                kind=SettleKind.RELEASE,
-                delay=_check_duration("delay", delay),
-            )
-        )
-
-    async def reschedule(
-        self, item_id: str, lease_version: int, at: dt.datetime, config: JSONValue
-    ) -> None:
-        await self._settle_one(
-            Settlement(
-                item_id=item_id,
-                lease_version=lease_version,
-                kind=SettleKind.RESCHEDULE,
-                at=at,
-                config=check_json(config),
-            )
-        )
-
-    async def complete(self, item_id: str, lease_version: int) -> None:
-        await self._settle_one(
-            Settlement(item_id=item_id, lease_version=lease_version, kind=SettleKind.COMPLETE)
-        )
 
     async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
         await trio.lowlevel.checkpoint()

@@ -58,6 +58,7 @@ from ._protocol import (
     LeaseStatus,
     SettleKind,
     Settlement,
+    SingleWrites,
     WorkItem,
     check_json,
     check_new_item,
@@ -288,7 +289,7 @@ class _Listener:
 
 
 @attrs.define(eq=False, kw_only=True)
-class PostgresQueue:
+class PostgresQueue(SingleWrites):
     """The :class:`WorkQueue` protocol on PostgreSQL. Open it with :meth:`connect`."""
 
     _dsn: str = attrs.field(alias="dsn", repr=redact_dsn)
@@ -621,34 +622,6 @@ class PostgresQueue:
             else:
                 statuses[each.item_id] = LeaseStatus.HELD
         return statuses
-
-    async def release(self, item_id: str, lease_version: int, delay: float) -> None:
-        await self._settle_one(
-            Settlement(
-                item_id=item_id,
-                lease_version=lease_version,
-                kind=SettleKind.RELEASE,
-                delay=delay,
-            )
-        )
-
-    async def reschedule(
-        self, item_id: str, lease_version: int, at: dt.datetime, config: JSONValue
-    ) -> None:
-        await self._settle_one(
-            Settlement(
-                item_id=item_id,
-                lease_version=lease_version,
-                kind=SettleKind.RESCHEDULE,
-                at=at,
-                config=check_json(config),
-            )
-        )
-
-    async def complete(self, item_id: str, lease_version: int) -> None:
-        await self._settle_one(
-            Settlement(item_id=item_id, lease_version=lease_version, kind=SettleKind.COMPLETE)
-        )
 
     async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
         params = {

@@ -289,6 +289,46 @@ class Settlement:
             raise ValueError(f"delay must be a finite number >= 0, got {self.delay!r}")
 
 
+class SingleWrites:
+    """The seed's one-item writes (``release``, ``reschedule``, ``complete``), written once.
+
+    Each is one :class:`Settlement` handed to the backend's ``_settle_one``, which applies it
+    fenced or raises :class:`LeaseLost`; so the three read, validate and fail the same way on
+    every backend.
+    """
+
+    async def _settle_one(self, settlement: Settlement) -> None:
+        raise NotImplementedError
+
+    async def release(self, item_id: str, lease_version: int, delay: float) -> None:
+        """Hand the item back, due again after *delay* seconds (error count unchanged)."""
+        await self._settle_one(
+            Settlement(
+                item_id=item_id, lease_version=lease_version, kind=SettleKind.RELEASE, delay=delay
+            )
+        )
+
+    async def reschedule(
+        self, item_id: str, lease_version: int, at: dt.datetime, config: JSONValue
+    ) -> None:
+        """Set the next due time and the new config in one write."""
+        await self._settle_one(
+            Settlement(
+                item_id=item_id,
+                lease_version=lease_version,
+                kind=SettleKind.RESCHEDULE,
+                at=at,
+                config=check_json(config),
+            )
+        )
+
+    async def complete(self, item_id: str, lease_version: int) -> None:
+        """Finish the item for good."""
+        await self._settle_one(
+            Settlement(item_id=item_id, lease_version=lease_version, kind=SettleKind.COMPLETE)
+        )
+
+
 @runtime_checkable
 class WorkQueue(Protocol):
     """A durable (or in-memory) queue of leased work items.

@@ -50,6 +50,7 @@ from ._protocol import (
     LeaseStatus,
     SettleKind,
     Settlement,
+    SingleWrites,
     WorkItem,
     check_json,
     check_new_item,
@@ -213,7 +214,7 @@ def _map_error(error: sqlite3.Error, where: str) -> QueueError:
 
 
 @attrs.define(eq=False, kw_only=True)
-class SQLiteQueue:
+class SQLiteQueue(SingleWrites):
     """The :class:`WorkQueue` protocol on one SQLite file. Open it with :meth:`connect`."""
 
     _path: str = attrs.field(alias="path")
@@ -487,34 +488,6 @@ class SQLiteQueue:
             return statuses
 
         return await self._call(run)
-
-    async def release(self, item_id: str, lease_version: int, delay: float) -> None:
-        await self._settle_one(
-            Settlement(
-                item_id=item_id,
-                lease_version=lease_version,
-                kind=SettleKind.RELEASE,
-                delay=delay,
-            )
-        )
-
-    async def reschedule(
-        self, item_id: str, lease_version: int, at: dt.datetime, config: JSONValue
-    ) -> None:
-        await self._settle_one(
-            Settlement(
-                item_id=item_id,
-                lease_version=lease_version,
-                kind=SettleKind.RESCHEDULE,
-                at=at,
-                config=check_json(config),
-            )
-        )
-
-    async def complete(self, item_id: str, lease_version: int) -> None:
-        await self._settle_one(
-            Settlement(item_id=item_id, lease_version=lease_version, kind=SettleKind.COMPLETE)
-        )
 
     async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
         params = {"id": item_id, "version": lease_version, "error": error, "now": self._now_us()}
