@@ -25,6 +25,7 @@ log line: see :func:`redact_dsn`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -358,11 +359,10 @@ class PostgresQueue(SingleWrites):
                 name="trio_supervise",
                 timeout=connect_timeout,
             )
-            try:
+            with contextlib.ExitStack() as on_failure:
+                on_failure.callback(pool.close)
                 pool.open(wait=True, timeout=connect_timeout)
-            except BaseException:
-                pool.close()
-                raise
+                on_failure.pop_all()
             return pool
 
         try:

@@ -19,6 +19,7 @@ other processes is found when the caller's poll interval ends.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -189,14 +190,13 @@ def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
     conn = sqlite3.connect(
         path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
     )
-    try:
+    with contextlib.ExitStack() as on_failure:
+        on_failure.callback(conn.close)
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-    except BaseException:
-        conn.close()
-        raise
+        on_failure.pop_all()
     return conn
 
 
@@ -255,7 +255,8 @@ class SQLiteQueue(SingleWrites):
 
         def open_sync() -> sqlite3.Connection:
             conn = _connect(path, busy_timeout)
-            try:
+            with contextlib.ExitStack() as on_failure:
+                on_failure.callback(conn.close)
                 found = _schema_version(conn)
                 latest = _sql.latest_version("sqlite")
                 if found > latest:
@@ -264,9 +265,7 @@ class SQLiteQueue(SingleWrites):
                     if not migrate:
                         raise _sql.missing(found, "sqlite", path, f"sqlite:///{path}")
                     migrate_connection(conn, now_us, where=path)
-            except BaseException:
-                conn.close()
-                raise
+                on_failure.pop_all()
             return conn
 
         try:
