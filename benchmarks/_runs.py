@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+
 import trio
 
 import trio_supervise as ts
 
-from ._common import no_context
+from ._common import NoopDriver, no_context, rate, wall
 
 
 async def run_until(
@@ -32,3 +34,27 @@ async def run_until(
             await nursery.start(runner.run)
             await done.wait()
             runner.shutdown.begin("benchmark done")
+
+
+async def noop_rate(queue: ts.WorkQueue, count: int, concurrency: int) -> float:
+    """Items per second for one runner evaluating *count* prepared no-op items on *queue*.
+
+    Timed from the runner's start until every outcome is written; the same shape for every
+    backend, so the throughput measures differ only in the queue they are given.
+    """
+    evaluated = 0
+    done = trio.Event()
+
+    def on_done(item: ts.WorkItem) -> None:
+        nonlocal evaluated
+        evaluated += 1
+        if evaluated >= count:
+            done.set()
+
+    settings = ts.RunnerSettings(
+        worker_id="bench", concurrency=concurrency, claim_batch=concurrency
+    )
+    gc.collect()
+    with wall() as w:
+        await run_until(queue, NoopDriver(on_done=on_done), settings, done)
+    return rate(count, w.seconds)

@@ -10,8 +10,8 @@ import trio.testing
 
 import trio_supervise as ts
 
-from ._common import Config, NoopDriver, Result, noop_step, rate, wall
-from ._runs import run_until
+from ._common import Config, Result, noop_step, rate, wall
+from ._runs import noop_rate, run_until
 
 CONCURRENCY = 64
 
@@ -48,27 +48,13 @@ def memory_runner_rate(count: int) -> float:
         queue = ts.MemoryQueue()
         for _ in range(count):
             await queue.enqueue("noop")
-        evaluated = 0
-        done = trio.Event()
-
-        def on_done(item: ts.WorkItem) -> None:
-            nonlocal evaluated
-            evaluated += 1
-            if evaluated >= count:
-                done.set()
-
-        settings = ts.RunnerSettings(
-            worker_id="bench", concurrency=CONCURRENCY, claim_batch=CONCURRENCY
-        )
-        gc.collect()
-        with wall() as w:
-            await run_until(queue, NoopDriver(on_done=on_done), settings, done)
+        result = await noop_rate(queue, count, CONCURRENCY)
         completed = sum(
             n for (_, state), n in (await queue.counts()).items() if state is ts.ItemState.COMPLETED
         )
         if completed != count:
             raise RuntimeError(f"P1: {completed} of {count} items completed")
-        return rate(count, w.seconds)
+        return result
 
     return trio.run(main)
 

@@ -24,7 +24,7 @@ import trio_supervise as ts
 from trio_supervise.queues._postgres import PostgresQueue, migrate_dsn
 
 from ._common import Config, NoopDriver, Result, noop_step, now, rate, wall
-from ._runs import run_until
+from ._runs import noop_rate, run_until
 
 CONCURRENCY = 64
 FLOOR_BATCH = 100
@@ -94,25 +94,10 @@ def runner_rate(dsn: str, schema: str, count: int) -> float:
 
     async def main() -> float:
         queue = await PostgresQueue.connect(dsn, schema=schema)
-        evaluated = 0
-        done = trio.Event()
-
-        def on_done(item: ts.WorkItem) -> None:
-            nonlocal evaluated
-            evaluated += 1
-            if evaluated >= count:
-                done.set()
-
-        settings = ts.RunnerSettings(
-            worker_id="bench", concurrency=CONCURRENCY, claim_batch=CONCURRENCY
-        )
         try:
-            gc.collect()
-            with wall() as w:
-                await run_until(queue, NoopDriver(on_done=on_done), settings, done)
+            return await noop_rate(queue, count, CONCURRENCY)
         finally:
             await queue.aclose()
-        return rate(count, w.seconds)
 
     result: float = trio.run(main)
     if completed(dsn, schema) != count:

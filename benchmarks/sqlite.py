@@ -7,7 +7,6 @@ on a fresh file with the queue's own schema, in a temporary directory removed af
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sqlite3
@@ -16,11 +15,10 @@ import time
 
 import trio
 
-import trio_supervise as ts
 from trio_supervise.queues._sqlite import SQLiteQueue
 
-from ._common import Config, NoopDriver, Result, rate, wall
-from ._runs import run_until
+from ._common import Config, Result, rate, wall
+from ._runs import noop_rate
 
 CONCURRENCY = 64
 FLOOR_BATCH = 100
@@ -67,25 +65,10 @@ def runner_rate(directory: str, count: int) -> float:
 
     async def main() -> float:
         queue = await SQLiteQueue.connect(path)
-        evaluated = 0
-        done = trio.Event()
-
-        def on_done(item: ts.WorkItem) -> None:
-            nonlocal evaluated
-            evaluated += 1
-            if evaluated >= count:
-                done.set()
-
-        settings = ts.RunnerSettings(
-            worker_id="bench", concurrency=CONCURRENCY, claim_batch=CONCURRENCY
-        )
         try:
-            gc.collect()
-            with wall() as w:
-                await run_until(queue, NoopDriver(on_done=on_done), settings, done)
+            return await noop_rate(queue, count, CONCURRENCY)
         finally:
             await queue.aclose()
-        return rate(count, w.seconds)
 
     result: float = trio.run(main)
     if _completed(path) != count:
