@@ -34,7 +34,7 @@ from ._settings import MAX_COUNT, MAX_SECONDS, HttpSettings, Settings, check_hos
 from ._version import __version__
 from .queues import ItemState, WorkItem, WorkQueue
 from .queues._factory import migrate, open_queue
-from .queues._sql import redact_dsn
+from .queues._sql import redact_dsn, scrub_dsn
 
 __all__ = ["main"]
 
@@ -163,7 +163,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _database_url(args: argparse.Namespace) -> str:
     url: str | None = getattr(args, "database_url", None)
-    return url if url else _settings(args).database_url
+    args.resolved_url = url if url else _settings(args).database_url
+    return str(args.resolved_url)
 
 
 def _with_queue(args: argparse.Namespace, body: Callable[[WorkQueue], Awaitable[Any]]) -> Any:
@@ -538,8 +539,9 @@ def _one_line(value: object) -> str:
     return _printable(" ".join(part.strip() for part in str(value).splitlines() if part.strip()))
 
 
-def _report(error: BaseException) -> None:
-    message = _one_line(error) or type(error).__name__
+def _report(error: BaseException, dsn: str = "") -> None:
+    """One line on stderr; the password of the DSN in use scrubbed from it, however quoted."""
+    message = _one_line(scrub_dsn(str(error), dsn)) or type(error).__name__
     print(f"{PROG}: error: {message}", file=sys.stderr)
 
 
@@ -554,17 +556,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except _USER_ERRORS as error:
-        _report(error)
+        _report(error, getattr(args, "resolved_url", ""))
         return 1
     except BaseExceptionGroup as group:
         matched, rest = group.split(Exception)
         if rest is not None or matched is None:
             raise
         for leaf in _leaves(matched):
-            _report(leaf if isinstance(leaf, _USER_ERRORS) else _unexpected(leaf))
+            leaf = leaf if isinstance(leaf, _USER_ERRORS) else _unexpected(leaf)
+            _report(leaf, getattr(args, "resolved_url", ""))
         return 1
     except Exception as error:  # a bug, or a library's error we did not foresee: still one line
-        _report(_unexpected(error))
+        _report(_unexpected(error), getattr(args, "resolved_url", ""))
         return 1
 
 
