@@ -406,6 +406,10 @@ SERVICE_MODULE = textwrap.dedent(
     from trio_supervise import Service
 
     svc = Service()
+
+
+    def failing():
+        raise RuntimeError("factory boom")
     """
 )
 
@@ -418,6 +422,9 @@ def cli_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         if name.startswith("TRIO_SUPERVISE_") and not name.startswith("TRIO_SUPERVISE_TEST_"):
             monkeypatch.delenv(name)
     (tmp_path / "badinput_target.py").write_text(SERVICE_MODULE)
+    (tmp_path / "badinput_broken.py").write_text("raise RuntimeError('import boom')\n")
+    (tmp_path / "badinput_syntax.py").write_text("def (:\n")
+    (tmp_path / "badinput_needs.py").write_text("import no_such_dependency_xyz\n")
     (tmp_path / "deep.toml").write_text("x = " + "[" * 3000 + "]" * 3000)
     (tmp_path / "bad_host.toml").write_text('[http]\nhost = "bad host"\n')
     (tmp_path / "huge_lease.toml").write_text("[runner]\nlease = 1e308\n")
@@ -425,7 +432,8 @@ def cli_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("TRIO_SUPERVISE_DATABASE_URL", url)
     assert cli_main(["items", "enqueue", "job", '{"n": 1}', "--id", "kept"]) == 0
     yield url
-    sys.modules.pop("badinput_target", None)
+    for name in ("badinput_target", "badinput_broken", "badinput_syntax", "badinput_needs"):
+        sys.modules.pop(name, None)
 
 
 CLI_USAGE = [  # argparse refuses these: exit 2, usage and one error line
@@ -473,6 +481,14 @@ CLI_USER = [  # the command runs and refuses: exit 1 (status: 2), one line, no t
     (["run", "no_such_module_xyz:app"], 1, "cannot import module 'no_such_module_xyz'"),
     (["run", "json:nope"], 1, "module 'json' has no attribute 'nope'"),
     (["run", "json:dumps"], 1, "json:dumps is not a Service"),
+    (["run", "badinput_broken:svc"], 1, "importing 'badinput_broken' failed: RuntimeError: import"),
+    (["run", "badinput_syntax:svc"], 1, "importing 'badinput_syntax' failed: SyntaxError"),
+    (["run", "badinput_needs:svc"], 1, "failed: ModuleNotFoundError: No module named 'no_such_dep"),
+    (
+        ["run", "badinput_target:failing"],
+        1,
+        "badinput_target:failing() failed: RuntimeError: factory boom",
+    ),
     (["run", "badinput_target:svc", "--http", "nope"], 1, "--http expects HOST:PORT"),
     (["run", "badinput_target:svc", "--http", "127.0.0.1:99999"], 1, "--http expects HOST:PORT"),
     (["run", "badinput_target:svc", "--http", ":80"], 1, "--http expects HOST:PORT"),

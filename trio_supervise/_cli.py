@@ -311,10 +311,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name and module_name.startswith(error.name):
+    except Exception as error:  # a mistyped name, or the module's own code failed
+        missing = isinstance(error, ModuleNotFoundError) and error.name
+        if missing and module_name.startswith(missing):
             raise UserError(f"cannot import module {module_name!r}: {error}") from None
-        raise
+        raise UserError(
+            f"importing {module_name!r} failed: {type(error).__name__}: {error}"
+        ) from None
     target: Any = module
     for part in attr_path.split("."):
         try:
@@ -323,7 +326,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UserError(f"module {module_name!r} has no attribute {attr_path!r}") from None
     service = target if isinstance(target, Service) else None
     if service is None and callable(target) and _takes_no_arguments(target):
-        service = target()
+        try:
+            service = target()
+        except Exception as error:
+            raise UserError(f"{args.target}() failed: {type(error).__name__}: {error}") from None
     if not isinstance(service, Service):
         raise UserError(
             f"{args.target} is not a Service, nor a zero-argument callable returning one"
