@@ -465,13 +465,6 @@ class OperationsApp:
 
             self._due = SharedRead(due, what="status page due items", max_age=self.cache_for)
 
-    @property
-    def queue_reads(self) -> int:
-        """How many times the app has read the queue (counts and due rows)."""
-        if self._depth is None or self._due is None:
-            return 0
-        return self._depth.source.reads + self._due.reads
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
