@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import math
 import os
+import socket
 import sys
 import textwrap
 from collections.abc import Iterator, Sequence
@@ -20,8 +22,10 @@ from typing import Any
 
 import attrs
 import httpx
+import hypothesis
 import pytest
 import trio
+from hypothesis import strategies as st
 
 from trio_supervise import (
     ConfigError,
@@ -35,6 +39,7 @@ from trio_supervise import (
     WorkflowRunner,
 )
 from trio_supervise._cli import main as cli_main
+from trio_supervise._http import HttpBindError
 from trio_supervise._service import Service
 from trio_supervise._settings import HttpSettings, Settings, load_settings
 from trio_supervise._workflow import Outcome, RunnerSettings
@@ -75,6 +80,25 @@ ENV_CASES = [
     ("HTTP__PROT", "1", "http.prot: unknown setting (from TRIO_SUPERVISE_HTTP__PROT); did you"),
     ("HTTP", "1", "http: is a table of settings"),
     ("HTTP____PORT", "1", "malformed settings variable"),
+    # Out of range: refused when settings load, not as an OverflowError in every claim.
+    ("RUNNER__LEASE", "1e308", "runner.lease: must be at most 31536000 seconds (365 days)"),
+    ("RUNNER__POLL_INTERVAL", "1e12", "runner.poll_interval: must be at most 31536000 seconds"),
+    ("RUNNER__REQUEUE_DELAY", "1e16", "runner.requeue_delay: must be at most 31536000 seconds"),
+    ("RUNNER__SHUTDOWN_GRACE", "9e99", "runner.shutdown_grace: must be at most 31536000"),
+    ("RUNNER__CLAIM_RETRY__MAX_BACKOFF", "1e300", "runner.claim_retry.max_backoff: must be at"),
+    ("RUNNER__CLAIM_RETRY__MAX_RESTARTS", str(2**70), "runner.claim_retry.max_restarts: must be"),
+    ("RUNNER__CLAIM_RETRY__MIN_BACKOFF", "inf", "runner.claim_retry.min_backoff: must be a finite"),
+    ("RUNNER__CONCURRENCY", str(2**63), "runner.concurrency: must be at most 1000000"),
+    ("RUNNER__CLAIM_BATCH", "99999999999", "runner.claim_batch: must be at most 1000000"),
+    ("RUNNER__SETTLE_BATCH", "0", "runner.settle_batch: must be >= 1"),
+    ("RUNNER__MAX_ERRORS", str(2**40), "runner.max_errors: must be at most 1000000"),
+    ("RUNNER__ERROR_HISTORY", "-1", "runner.error_history: must be >= 0"),
+    ("HTTP__REFRESH", "1e100", "http.refresh: must be at most 31536000 seconds"),
+    ("HTTP__GRACEFUL_TIMEOUT", "0", "http.graceful_timeout: must be positive"),
+    ("JITTER_SEED", str(2**64), "jitter_seed: must be a 64-bit integer"),
+    ("HTTP__HOST", "bad host", "http.host: must be an IP address or a host name"),
+    ("HTTP__HOST", "a/b", "http.host: must be an IP address or a host name"),
+    ("HTTP__HOST", "x" * 300, "http.host: must be an IP address or a host name"),
 ]
 
 
@@ -106,6 +130,14 @@ FILE_CASES = [
         "runner.claim_retry.min_backoff: must be a finite number >= 0",
     ),
     ("not-toml", "[http\nport=1", "is not valid TOML"),
+    ("huge-lease", "[runner]\nlease = 1e308\n", "runner.lease: must be at most 31536000 seconds"),
+    ("inf-poll", "[runner]\npoll_interval = inf\n", "runner.poll_interval: must be a finite"),
+    ("huge-batch", "[runner]\nclaim_batch = 9223372036854775807\n", "must be at most 1000000"),
+    ("deep-arrays", "x = " + "[" * 5000 + "]" * 5000, "is nested too deeply (more than 64 levels)"),
+    ("deep-tables", "x = " + "{a=" * 2000 + "1" + "}" * 2000, "is nested too deeply (more than 64"),
+    ("just-too-deep", "x = " + "[" * 65 + "]" * 65, "is nested too deeply (more than 64 levels)"),
+    ("deep-dotted", "[" + ".".join(["a"] * 5000) + "]\n", "is nested too deeply (more than 64"),
+    ("not-utf8", b"\xff\xfe = 1".decode("latin-1"), "is not"),
 ]
 
 
@@ -115,7 +147,7 @@ FILE_CASES = [
 def test_bad_settings_files(tmp_path: Path, text: str, message: str) -> None:
     """A bad settings file is one SettingsError line naming the field and rule."""
     path = tmp_path / "settings.toml"
-    path.write_text(text)
+    path.write_bytes(text.encode("latin-1" if "\xff" in text else "utf-8"))
     with pytest.raises(SettingsError) as caught:
         load_settings(path, {})
     assert message in str(caught.value)
@@ -374,6 +406,10 @@ SERVICE_MODULE = textwrap.dedent(
     from trio_supervise import Service
 
     svc = Service()
+
+
+    def failing():
+        raise RuntimeError("factory boom")
     """
 )
 
@@ -386,11 +422,18 @@ def cli_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         if name.startswith("TRIO_SUPERVISE_") and not name.startswith("TRIO_SUPERVISE_TEST_"):
             monkeypatch.delenv(name)
     (tmp_path / "badinput_target.py").write_text(SERVICE_MODULE)
+    (tmp_path / "badinput_broken.py").write_text("raise RuntimeError('import boom')\n")
+    (tmp_path / "badinput_syntax.py").write_text("def (:\n")
+    (tmp_path / "badinput_needs.py").write_text("import no_such_dependency_xyz\n")
+    (tmp_path / "deep.toml").write_text("x = " + "[" * 3000 + "]" * 3000)
+    (tmp_path / "bad_host.toml").write_text('[http]\nhost = "bad host"\n')
+    (tmp_path / "huge_lease.toml").write_text("[runner]\nlease = 1e308\n")
     url = f"sqlite:///{tmp_path / 'q.db'}"
     monkeypatch.setenv("TRIO_SUPERVISE_DATABASE_URL", url)
     assert cli_main(["items", "enqueue", "job", '{"n": 1}', "--id", "kept"]) == 0
     yield url
-    sys.modules.pop("badinput_target", None)
+    for name in ("badinput_target", "badinput_broken", "badinput_syntax", "badinput_needs"):
+        sys.modules.pop(name, None)
 
 
 CLI_USAGE = [  # argparse refuses these: exit 2, usage and one error line
@@ -404,6 +447,12 @@ CLI_USAGE = [  # argparse refuses these: exit 2, usage and one error line
     (["items", "list", "--state", "bogus"], "argument --state: invalid choice: 'bogus'"),
     (["status", "--timeout", "abc"], "argument --timeout: invalid float value: 'abc'"),
     (["items", "list", "--nope"], "unrecognized arguments: --nope"),
+    (["items", "list", "--limit", str(2**63)], "argument --limit: must be at most 1000000"),
+    (["items", "list", "--limit", "9" * 5000], "argument --limit: expected an int"),
+    (["status", "--timeout", "inf"], "argument --timeout: must be a number of seconds in"),
+    (["status", "--timeout", "nan"], "argument --timeout: must be a number of seconds in"),
+    (["status", "--timeout", "-1"], "argument --timeout: must be a number of seconds in"),
+    (["status", "--timeout", "1e308"], "argument --timeout: must be a number of seconds in"),
 ]
 
 
@@ -424,12 +473,22 @@ def test_cli_usage_errors(
     _assert_cli_db_unchanged(capsys)
 
 
+TOO_DEEP = "config is nested too deeply (more than 64 levels)"
+
 CLI_USER = [  # the command runs and refuses: exit 1 (status: 2), one line, no traceback
     (["run", "nocolon"], 1, "expected MODULE:ATTR, got 'nocolon'"),
     (["run", ":app"], 1, "expected MODULE:ATTR, got ':app'"),
     (["run", "no_such_module_xyz:app"], 1, "cannot import module 'no_such_module_xyz'"),
     (["run", "json:nope"], 1, "module 'json' has no attribute 'nope'"),
     (["run", "json:dumps"], 1, "json:dumps is not a Service"),
+    (["run", "badinput_broken:svc"], 1, "importing 'badinput_broken' failed: RuntimeError: import"),
+    (["run", "badinput_syntax:svc"], 1, "importing 'badinput_syntax' failed: SyntaxError"),
+    (["run", "badinput_needs:svc"], 1, "failed: ModuleNotFoundError: No module named 'no_such_dep"),
+    (
+        ["run", "badinput_target:failing"],
+        1,
+        "badinput_target:failing() failed: RuntimeError: factory boom",
+    ),
     (["run", "badinput_target:svc", "--http", "nope"], 1, "--http expects HOST:PORT"),
     (["run", "badinput_target:svc", "--http", "127.0.0.1:99999"], 1, "--http expects HOST:PORT"),
     (["run", "badinput_target:svc", "--http", ":80"], 1, "--http expects HOST:PORT"),
@@ -448,6 +507,24 @@ CLI_USER = [  # the command runs and refuses: exit 1 (status: 2), one line, no t
     (["config", "--config", "nowhere.toml"], 1, "'nowhere.toml' does not exist"),
     (["status", "--url", "http://127.0.0.1:1/healthz"], 2, "is unreachable"),
     (["status", "--url", "not a url"], 2, "is unreachable"),
+    (["status", "--url", "http://bad host/healthz"], 2, "is unreachable"),
+    (["status", "--url", "http://[::1/healthz"], 2, "is unreachable"),
+    (["status", "--url", "http://a..b/healthz"], 2, "is unreachable"),
+    (["items", "enqueue", "job", "[" * 65 + "]" * 65], 1, TOO_DEEP),
+    (["items", "enqueue", "job", "[" * 100_000 + "]" * 100_000], 1, TOO_DEEP),
+    (["items", "enqueue", "job", '{"a":' * 5000 + "1" + "}" * 5000], 1, TOO_DEEP),
+    (["items", "enqueue", "job", "--due", "+1e308"], 1, "+1e308 is out of range"),
+    (["items", "enqueue", "job", "--due", "+-1e308"], 1, "+-1e308 is out of range"),
+    (["items", "enqueue", "job", "--due", "+inf"], 1, "+SECONDS must be a finite number"),
+    (["items", "enqueue", "job", "--due", "+nan"], 1, "+SECONDS must be a finite number"),
+    (["items", "enqueue", "job", "--due", "0001-01-01T00:00:00+01:00"], 1, "is out of range"),
+    (["items", "enqueue", "job", "--due", "9999-12-31T23:59:59+00:00"], 1, "is out of range"),
+    (["items", "retry", "kept", "--at", "+1e308"], 1, "+1e308 is out of range"),
+    (["run", "badinput_target:svc", "--http", "bad host:80"], 1, "--http host must be an IP"),
+    (["run", "badinput_target:svc", "--http", "127.0.0.1:٨٠"], 1, "--http expects HOST:PORT"),
+    (["config", "--config", "deep.toml"], 1, "'deep.toml' is nested too deeply"),
+    (["status", "--config", "bad_host.toml"], 1, "http.host: must be an IP address or a host"),
+    (["items", "list", "--config", "huge_lease.toml"], 1, "runner.lease: must be at most"),
 ]
 
 
@@ -480,6 +557,110 @@ def test_cli_config_with_a_bad_environment_is_one_line(
         "trio-supervise: error: http.port: expected int, got 'eighty' "
         "(from TRIO_SUPERVISE_HTTP__PORT)"
     ]
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port another socket is listening on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def test_cli_run_on_a_port_in_use_is_one_line_and_nothing_runs(
+    cli_db: str,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    busy_port: int,
+) -> None:
+    """`run --http` on a port in use: exit 1, one line naming the address, no "running" log."""
+    caplog.set_level(logging.DEBUG)
+    assert cli_main(["run", "badinput_target:svc", "--http", f"127.0.0.1:{busy_port}"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"trio-supervise: error: cannot bind 127.0.0.1:{busy_port}: address already in use"
+    ]
+    assert not [record for record in caplog.records if "running" in record.getMessage()]
+    _assert_cli_db_unchanged(capsys)
+
+
+async def test_a_service_on_a_port_in_use_fails_before_anything_starts(busy_port: int) -> None:
+    """Service.run raises HttpBindError before a supervisor (or any worker) exists."""
+    service = Service(
+        settings=Settings(http=HttpSettings(port=busy_port), runner=RunnerSettings(worker_id="w")),
+        queue_url="memory://",
+        handle_signals=False,
+    )
+    with pytest.raises(HttpBindError, match="address already in use"):
+        await service.run()
+    assert service.supervisor is None
+
+
+# Every verb and flag of the CLI that takes a value, with "{}" where arbitrary text goes. Targets
+# of `run` are kept away from real modules (importing one runs its code), database URLs away from
+# PostgreSQL (arbitrary text must not reach a real server), and `status` at an unreachable port.
+CLI_SLOTS = [
+    ["items", "list", "--state", "{}"],
+    ["items", "list", "--spec", "{}"],
+    ["items", "list", "--limit", "{}"],
+    ["items", "list", "--database-url", "sqlite:///{}"],
+    ["items", "list", "--database-url", "memory://{}"],
+    ["items", "list", "--database-url", "{}"],
+    ["items", "list", "--config", "{}"],
+    ["items", "show", "{}"],
+    ["items", "show", "--json", "{}"],
+    ["items", "enqueue", "{}"],
+    ["items", "enqueue", "job", "{}"],
+    ["items", "enqueue", "job", "--id", "{}"],
+    ["items", "enqueue", "job", "--tenant", "{}"],
+    ["items", "enqueue", "job", "--subject", "{}"],
+    ["items", "enqueue", "job", "--due", "{}"],
+    ["items", "enqueue", "job", "--due", "+{}"],
+    ["items", "enqueue", "job", "--key", "{}"],
+    ["items", "cancel", "{}"],
+    ["items", "retry", "{}"],
+    ["items", "retry", "kept", "--at", "{}"],
+    ["migrate", "--database-url", "memory://{}"],
+    ["status", "--url", "http://127.0.0.1:1/{}", "--timeout", "1"],
+    ["status", "--url", "{}", "--timeout", "1"],
+    ["status", "--url", "http://127.0.0.1:1/", "--timeout", "{}"],
+    ["status", "--config", "{}"],
+    ["run", "no_such_module_{}:svc"],
+    ["run", "json:{}"],
+    ["run", "json:dumps", "--http", "{}"],
+    ["config", "--config", "{}"],
+    ["{}"],
+    ["items", "{}"],
+]
+
+ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=40) | st.sampled_from(
+    ["", "-", "--", "-h", "+", "nan", "inf", "1e308", "-1", "0", str(2**64), "[" * 200, "\x00"]
+)
+
+
+@pytest.mark.parametrize("slot", [pytest.param(s, id=" ".join(s)) for s in CLI_SLOTS])
+@hypothesis.settings(
+    max_examples=30, suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture]
+)
+@hypothesis.given(text=ANY_TEXT)
+def test_the_cli_never_shows_a_traceback(
+    cli_db: str, capsys: pytest.CaptureFixture[str], slot: list[str], text: str
+) -> None:
+    """Any text in any argument: exit 0, 1 or 2, no traceback; a failure is one stderr line."""
+    hypothesis.assume(not text.lower().lstrip().startswith("postgres"))
+    argv = [part.replace("{}", text) for part in slot]
+    try:
+        code = cli_main(argv)
+    except SystemExit as done:  # argparse: --help (0) or a usage error (2)
+        code = done.code if isinstance(done.code, int) else 2
+    out = capsys.readouterr()
+    assert code in (0, 1, 2), (argv, out)
+    assert "Traceback" not in out.out + out.err
+    assert "unexpected " not in out.err, out.err  # the last-resort handler is for bugs
+    if code == 1:
+        assert len(out.err.splitlines()) == 1, out.err
+        assert out.err.startswith("trio-supervise: ")
 
 
 def _assert_cli_db_unchanged(capsys: pytest.CaptureFixture[str]) -> None:

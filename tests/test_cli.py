@@ -246,6 +246,42 @@ def test_status_reports_health_and_exits_0_or_1(
     assert json.loads(as_json.out) == document
 
 
+CONTROLS = "\x1b[31mred\x1b[0m\x07bell\x9b2J\x7fdel\x00nul\u202eevil\x1b]0;title\x07"
+"""ESC and CSI sequences (colour, an OSC title), BEL, the C1 CSI, DEL, NUL and a bidi override."""
+RAW = {"\x1b", "\x07", "\x9b", "\x7f", "\x00", "\u202e"}
+
+
+def test_item_data_carries_no_terminal_controls(cli: Callable[..., Result]) -> None:
+    """Controls in every field `items list`/`show`/`enqueue` print are shown as escapes."""
+    assert cli("migrate").code == 0
+    text = CONTROLS.replace("\x00", "")  # NUL: no backend stores it (refused by name)
+    enqueued = cli(
+        "items", "enqueue", "job", json.dumps({"note": text}), "--id", f"id{text}",
+        "--tenant", f"t{text}", "--subject", f"s{text}", "--key", f"k{text}",
+    )  # fmt: skip
+    assert enqueued.code == 0, enqueued.err
+    listed = cli("items", "list")
+    shown = cli("items", "show", f"id{text}")
+    for result in (enqueued, listed, shown):
+        assert not RAW & set(result.out + result.err), repr(result.out)
+    assert "id\\x1b[31mred\\x1b[0m\\x07bell\\x9b2J\\x7fdelnul\\u202eevil" in shown.out
+    assert "t\\x1b[31mred" in listed.out
+    assert json.loads(cli("items", "show", f"id{text}", "--json").out)["tenant_id"] == f"t{text}"
+
+
+def test_status_escapes_what_a_remote_health_document_says(cli: Callable[..., Result]) -> None:
+    """Worker names and errors from /healthz are data from elsewhere: printed escaped."""
+    document = {
+        "healthy": False,
+        "workers": [{"worker": CONTROLS, "state": CONTROLS, "last_error": CONTROLS}],
+    }
+    with _health_server(503, document) as url:
+        result = cli("status", "--url", url)
+    assert result.code == 1
+    assert not RAW & set(result.out + result.err)
+    assert "\\x1b[31mred" in result.out
+
+
 @contextlib.contextmanager
 def _health_server(code: int, document: dict[str, object]) -> Iterator[str]:
     body = json.dumps(document).encode()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
@@ -13,11 +15,14 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry, Counter
 
-from trio_supervise import ItemState, MemoryQueue, QueueUnavailable, Shutdown
+from trio_supervise import ItemState, MemoryQueue, QueueUnavailable, Shutdown, WorkItem
 from trio_supervise._http import (
     CONTENT_SECURITY_POLICY,
+    SCRAPE_CACHE_SECONDS,
     ErrorRecord,
+    HttpBindError,
     OperationsApp,
+    bind_http,
     serve_http,
 )
 from trio_supervise._supervisor import WorkerState, WorkerStatus
@@ -133,7 +138,7 @@ async def test_healthz_is_503_when_unhealthy(server: Server) -> None:
 async def test_metrics_exposes_the_registry_and_queue_depth_read_at_scrape_time(
     server: Server,
 ) -> None:
-    """/metrics is Prometheus text; queue depth by spec and state is read at each scrape."""
+    """/metrics is Prometheus text; queue depth by spec and state is read at scrape time."""
     claimed = Counter("trio_supervise_items_claimed", "test", registry=server.registry)
     claimed.inc(3)
     with trio.fail_after(10):
@@ -147,6 +152,7 @@ async def test_metrics_exposes_the_registry_and_queue_depth_read_at_scrape_time(
         await server.queue.enqueue("report", config={"n": 1})
         await server.queue.enqueue("report", config={"n": 2})
         await server.queue.enqueue("email")
+        await trio.sleep(SCRAPE_CACHE_SECONDS)  # past the window one read serves
         second = await server.client.get("/metrics")
     assert 'trio_supervise_queue_items{spec="report",state="queued"} 2.0' in second.text
     assert 'trio_supervise_queue_items{spec="email",state="queued"} 1.0' in second.text
@@ -306,3 +312,207 @@ def test_app_settings_are_checked_up_front() -> None:
         OperationsApp(FakeSource(), CollectorRegistry(), refresh=0)
     with pytest.raises(ValueError, match="due_limit must be >= 0"):
         OperationsApp(FakeSource(), CollectorRegistry(), due_limit=-1)
+    with pytest.raises(ValueError, match="cache_for must be a finite number >= 0"):
+        OperationsApp(FakeSource(), CollectorRegistry(), cache_for=math.inf)
+
+
+# -- bounded scrapes -------------------------------------------------------------------------------
+
+
+@attrs.define
+class CountingQueue(MemoryQueue):
+    """A memory queue that counts its status reads, and may take *delay* seconds over each."""
+
+    delay: float = 0.0
+    counts_calls: int = 0
+    list_calls: int = 0
+
+    async def counts(self) -> Mapping[tuple[str, ItemState], int]:
+        self.counts_calls += 1
+        await trio.sleep(self.delay)
+        return await super().counts()
+
+    async def list_items(self, **kwargs: Any) -> Sequence[WorkItem]:
+        self.list_calls += 1
+        await trio.sleep(self.delay)
+        return await super().list_items(**kwargs)
+
+
+async def asgi_get(app: OperationsApp, path: str) -> tuple[int, bytes]:
+    """GET *path* from the ASGI app directly (no server), returning status and body."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(dict(message))
+
+    await app({"type": "http", "method": "GET", "path": path}, receive, send)
+    return sent[0]["status"], sent[1]["body"]
+
+
+async def test_concurrent_scrapes_within_the_cache_window_read_the_queue_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Fifty concurrent /metrics and / requests within one second cause one counts() call."""
+    queue = CountingQueue(delay=0.5)
+    await queue.enqueue("report")
+    app = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    bodies: list[bytes] = []
+
+    async def scrape(path: str) -> None:
+        status_code, body = await asgi_get(app, path)
+        assert status_code == 200
+        bodies.append(body)
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for n in range(50):
+            nursery.start_soon(scrape, "/metrics" if n % 2 else "/")
+    assert queue.counts_calls == 1
+    assert queue.list_calls == 1
+    assert trio.current_time() - start == 1.0  # one counts read, then one due read, shared
+    assert all(b"report" in body for body in bodies)
+    await trio.sleep(0.25)  # the counts were read at 0.5 s: at 1.25 s they are still fresh
+    await asgi_get(app, "/metrics")
+    assert queue.counts_calls == 1
+    await trio.sleep(SCRAPE_CACHE_SECONDS)
+    await asgi_get(app, "/metrics")
+    assert queue.counts_calls == 2
+
+
+async def test_a_failing_queue_is_not_asked_harder_by_more_scrapes(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed read is shared for the cache window too: twenty scrapes, one failing call."""
+    queue = CountingQueue()
+    calls = 0
+
+    async def broken(self: MemoryQueue) -> Mapping[tuple[str, ItemState], int]:
+        nonlocal calls
+        calls += 1
+        await trio.lowlevel.checkpoint()
+        raise QueueUnavailable("down")
+
+    monkeypatch.setattr(CountingQueue, "counts", broken)
+    app = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    async with trio.open_nursery() as nursery:
+        for _ in range(20):
+            nursery.start_soon(asgi_get, app, "/metrics")
+    _, body = await asgi_get(app, "/")
+    assert calls == 1
+    assert b"queue unavailable: QueueUnavailable: down" in body
+
+
+async def test_a_cancelled_read_is_not_shared(autojump_clock: trio.abc.Clock) -> None:
+    """A scrape cancelled mid-read leaves no answer behind: the next scrape reads again."""
+    queue = CountingQueue(delay=2.0)
+    app = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    with trio.move_on_after(1.0):
+        await asgi_get(app, "/metrics")
+    status_code, body = await asgi_get(app, "/metrics")
+    assert status_code == 200
+    assert b"trio_supervise_queue_up 1.0" in body
+    assert queue.counts_calls == 2
+
+
+async def test_status_page_lists_a_bounded_number_of_rows(autojump_clock: trio.abc.Clock) -> None:
+    """With 120 specs and 80 recent errors, the page shows 50 of each and counts the rest."""
+    queue = MemoryQueue()
+    for n in range(120):
+        await queue.enqueue(f"spec-{n:03}")
+    errors = [ErrorRecord(at=None, source="runner", message=f"e{n}") for n in range(80)]
+    app = OperationsApp(FakeSource(errors=errors), CollectorRegistry(), queue=queue, due_limit=5)
+    _, body = await asgi_get(app, "/")
+    page = body.decode()
+    assert page.count("<td>spec-") == 50 + 5  # the counts table, and the five due items
+    assert "and 70 more" in page
+    assert page.count("<code>e") == 50
+    assert "and 30 more" in page
+
+
+# -- odd data --------------------------------------------------------------------------------------
+
+SURROGATE = "lone \udcff surrogate"
+
+
+@attrs.define
+class StoredQueue(MemoryQueue):
+    """Answers status reads with the items given, as a backend might have stored them."""
+
+    stored: list[WorkItem] = attrs.field(factory=list)
+
+    async def list_items(self, **kwargs: Any) -> Sequence[WorkItem]:
+        await trio.lowlevel.checkpoint()
+        return self.stored
+
+    async def counts(self) -> Mapping[tuple[str, ItemState], int]:
+        await trio.lowlevel.checkpoint()
+        return {(item.spec_id, item.state): 1 for item in self.stored}
+
+
+async def test_the_status_page_renders_any_stored_item(autojump_clock: trio.abc.Clock) -> None:
+    """Lone surrogates in every text field and the config render as escapes, not a 500."""
+    now = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    item = WorkItem(
+        id=SURROGATE,
+        spec_id=SURROGATE,
+        tenant_id=SURROGATE,
+        subject_id=SURROGATE,
+        config={SURROGATE: [SURROGATE, "\x00\x1b[31m"]},
+        last_error=SURROGATE,
+        due_at=now,
+        created_at=now,
+        updated_at=now,
+        error_count=1,
+    )
+    source = FakeSource(
+        statuses=[status(SURROGATE, WorkerState.FAILED, error=SURROGATE)],
+        errors=[ErrorRecord(at=now, source=SURROGATE, message=SURROGATE)],
+    )
+    app = OperationsApp(source, CollectorRegistry(), queue=StoredQueue(stored=[item]))
+    for path in ("/", "/metrics", "/healthz"):
+        status_code, body = await asgi_get(app, path)
+        assert status_code in (200, 503), path
+        assert b"\\udcff" in body, path
+        body.decode("utf-8")  # valid UTF-8 all the same
+
+
+async def test_odd_error_records_never_fail_the_page(autojump_clock: trio.abc.Clock) -> None:
+    """An error whose fields are not what the type says still leaves a 200 page, naming it."""
+    odd: list[Any] = [
+        ErrorRecord(at="yesterday", source=None, message=None),  # type: ignore[arg-type]
+        ErrorRecord(at=dt.datetime(1, 1, 1), source="x", message=SURROGATE),
+        ErrorRecord(at=None, source="ok", message="fine"),
+        "not an error record at all",
+    ]
+    app = OperationsApp(FakeSource(errors=odd), CollectorRegistry())
+    status_code, body = await asgi_get(app, "/")
+    assert status_code == 200
+    page = body.decode()
+    assert "yesterday" in page
+    assert "<code>fine</code>" in page
+    assert "this error cannot be shown (AttributeError)" in page
+
+
+# -- binding ---------------------------------------------------------------------------------------
+
+
+async def test_a_port_in_use_is_one_clear_error() -> None:
+    """Binding a port another socket holds raises HttpBindError as one line naming it."""
+    holder = bind_http("127.0.0.1", 0)
+    try:
+        port = holder.insecure_sockets[0].getsockname()[1]
+        with pytest.raises(HttpBindError) as caught:
+            bind_http("127.0.0.1", port)
+        assert str(caught.value) == f"cannot bind 127.0.0.1:{port}: address already in use"
+        with pytest.raises(HttpBindError, match="address already in use"):
+            await serve_http(
+                OperationsApp(FakeSource(), CollectorRegistry()),
+                "127.0.0.1",
+                port,
+                shutdown=Shutdown(),
+            )
+    finally:
+        holder.insecure_sockets[0].close()

@@ -14,6 +14,7 @@ that fails with it, to the page a running :class:`Service` serves.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import socket
 import uuid
@@ -41,6 +42,7 @@ from trio_supervise.queues import (
     WorkQueue,
 )
 from trio_supervise.queues._factory import open_queue
+from trio_supervise.queues._sql import redact_dsn, scrub_dsn
 
 from .queues.conftest import BACKENDS, open_backend, pg_schema
 
@@ -217,16 +219,15 @@ async def test_a_dsn_password_never_appears_anywhere(
     ``migrate``, ``items list`` and a connection error, and an unreachable server in both URL and
     key/value form. Controls check that the DSN did reach those texts, redacted.
     """
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg.conninfo import make_conninfo
 
     sentinel = f"Sentinel-{uuid.uuid4().hex}"
     caplog.set_level(logging.DEBUG)
     texts: dict[str, str] = {}
     with pg_schema() as (plain, schema):
-        parts = conninfo_to_dict(plain)
-        user, host, port = parts.get("user", "postgres"), parts["host"], parts.get("port", 5432)
-        base = f"postgresql://{user}:{sentinel}@{host}:{port}/{parts['dbname']}"
-        url = f"{base}?options=-c%20search_path%3D{schema}"
+        base, netloc = _url_with_password(plain, sentinel)
+        user = netloc.partition(":")[0]
+        url = f"{base}{'&' if '?' in base else '?'}options=-c%20search_path%3D{schema}"
         queue = await PostgresQueue.connect(url, schema=schema, migrate=True, pool_size=2)
         async with queue:
             item = await queue.enqueue("job")
@@ -265,7 +266,7 @@ async def test_a_dsn_password_never_appears_anywhere(
             ["migrate"],
             ["items", "list"],
             ["items", "show", "no-such-item"],
-            ["items", "list", "--database-url", f"{base.replace(str(port), '1', 1)}"],
+            ["items", "list", "--database-url", f"postgresql://{user}:{sentinel}@127.0.0.1:1/db"],
         ):
             await trio.to_thread.run_sync(cli_main, argv)  # it runs Trio itself
             captured = capsys.readouterr()
@@ -286,13 +287,94 @@ async def test_a_dsn_password_never_appears_anywhere(
     for where, text in texts.items():
         assert sentinel not in text, f"the password leaked into {where}"
     # Controls: the texts searched really carry the (redacted) DSN.
-    assert f"{user}:***@{host}" in texts["http /"]  # the claim error, on the page
-    assert f"{user}:***@{host}" in texts["logs"]
+    assert f"{user}:***@" in texts["http /"]  # the claim error, on the page
+    assert f"{user}:***@" in texts["logs"]
     assert ":***@" in texts["cli config"]
     assert "password=***" in texts["cli config"]
     assert "schema at version" in texts["cli migrate"]
     assert "error" in texts["cli items list"]
     assert "trio_supervise_queue_up" in texts["http /metrics"]
+
+
+def _url_with_password(dsn: str, password: str) -> tuple[str, str]:
+    """*dsn* (URL or key/value, TCP or Unix socket) as a URL whose authority holds *password*,
+    and that authority's ``user:password@host:port`` part without the ``@host...``."""
+    import urllib.parse
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = {key: str(value) for key, value in conninfo_to_dict(dsn).items()}
+    user = parts.pop("user", None) or getpass.getuser()
+    host, port, dbname = parts.pop("host", ""), parts.pop("port", ""), parts.pop("dbname", "")
+    parts.pop("password", None)
+    if host.startswith("/"):  # a Unix socket directory goes in the query
+        parts["host"] = host
+        host = ""
+    netloc = f"{user}:{password}@{host}{':' + port if port and host else ''}"
+    if port and not host:
+        parts["port"] = port
+    query = urllib.parse.urlencode(parts, quote_via=urllib.parse.quote)
+    return f"postgresql://{netloc}/{dbname}{'?' + query if query else ''}", netloc
+
+
+MALFORMED = [  # libpq refuses or misreads each of these; its message must not carry the password
+    "postgresql://u:S3ntA1 S3ntA2@127.0.0.1:1/db",
+    "postgresql://u:S3ntB1@S3ntB2@S3ntB3@127.0.0.1:1/db",
+    "postgresql://u:S3ntC1/S3ntC2@127.0.0.1:1/db",
+    "postgresql://u:S3ntD1?S3ntD2@127.0.0.1:1/db",
+    "postgresql://u:S3ntE1@[::1/db",
+    "postgresql://127.0.0.1:1/db?password=S3ntF1%20S3ntF2&sslmode=bogus",
+    "host=127.0.0.1 port=1 password='S3ntG1 S3ntG2' sslmode=bogus",
+    "host=127.0.0.1 port=1 password='S3ntH1 unterminated",
+    "host=127.0.0.1 port=1 password=S3ntI1 user=u = oops",
+]
+"""Every password fragment starts with S3nt: none may show anywhere."""
+
+
+@pytest.mark.parametrize("dsn", MALFORMED)
+def test_a_malformed_dsn_password_never_appears(
+    dsn: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`config`, `migrate` and `items list` print a malformed DSN, and libpq's error, redacted."""
+    monkeypatch.setenv("TRIO_SUPERVISE_DATABASE_URL", dsn if "://" in dsn else "postgresql://x")
+    outputs = {}
+    for argv in (
+        ["config"],
+        ["config", "--json"],
+        ["migrate", "--database-url", dsn],
+        ["items", "list", "--database-url", dsn],
+        ["items", "show", "x", "--database-url", dsn],
+    ):
+        code = cli_main(argv)
+        captured = capsys.readouterr()
+        outputs[" ".join(argv[:2])] = (code, captured.out + captured.err)
+    for where, (code, text) in outputs.items():
+        assert "S3nt" not in text, f"a password leaked into {where}: {text}"
+        if where.startswith(("migrate", "items")):
+            assert code == 1, where
+            assert len(text.splitlines()) == 1, text
+    assert "***" in outputs["migrate --database-url"][1]
+
+
+def test_redaction_masks_malformed_and_key_value_passwords() -> None:
+    """redact_dsn masks a password holding '@', spaces, '/', '?' or quotes, and nothing else."""
+    assert redact_dsn("postgresql://u:p@ss w?rd@h:5432/db?sslmode=require") == (
+        "postgresql://u:***@h:5432/db?sslmode=require"
+    )
+    assert redact_dsn("postgresql://u:pa/ss@h/db?application_name=a@b") == (
+        "postgresql://u:***@h/db?application_name=a@b"
+    )
+    assert redact_dsn("postgresql://h:5432/db?application_name=a@b") == (
+        "postgresql://h:5432/db?application_name=a@b"
+    )
+    assert redact_dsn("host=h password='unterminated secret") == "host=h password=***"
+    assert redact_dsn("postgresql:///test?host=/var/run/postgresql") == (
+        "postgresql:///test?host=/var/run/postgresql"
+    )
+    text = "failed to resolve host 'ssword@127.0.0.1'"
+    assert scrub_dsn(text, "postgresql://u:p@ssword@127.0.0.1/db") == (
+        "failed to resolve host '***@127.0.0.1'"
+    )
 
 
 # -- hostile spec ids and configs are data, never SQL ----------------------------------------------

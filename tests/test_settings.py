@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import math
+import types
+import typing
 from pathlib import Path
+from typing import Any
 
+import attrs
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from trio_supervise import JitterMode, SettingsError
 from trio_supervise._settings import (
@@ -251,3 +259,70 @@ def test_runner_errors_name_the_field_path_and_the_rule(env: dict[str, str], mes
     with pytest.raises(SettingsError) as error:
         load_settings(env=env)
     assert str(error.value).startswith(message)
+
+
+# -- every number is range-checked when settings load ----------------------------------------------
+
+
+def _numeric_fields(cls: type, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], type]]:
+    """Every int or float field of *cls* and the tables it holds, by field path."""
+    found = []
+    attrs.resolve_types(cls)
+    for field in attrs.fields(cls):
+        inner = field.type
+        if typing.get_origin(inner) in (typing.Union, types.UnionType):
+            inner = next(arg for arg in typing.get_args(inner) if arg is not type(None))
+        if attrs.has(inner):
+            found.extend(_numeric_fields(inner, (*prefix, field.name)))
+        elif inner in (int, float):
+            found.append(((*prefix, field.name), inner))
+    return found
+
+
+NUMERIC_FIELDS = _numeric_fields(Settings)
+NUMBERS = (
+    st.floats(allow_nan=True, allow_infinity=True).map(repr)
+    | st.integers().map(str)
+    | st.integers(min_value=-(2**80), max_value=2**80).map(str)
+    | st.sampled_from(["1e308", "-1e308", "inf", "-inf", "nan", str(2**63), str(2**63 - 1)])
+)
+
+
+def test_the_numeric_fields_are_found() -> None:
+    """The walk below sees the runner's, the HTTP server's and the claim backoff's numbers."""
+    paths = {".".join(path) for path, _ in NUMERIC_FIELDS}
+    assert {"runner.lease", "runner.concurrency", "http.port", "jitter_seed"} <= paths
+    assert {"runner.claim_retry.max_backoff", "runner.retry.min_backoff"} <= paths
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"), [pytest.param(p, k, id=".".join(p)) for p, k in NUMERIC_FIELDS]
+)
+@hypothesis.given(text=NUMBERS)
+def test_any_number_in_any_setting_loads_in_range_or_is_refused_by_name(
+    path: tuple[str, ...], kind: type, text: str
+) -> None:
+    """A number either loads as a value every backend can use, or is one SettingsError naming
+    the field; never an OverflowError later."""
+    name = "TRIO_SUPERVISE_" + "__".join(path).upper()
+    env = {name: text}
+    if path[:2] == ("runner", "retry"):  # a table with required fields: give both bounds
+        for bound in ("MIN_BACKOFF", "MAX_BACKOFF"):
+            env.setdefault(f"TRIO_SUPERVISE_RUNNER__RETRY__{bound}", "1")
+    refused: str | None = None
+    try:
+        settings = load_settings(None, env)
+    except SettingsError as error:
+        refused = str(error)
+    if refused is not None:
+        assert refused.startswith(".".join(path) + ": "), refused
+        assert "\n" not in refused
+        return
+    value: Any = settings
+    for part in path:
+        value = getattr(value, part)
+    if isinstance(value, float):
+        assert math.isfinite(value)
+        dt.datetime.now(dt.UTC) + dt.timedelta(seconds=value)  # no overflow
+    else:
+        assert -(2**63) <= value < 2**63  # fits the backends' 64-bit integers

@@ -1,18 +1,25 @@
 """The ``trio-supervise`` command line (also ``python -m trio_supervise``).
 
 User errors (bad settings, a bad URL, an unknown item, an unreachable database) are one line on
-stderr and exit code 1, never a traceback. ``status`` exits 0 healthy, 1 unhealthy, 2 unreachable.
+stderr and exit code 1, never a traceback; a malformed command line is exit code 2 (argparse's
+usage error). ``status`` exits 0 healthy, 1 unhealthy, 2 unreachable.
+
+Item data is printed as data: terminal control characters in it (ESC, BEL, CSI, every other C0
+and C1 control, bidirectional overrides, lone surrogates) are shown as visible escapes.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import http.client
 import importlib
 import inspect
 import json
+import math
 import os
 import sys
+import unicodedata
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,13 +28,13 @@ from typing import Any, TextIO
 import attrs
 import trio
 
-from ._convert import unstructure
-from ._errors import SuperviseError
-from ._settings import HttpSettings, Settings, load_settings
+from ._convert import nested_too_deeply, nesting_exceeds, unstructure
+from ._errors import ConfigError, SuperviseError
+from ._settings import MAX_COUNT, MAX_SECONDS, HttpSettings, Settings, check_host, load_settings
 from ._version import __version__
 from .queues import ItemState, WorkItem, WorkQueue
 from .queues._factory import migrate, open_queue
-from .queues._sql import redact_dsn
+from .queues._sql import redact_dsn, scrub_dsn
 
 __all__ = ["main"]
 
@@ -81,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="only items in this state (repeatable)",
     )
     listing.add_argument("--spec", action="append", help="only items of this spec (repeatable)")
-    listing.add_argument("--limit", type=_positive_int, default=50, help="at most N (default 50)")
+    listing.add_argument(
+        "--limit", type=_limit, default=50, help=f"at most N, 1..{MAX_COUNT} (default 50)"
+    )
     listing.set_defaults(handler=_cmd_list)
 
     show = actions.add_parser("show", parents=[database, as_json], help="show one item")
@@ -111,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status", parents=[settings, as_json], help="ask a running service's /healthz"
     )
     status.add_argument("--url", help="default: http://HOST:PORT/healthz from the settings")
-    status.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    status.add_argument("--timeout", type=_timeout, default=5.0, help="seconds (default 5)")
     status.set_defaults(handler=_cmd_status)
 
     config = commands.add_parser(
@@ -121,13 +130,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_int(text: str) -> int:
+def _limit(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT}, got {value}")
+    return value
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds in (0, {MAX_SECONDS}], got {text!r}"
+        )
     return value
 
 
@@ -140,7 +163,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _database_url(args: argparse.Namespace) -> str:
     url: str | None = getattr(args, "database_url", None)
-    return url if url else _settings(args).database_url
+    args.resolved_url = url if url else _settings(args).database_url
+    return str(args.resolved_url)
 
 
 def _with_queue(args: argparse.Namespace, body: Callable[[WorkQueue], Awaitable[Any]]) -> Any:
@@ -153,21 +177,44 @@ def _with_queue(args: argparse.Namespace, body: Callable[[WorkQueue], Awaitable[
     return trio.run(main)
 
 
+_EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_LATEST = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
+"""Due times the CLI accepts lie in [_EARLIEST, _LATEST): every backend stores them, and adding
+any duration a setting allows (at most a year) cannot overflow."""
+
+
 def _when(text: str | None, now: dt.datetime) -> dt.datetime | None:
     if text is None:
         return None
     if text.startswith("+"):
         try:
-            return now + dt.timedelta(seconds=float(text[1:]))
+            seconds = float(text[1:])
         except ValueError:
-            raise UserError(f"expected +SECONDS, got {text!r}") from None
+            raise UserError(f"expected +SECONDS, got {_printable(text)!r}") from None
+        if not math.isfinite(seconds):
+            raise UserError(f"+SECONDS must be a finite number, got {text!r}")
+        earliest, latest = (_EARLIEST - now).total_seconds(), (_LATEST - now).total_seconds()
+        if not earliest <= seconds < latest:
+            raise UserError(f"{text} is out of range: {_RANGE_RULE}")
+        return now + dt.timedelta(seconds=seconds)
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise UserError(f"expected an ISO 8601 datetime or +SECONDS, got {text!r}") from None
+        raise UserError(
+            f"expected an ISO 8601 datetime or +SECONDS, got {_printable(text)!r}"
+        ) from None
     if when.tzinfo is None:
         raise UserError(f"the datetime {text!r} needs a timezone (e.g. {text}+00:00)")
+    try:
+        in_range = _EARLIEST <= when < _LATEST
+    except OverflowError:  # the offset takes it past datetime's own range
+        in_range = False
+    if not in_range:
+        raise UserError(f"{text} is out of range: {_RANGE_RULE}")
     return when
+
+
+_RANGE_RULE = "a due time must fall between 1970-01-01 and 9999-01-01 UTC"
 
 
 def _item_json(item: WorkItem) -> dict[str, Any]:
@@ -175,9 +222,32 @@ def _item_json(item: WorkItem) -> dict[str, Any]:
     return document
 
 
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e") | frozenset(
+    "\u2066\u2067\u2068\u2069"
+)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _printable(value: object) -> str:
+    """*value* as text safe for a terminal: controls, bidi overrides and surrogates escaped."""
+    text = "" if value is None else str(value)
+    if text.isprintable():  # the common case, and a fast one
+        return text
+    return "".join(
+        _escape(char)
+        if char in _BIDI_CONTROLS or unicodedata.category(char) in ("Cc", "Cs")
+        else char
+        for char in text
+    )
+
+
 def _short(value: object, width: int) -> str:
     text = "" if value is None else str(value)
-    text = text.replace("\n", " ")
+    text = _printable(text.replace("\n", " "))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -187,6 +257,7 @@ def _stamp(value: dt.datetime | None) -> str:
 
 def _table(rows: Sequence[Sequence[str]], headers: Sequence[str], out: TextIO) -> None:
     widths = [len(h) for h in headers]
+    rows = [[_printable(cell) for cell in row] for row in rows]
     for row in rows:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
     print(
@@ -223,7 +294,7 @@ def _print_item(item: WorkItem, as_json: bool) -> None:
     ]
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
-        print(f"{name.ljust(width)}  {value}")
+        print(f"{name.ljust(width)}  {_printable(value)}")
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -235,14 +306,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     module_name, sep, attr_path = args.target.partition(":")
     if not sep or not module_name or not attr_path:
         raise UserError(f"expected MODULE:ATTR, got {args.target!r}")
+    bind = _host_port(args.http) if args.http else None  # checked before importing anything
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name and module_name.startswith(error.name):
+    except Exception as error:  # a mistyped name, or the module's own code failed
+        missing = isinstance(error, ModuleNotFoundError) and error.name
+        if missing and module_name.startswith(missing):
             raise UserError(f"cannot import module {module_name!r}: {error}") from None
-        raise
+        raise UserError(
+            f"importing {module_name!r} failed: {type(error).__name__}: {error}"
+        ) from None
     target: Any = module
     for part in attr_path.split("."):
         try:
@@ -251,7 +326,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UserError(f"module {module_name!r} has no attribute {attr_path!r}") from None
     service = target if isinstance(target, Service) else None
     if service is None and callable(target) and _takes_no_arguments(target):
-        service = target()
+        try:
+            service = target()
+        except Exception as error:
+            raise UserError(f"{args.target}() failed: {type(error).__name__}: {error}") from None
     if not isinstance(service, Service):
         raise UserError(
             f"{args.target} is not a Service, nor a zero-argument callable returning one"
@@ -259,8 +337,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     settings = (
         load_settings(args.config) if args.config or service.settings is None else service.settings
     )
-    if args.http:
-        host, port = _host_port(args.http)
+    if bind is not None:
+        host, port = bind
         settings = attrs.evolve(
             settings, http=attrs.evolve(settings.http, host=host, port=port, enabled=True)
         )
@@ -280,16 +358,22 @@ def _takes_no_arguments(function: Callable[..., Any]) -> bool:
 
 def _host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    valid_port = port.isascii() and port.isdigit() and len(port) <= 5 and int(port) <= 65535
+    if not sep or not host or not valid_port:
         raise UserError(f"--http expects HOST:PORT (port 0..65535), got {text!r}")
+    try:
+        check_host(host, what="--http host")
+    except ValueError as error:
+        raise UserError(str(error)) from None
     return host, int(port)
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
     url = _database_url(args)
     version = trio.run(migrate, url)
-    print(f"{redact_dsn(url)}: schema at version {version}")
+    print(f"{_printable(redact_dsn(url))}: schema at version {version}")
     return 0
 
 
@@ -337,6 +421,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _cmd_enqueue(args: argparse.Namespace) -> int:
     config: Any = None
     if args.item_config is not None:
+        if nesting_exceeds(args.item_config):
+            raise ConfigError(nested_too_deeply("config"))
         try:
             config = json.loads(args.item_config)
         except ValueError as error:
@@ -357,7 +443,8 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
     if args.json:
         _print_item(item, True)
     else:
-        print(f"enqueued {item.id} ({item.spec_id}), due {_stamp(item.due_at)} UTC")
+        spec = _printable(item.spec_id)
+        print(f"enqueued {_printable(item.id)} ({spec}), due {_stamp(item.due_at)} UTC")
     return 0
 
 
@@ -366,9 +453,12 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     if args.json:
         _print_item(item, True)
     elif item.state is ItemState.CANCELLED:
-        print(f"cancelled {item.id}")
+        print(f"cancelled {_printable(item.id)}")
     else:
-        print(f"cancellation requested for {item.id} ({item.state}); its worker will stop it")
+        print(
+            f"cancellation requested for {_printable(item.id)} ({item.state}); "
+            "its worker will stop it"
+        )
     return 0
 
 
@@ -380,36 +470,38 @@ def _cmd_retry(args: argparse.Namespace) -> int:
     if args.json:
         _print_item(item, True)
     else:
-        print(f"requeued {item.id}, due {_stamp(item.due_at)} UTC")
+        print(f"requeued {_printable(item.id)}, due {_stamp(item.due_at)} UTC")
     return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
     url = args.url
     if not url:
-        http: HttpSettings = _settings(args).http
-        host = f"[{http.host}]" if ":" in http.host else http.host
-        url = f"http://{host}:{http.port}/healthz"
+        served: HttpSettings = _settings(args).http
+        host = f"[{served.host}]" if ":" in served.host else served.host
+        url = f"http://{host}:{served.port}/healthz"
     try:
         with urllib.request.urlopen(url, timeout=args.timeout) as response:
             code, body = response.status, response.read()
     except urllib.error.HTTPError as error:
         code, body = error.code, error.read()
-    except (urllib.error.URLError, OSError, ValueError) as error:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
-        print(f"{PROG}: {url} is unreachable: {reason}", file=sys.stderr)
+        print(f"{PROG}: {_printable(url)} is unreachable: {_one_line(reason)}", file=sys.stderr)
         return STATUS_UNREACHABLE
     try:
         document = json.loads(body)
         healthy = bool(document["healthy"])
-        workers = list(document["workers"])
-    except (ValueError, KeyError, TypeError):
-        print(f"{PROG}: {url} answered {code} without a health document", file=sys.stderr)
+        workers = [dict(worker) for worker in document["workers"]]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        print(
+            f"{PROG}: {_printable(url)} answered {code} without a health document", file=sys.stderr
+        )
         return STATUS_UNREACHABLE
     if args.json:
         print(json.dumps(document, indent=2))
     else:
-        print(f"{url}: {'healthy' if healthy else 'UNHEALTHY'} ({code})")
+        print(f"{_printable(url)}: {'healthy' if healthy else 'UNHEALTHY'} ({code})")
         rows = [
             [
                 str(w.get("worker")),
@@ -448,8 +540,14 @@ def _flatten(view: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 _USER_ERRORS = (UserError, SuperviseError, ValueError, OSError)
 
 
-def _report(error: BaseException) -> None:
-    message = str(error) or type(error).__name__
+def _one_line(value: object) -> str:
+    """An error's text as one printable line (libpq's messages span several)."""
+    return _printable(" ".join(part.strip() for part in str(value).splitlines() if part.strip()))
+
+
+def _report(error: BaseException, dsn: str = "") -> None:
+    """One line on stderr; the password of the DSN in use scrubbed from it, however quoted."""
+    message = _one_line(scrub_dsn(str(error), dsn)) or type(error).__name__
     print(f"{PROG}: error: {message}", file=sys.stderr)
 
 
@@ -464,15 +562,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except _USER_ERRORS as error:
-        _report(error)
+        _report(error, getattr(args, "resolved_url", ""))
         return 1
     except BaseExceptionGroup as group:
-        matched, rest = group.split(_USER_ERRORS)
+        matched, rest = group.split(Exception)
         if rest is not None or matched is None:
             raise
         for leaf in _leaves(matched):
-            _report(leaf)
+            leaf = leaf if isinstance(leaf, _USER_ERRORS) else _unexpected(leaf)
+            _report(leaf, getattr(args, "resolved_url", ""))
         return 1
+    except Exception as error:  # a bug, or a library's error we did not foresee: still one line
+        _report(_unexpected(error), getattr(args, "resolved_url", ""))
+        return 1
+
+
+def _unexpected(error: BaseException) -> Exception:
+    return UserError(f"unexpected {type(error).__name__}: {error}")
 
 
 def _leaves(error: BaseException) -> list[BaseException]:

@@ -17,6 +17,8 @@ types first and then structure them here.
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import cattrs
@@ -25,7 +27,15 @@ from cattrs.preconf.json import make_converter
 
 from ._errors import ConfigError
 
-__all__ = ["converter", "describe_structure_error", "structure_config", "unstructure"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "converter",
+    "describe_structure_error",
+    "nested_too_deeply",
+    "nesting_exceeds",
+    "structure_config",
+    "unstructure",
+]
 
 T = TypeVar("T")
 
@@ -131,6 +141,63 @@ def structure_config(value: Any, cls: type[T], *, what: str) -> T:
         return converter.structure(value, cls)
     except Exception as error:
         raise ConfigError(f"{what}: {describe_structure_error(error)}") from error
+
+
+# -- nesting depth ---------------------------------------------------------------------------------
+
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of lists and objects (tables) accepted in a config or a settings file.
+
+The same number as ``queues._protocol.MAX_JSON_DEPTH``, which bounds what a queue stores: text is
+refused here before it is parsed, so that a parser's recursion never sees it.
+"""
+
+_JSON_TOKENS = re.compile(r'\\.|["\[\]{}]', re.DOTALL)
+
+
+def nested_too_deeply(what: str) -> str:
+    """The one message for input nested past :data:`MAX_JSON_DEPTH`."""
+    return f"{what} is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+
+
+def _text_nesting_exceeds(text: str, limit: int) -> bool:
+    depth = 0
+    in_string = False
+    for token in _JSON_TOKENS.finditer(text):
+        mark = token[0]
+        if mark == '"':
+            in_string = not in_string
+        elif in_string or mark[0] == "\\":
+            continue
+        elif mark in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def nesting_exceeds(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether *value* nests lists/mappings more than *limit* deep, without recursing.
+
+    A string is read as JSON text (string literals skipped): ``"[[1]]"`` is two levels.
+    """
+    if isinstance(value, str):
+        return _text_nesting_exceeds(value, limit)
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Mapping):
+            children: Any = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            continue
+        if depth + 1 > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def unstructure(value: Any) -> Any:

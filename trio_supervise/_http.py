@@ -1,24 +1,37 @@
 """The operations HTTP surface: ``/healthz``, ``/metrics`` and a status page, as a raw ASGI app.
 
 The app only reads state: a :class:`StatusSource` (the service's supervisor and runner), a
-Prometheus registry, and the queue (``counts()`` and ``list_items()``, asked per request, since a
-Prometheus collector runs synchronously and cannot await the queue itself). It is served by
-hypercorn's Trio worker through :func:`serve_http`, a ``nursery.start``-style service that
-reports the bound port and stops when the service's :class:`Shutdown` begins.
+Prometheus registry, and the queue (``counts()`` and ``list_items()``). Scrapes are bounded: the
+queue is read at most once per :data:`SCRAPE_CACHE_SECONDS` however many clients scrape, one read
+in flight at a time (concurrent requests share it), and the page lists a bounded number of rows.
+It is served by hypercorn's Trio worker through :func:`serve_http`, a ``nursery.start``-style
+service that reports the bound port and stops when the service's :class:`Shutdown` begins; the
+port is bound first (:func:`bind_http`), so that an address in use is one clear error.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import errno
 import functools
 import hashlib
 import html
+import itertools
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
-from typing import Any, Protocol
+import socket
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import trio
@@ -31,10 +44,14 @@ from ._supervisor import WorkerStatus
 from .queues import ItemState, WorkItem, WorkQueue
 
 __all__ = [
+    "SCRAPE_CACHE_SECONDS",
     "ErrorRecord",
+    "HttpBindError",
     "OperationsApp",
     "QueueDepthCollector",
+    "SharedRead",
     "StatusSource",
+    "bind_http",
     "serve_http",
 ]
 
@@ -48,6 +65,14 @@ Send = Callable[[Message], Awaitable[None]]
 _ALLOWED = "GET, HEAD"
 _QUEUE_TIMEOUT = 5.0
 """Seconds a request waits for the queue before showing what it has without it."""
+
+SCRAPE_CACHE_SECONDS = 1.0
+"""How long one read of the queue (counts, the due-soon rows) serves every scrape and page."""
+
+_MAX_ROWS = 50
+"""The most rows the page shows in its spec and error tables (the rest are counted)."""
+
+T = TypeVar("T")
 
 
 @attrs.frozen(kw_only=True)
@@ -82,7 +107,70 @@ def _worker_json(status: WorkerStatus) -> dict[str, Any]:
     return document
 
 
-# -- queue depth -----------------------------------------------------------------------------------
+# -- bounded reads of the queue --------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Read(Generic[T]):
+    value: T | None
+    problem: str | None  # why there is no value: the error, or "timed out"
+
+
+@attrs.define(eq=False)
+class SharedRead(Generic[T]):
+    """One read of the queue shared by every request for *max_age* seconds (Trio's clock).
+
+    At most one read is in flight: requests that arrive while it runs wait for it and share its
+    answer. A failure (or no answer within 5 s) is shared too, so a struggling queue is not asked
+    harder. A cancelled read leaves nothing behind; the next request reads again.
+    """
+
+    _read: Callable[[], Awaitable[T]] = attrs.field(alias="read")
+    _what: str = attrs.field(alias="what")
+    max_age: float = attrs.field(default=SCRAPE_CACHE_SECONDS, kw_only=True)
+    reads: int = attrs.field(init=False, default=0)
+    """How many times the queue was read (for tests and curiosity)."""
+    _last: _Read[T] | None = attrs.field(init=False, default=None)
+    _read_at: float = attrs.field(init=False, default=-math.inf)
+    _in_flight: trio.Event | None = attrs.field(init=False, default=None)
+    _answered: int = attrs.field(init=False, default=0)  # the read whose answer _last is
+
+    async def get(self) -> _Read[T]:
+        """The last answer if fresh, else a new one (or the one being read now)."""
+        while True:
+            if self._last is not None and trio.current_time() - self._read_at < self.max_age:
+                await trio.lowlevel.checkpoint()
+                return self._last
+            if self._in_flight is not None:
+                generation = self.reads
+                await self._in_flight.wait()
+                if self._last is not None and self._answered == generation:
+                    return self._last
+                continue  # that read was cancelled: read again
+            done = self._in_flight = trio.Event()
+            try:
+                last = self._last = await self._fetch()
+                self._read_at = trio.current_time()
+                self._answered = self.reads
+            finally:
+                self._in_flight = None
+                done.set()
+            return last
+
+    async def _fetch(self) -> _Read[T]:
+        self.reads += 1
+        with trio.move_on_after(_QUEUE_TIMEOUT):
+            try:
+                return _Read(await self._read(), None)
+            except Exception as error:
+                logger.warning("%s failed", self._what, exc_info=True)
+                return _Read(None, f"{type(error).__name__}: {error}")
+        return _Read(None, "timed out")
+
+
+def _label(text: str) -> str:
+    """A Prometheus label value that encodes (lone surrogates shown as escapes)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @attrs.define(eq=False)
@@ -90,23 +178,36 @@ class QueueDepthCollector:
     """Exports the queue's counts by spec and state, as last read by :meth:`refresh`.
 
     A collector is called synchronously during exposition, so it cannot ask the queue itself;
-    the ``/metrics`` handler awaits :meth:`refresh` just before rendering.
+    the ``/metrics`` handler awaits :meth:`refresh` just before rendering. The counts come from
+    a :class:`SharedRead` (the status page shares it), so scrapes never read more than once a
+    :data:`SCRAPE_CACHE_SECONDS`.
     """
 
     _queue: WorkQueue = attrs.field(alias="queue")
+    _source: SharedRead[Mapping[tuple[str, ItemState], int]] | None = attrs.field(
+        default=None, alias="source"
+    )
     _counts: Mapping[tuple[str, ItemState], int] = attrs.field(init=False, factory=dict)
     _up: bool = attrs.field(init=False, default=False)
 
+    def __attrs_post_init__(self) -> None:
+        if self._source is None:
+            self._source = SharedRead(self._counts_now, what="queue counts")
+
+    async def _counts_now(self) -> Mapping[tuple[str, ItemState], int]:
+        return dict(await self._queue.counts())
+
+    @property
+    def source(self) -> SharedRead[Mapping[tuple[str, ItemState], int]]:
+        """Where the counts come from (shared with the status page)."""
+        assert self._source is not None
+        return self._source
+
     async def refresh(self) -> Mapping[tuple[str, ItemState], int]:
-        """Read the counts now; on failure (or no answer in 5 s) report the queue down."""
-        counts: Mapping[tuple[str, ItemState], int] | None = None
-        with trio.move_on_after(_QUEUE_TIMEOUT):
-            try:
-                counts = dict(await self._queue.counts())
-            except Exception:
-                logger.warning("queue counts failed", exc_info=True)
-        self._up = counts is not None
-        self._counts = counts or {}
+        """The counts, read at most once per cache window; on failure report the queue down."""
+        read = await self.source.get()
+        self._up = read.value is not None
+        self._counts = read.value or {}
         return self._counts
 
     def collect(self) -> Iterable[Metric]:
@@ -116,7 +217,7 @@ class QueueDepthCollector:
             labels=["spec", "state"],
         )
         for (spec_id, state), count in sorted(self._counts.items()):
-            items.add_metric([spec_id, str(state)], count)
+            items.add_metric([_label(spec_id), str(state)], count)
         up = GaugeMetricFamily(
             "trio_supervise_queue_up", "1 if the queue answered the last scrape, else 0."
         )
@@ -189,6 +290,40 @@ def _preview(config: object) -> str:
     return text
 
 
+def _stamp(at: object) -> str:
+    if at is None:
+        return ""
+    if isinstance(at, dt.datetime):
+        return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return str(at)
+
+
+def _rows(
+    things: Sequence[T], render: Callable[[T], str], *, columns: int, what: str, empty: str
+) -> Iterator[str]:
+    """One ``<tr>`` per thing, at most :data:`_MAX_ROWS` of them, then how many were left out.
+
+    A thing that fails to render (odd data from a driver or a backend) is a row saying so,
+    never a failed page.
+    """
+    for thing in itertools.islice(things, _MAX_ROWS):
+        try:
+            yield render(thing)
+        except Exception as error:
+            logger.debug("status page cannot render a %s", what, exc_info=True)
+            yield (
+                f'<tr><td colspan="{columns}" class="muted">'
+                f"this {_e(what)} cannot be shown ({_e(type(error).__name__)})</td></tr>"
+            )
+    if len(things) > _MAX_ROWS:
+        yield (
+            f'<tr><td colspan="{columns}" class="muted">'
+            f"and {len(things) - _MAX_ROWS} more</td></tr>"
+        )
+    if not things:
+        yield f'<tr><td colspan="{columns}" class="muted">{_e(empty)}</td></tr>'
+
+
 @attrs.frozen
 class _QueueView:
     counts: Mapping[tuple[str, ItemState], int] | None
@@ -220,14 +355,15 @@ def render_status_page(
 
     add('<h2>Workers</h2><table id="workers"><thead><tr>')
     add("<th>worker</th><th>state</th><th>restarts</th><th>last error</th></tr></thead><tbody>")
-    for worker in workers:
-        add(
+
+    def worker_row(worker: WorkerStatus) -> str:
+        return (
             f'<tr><td>{_e(worker.worker)}</td><td class="{_e(_state_class(worker.state))}">'
             f'{_e(worker.state)}</td><td class="num">{_e(worker.restarts)}</td>'
             f"<td><code>{_e(worker.last_error or '')}</code></td></tr>"
         )
-    if not workers:
-        add('<tr><td colspan="4" class="muted">no workers</td></tr>')
+
+    out.extend(_rows(workers, worker_row, columns=4, what="worker", empty="no workers"))
     add("</tbody></table>")
 
     if queue is not None:
@@ -240,41 +376,44 @@ def render_status_page(
             add('<table id="counts"><thead><tr><th>spec</th>')
             add("".join(f"<th>{_e(state)}</th>" for state in states))
             add("</tr></thead><tbody>")
-            for spec in specs:
+            counts = queue.counts
+
+            def spec_row(spec: str) -> str:
                 cells = "".join(
-                    f'<td class="num">{_e(queue.counts.get((spec, state), 0))}</td>'
-                    for state in states
+                    f'<td class="num">{_e(counts.get((spec, state), 0))}</td>' for state in states
                 )
-                add(f"<tr><td>{_e(spec)}</td>{cells}</tr>")
-            if not specs:
-                add(f'<tr><td colspan="{len(states) + 1}" class="muted">empty</td></tr>')
+                return f"<tr><td>{_e(spec)}</td>{cells}</tr>"
+
+            out.extend(_rows(specs, spec_row, columns=len(states) + 1, what="spec", empty="empty"))
             add("</tbody></table>")
         add('<h2>Due soon</h2><table id="due"><thead><tr><th>id</th><th>spec</th>')
         add("<th>tenant</th><th>subject</th><th>due</th><th>errors</th><th>config</th>")
         add("</tr></thead><tbody>")
-        for item in queue.due:
-            add(
+        now = queue.now
+
+        def item_row(item: WorkItem) -> str:
+            return (
                 f"<tr><td>{_e(item.id)}</td><td>{_e(item.spec_id)}</td>"
                 f"<td>{_e(item.tenant_id)}</td><td>{_e(item.subject_id)}</td>"
-                f"<td>{_e(_when(item.due_at, queue.now))}</td>"
+                f"<td>{_e(_when(item.due_at, now))}</td>"
                 f'<td class="num">{_e(item.error_count)}'
                 f"{'<br><code>' + _e(item.last_error) + '</code>' if item.last_error else ''}"
                 f"</td><td><code>{_e(_preview(item.config))}</code></td></tr>"
             )
-        if not queue.due:
-            add('<tr><td colspan="7" class="muted">nothing queued</td></tr>')
+
+        out.extend(_rows(queue.due, item_row, columns=7, what="item", empty="nothing queued"))
         add("</tbody></table>")
 
     add('<h2>Recent errors</h2><table id="errors"><thead><tr>')
     add("<th>when</th><th>where</th><th>error</th></tr></thead><tbody>")
-    for error in errors:
-        when = error.at.strftime("%Y-%m-%d %H:%M:%S UTC") if error.at else ""
-        add(
-            f"<tr><td>{_e(when)}</td><td>{_e(error.source)}</td>"
+
+    def error_row(error: ErrorRecord) -> str:
+        return (
+            f"<tr><td>{_e(_stamp(error.at))}</td><td>{_e(error.source)}</td>"
             f"<td><code>{_e(error.message)}</code></td></tr>"
         )
-    if not errors:
-        add('<tr><td colspan="3" class="muted">none</td></tr>')
+
+    out.extend(_rows(errors, error_row, columns=3, what="error", empty="none"))
     add("</tbody></table>")
     add(f'<p class="muted">refreshes every {_e(max(1, math.ceil(refresh)))}s</p>')
     add("</body></html>")
@@ -295,6 +434,7 @@ class OperationsApp:
     :param title: the status page's heading.
     :param refresh: seconds between status page refreshes.
     :param due_limit: how many due-soon items the status page lists.
+    :param cache_for: seconds one read of the queue serves every scrape and page view.
     """
 
     source: StatusSource
@@ -303,16 +443,27 @@ class OperationsApp:
     title: str = attrs.field(default="trio_supervise", kw_only=True)
     refresh: float = attrs.field(default=5.0, kw_only=True)
     due_limit: int = attrs.field(default=20, kw_only=True)
+    cache_for: float = attrs.field(default=SCRAPE_CACHE_SECONDS, kw_only=True)
     _depth: QueueDepthCollector | None = attrs.field(init=False, default=None)
+    _due: SharedRead[Sequence[WorkItem]] | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if not self.refresh > 0:
             raise ValueError(f"refresh must be positive, got {self.refresh!r}")
         if self.due_limit < 0:
             raise ValueError(f"due_limit must be >= 0, got {self.due_limit!r}")
+        if not (math.isfinite(self.cache_for) and self.cache_for >= 0):
+            raise ValueError(f"cache_for must be a finite number >= 0, got {self.cache_for!r}")
         if self.queue is not None:
-            self._depth = QueueDepthCollector(self.queue)
+            queue = self.queue
+            self._depth = QueueDepthCollector(queue)
+            self._depth.source.max_age = self.cache_for
             self.registry.register(self._depth)
+
+            async def due() -> Sequence[WorkItem]:
+                return await queue.list_items(states=[ItemState.QUEUED], limit=self.due_limit)
+
+            self._due = SharedRead(due, what="status page due items", max_age=self.cache_for)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -388,23 +539,17 @@ class OperationsApp:
 
     async def _queue_view(self) -> _QueueView:
         assert self.queue is not None
-        counts: Mapping[tuple[str, ItemState], int] | None = None
-        due: Sequence[WorkItem] = ()
-        problem: str | None = "timed out"
-        with trio.move_on_after(_QUEUE_TIMEOUT):
-            try:
-                counts = await self.queue.counts()
-                due = await self.queue.list_items(states=[ItemState.QUEUED], limit=self.due_limit)
-                problem = None
-            except Exception as error:
-                logger.warning("status page could not read the queue", exc_info=True)
-                problem = f"{type(error).__name__}: {error}"
+        assert self._depth is not None
+        assert self._due is not None
+        counts = await self._depth.source.get()
+        due = await self._due.get() if counts.value is not None else _Read(None, None)
+        problem = counts.problem or due.problem
         now: dt.datetime | None = None
         try:
             now = self.queue.clock.now()
         except Exception:
             logger.debug("queue clock failed", exc_info=True)
-        return _QueueView(counts=counts, due=due, now=now, problem=problem)
+        return _QueueView(counts=counts.value, due=due.value or (), now=now, problem=problem)
 
     async def _page(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         queue = None if self.queue is None else await self._queue_view()
@@ -417,10 +562,80 @@ class OperationsApp:
             refresh=self.refresh,
         )
         headers = [(b"content-type", b"text/html; charset=utf-8"), *_PAGE_HEADERS]
-        return 200, headers, text.encode()
+        # Stored text may hold lone surrogates (no UTF-8 for them): shown as escapes, never a 500.
+        return 200, headers, text.encode("utf-8", "backslashreplace")
 
 
 # -- serving ---------------------------------------------------------------------------------------
+
+
+class HttpBindError(OSError):
+    """The operations server cannot listen where it was told (the address in use, say)."""
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def bind_http(host: str = "127.0.0.1", port: int = 8080) -> Any:
+    """Bind and listen on *host*:*port* now, for :func:`serve_http`'s *sockets*.
+
+    Returns hypercorn's ``Sockets``; raises :class:`HttpBindError` as one line,
+    ``cannot bind 127.0.0.1:8080: address already in use``. Close the sockets (or hand them to
+    :func:`serve_http`, which closes them) when done.
+    """
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be between 0 and 65535, got {port!r}")
+    from hypercorn.config import Sockets
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as error:
+        raise HttpBindError(f"cannot bind {_address(host, port)}: {_reason(error)}") from None
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(_BACKLOG)
+        sock.setblocking(False)
+    except (OSError, UnicodeError) as error:  # UnicodeError: a host name IDNA cannot encode
+        sock.close()
+        raise HttpBindError(f"cannot bind {_address(host, port)}: {_reason(error)}") from None
+    return Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+
+
+_BACKLOG = 100
+"""Connections the kernel queues before the server accepts them (hypercorn's default)."""
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
+        return "address already in use"
+    text = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    return text[:1].lower() + text[1:]
+
+
+def _close(sockets: Any) -> None:
+    for sock in (*sockets.secure_sockets, *sockets.insecure_sockets, *sockets.quic_sockets):
+        sock.close()
+
+
+def _config(host: str, port: int, graceful_timeout: float = 3.0) -> Any:
+    from hypercorn.config import Config
+
+    config = Config()
+    config.bind = [_address(host, port)]
+    config.accesslog = None
+    config.errorlog = logger
+    config.graceful_timeout = graceful_timeout
+    config.h11_max_incomplete_size = 16 * 1024
+    config.h2_max_header_list_size = 16 * 1024
+    config.max_app_queue_size = 10
+    config.keep_alive_timeout = 5
+    config.include_server_header = False
+    config.wsgi_max_body_size = 0
+    return config
 
 
 def _port_of(bind: str) -> int:
@@ -434,34 +649,35 @@ async def serve_http(
     *,
     shutdown: Shutdown,
     graceful_timeout: float = 3.0,
+    sockets: Any = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve *app* with hypercorn's Trio worker until *shutdown* begins.
 
     Reports the bound port through *task_status* (useful with ``port=0``). Open requests get
-    *graceful_timeout* seconds once shutdown begins.
+    *graceful_timeout* seconds once shutdown begins. *sockets* from :func:`bind_http` are used
+    (and closed) instead of binding *host*:*port* here; either way an address that cannot be
+    bound raises :class:`HttpBindError` before anything is served.
     """
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must be between 0 and 65535, got {port!r}")
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
+    from hypercorn.trio.run import worker_serve
+    from hypercorn.utils import wrap_app
 
-    config = Config()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = logger
-    config.graceful_timeout = graceful_timeout
-    config.h11_max_incomplete_size = 16 * 1024
-    config.h2_max_header_list_size = 16 * 1024
-    config.max_app_queue_size = 10
-    config.keep_alive_timeout = 5
-    config.include_server_header = False
-    config.wsgi_max_body_size = 0
-
-    async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(
-            functools.partial(serve, app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
-        )
-        bound = _port_of(binds[0])
-        logger.info("operations HTTP on %s", binds[0])
-        task_status.started(bound)
+    if sockets is None:
+        sockets = bind_http(host, port)
+    config = _config(host, port, graceful_timeout)
+    try:
+        async with trio.open_nursery() as nursery:
+            binds: list[str] = await nursery.start(
+                functools.partial(
+                    worker_serve,
+                    wrap_app(app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
+                    config,
+                    sockets=sockets,
+                    shutdown_trigger=shutdown.wait,
+                )
+            )
+            bound = _port_of(binds[0])
+            logger.info("operations HTTP on %s", binds[0])
+            task_status.started(bound)
+    finally:
+        _close(sockets)

@@ -21,7 +21,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from ._errors import WorkerFailed
-from ._http import ErrorRecord, OperationsApp, serve_http
+from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
 from ._lifecycle import Shutdown
 from ._policy import Jitter
 from ._runner import RunnerEvent, RunnerState, WorkflowRunner
@@ -93,6 +93,7 @@ class Service:
     runner: WorkflowRunner[Any] | None = attrs.field(init=False, default=None)
     http_port: int | None = attrs.field(init=False, default=None)
     """The bound HTTP port once the server is up (useful with port 0)."""
+    _http_sockets: Any = attrs.field(init=False, default=None, repr=False)
     _forced_by: int | None = attrs.field(init=False, default=None)
 
     # -- what the HTTP surface reads (StatusSource) --------------------------------------------
@@ -159,6 +160,10 @@ class Service:
             queue = self.queue
             if queue is None:
                 queue = await stack.enter_async_context(open_queue(url))
+            if settings.http.enabled:  # an address in use is a settings error: raised up front
+                sockets = bind_http(settings.http.host, settings.http.port)
+                stack.callback(_close_unused, sockets, self)
+                self._http_sockets = sockets
             supervisor = self._build(settings, queue)
             return await self._supervise(supervisor, task_status)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -221,6 +226,7 @@ class Service:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        sockets, self._http_sockets = self._http_sockets, None  # bound by run(), used once
         async with trio.open_nursery() as nursery:
             self.http_port = await nursery.start(
                 functools.partial(
@@ -230,6 +236,7 @@ class Service:
                     settings.http.port,
                     shutdown=self.shutdown,
                     graceful_timeout=settings.http.graceful_timeout,
+                    sockets=sockets,
                 )
             )
             task_status.started()
@@ -288,6 +295,14 @@ class Service:
                 self._forced_by = signum
                 scope.cancel()
                 return
+
+
+def _close_unused(sockets: Any, service: Service) -> None:
+    """Close the HTTP sockets ``run()`` bound if the server never took them."""
+    if service._http_sockets is sockets:
+        service._http_sockets = None
+        for sock in sockets.insecure_sockets:
+            sock.close()
 
 
 @attrs.frozen

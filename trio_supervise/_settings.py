@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import difflib
 import enum
+import ipaddress
 import json
+import math
 import os
+import re
 import socket
 import tomllib
 import types
@@ -34,6 +37,7 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
 from ._convert import converter as _shared_converter
+from ._convert import nested_too_deeply, nesting_exceeds
 from ._errors import SettingsError
 from ._workflow import RunnerSettings
 from .queues._factory import DEFAULT_DATABASE_URL
@@ -43,8 +47,11 @@ __all__ = [
     "DEFAULT_DATABASE_URL",
     "ENV_PREFIX",
     "HttpSettings",
+    "MAX_COUNT",
+    "MAX_SECONDS",
     "LogLevel",
     "Settings",
+    "check_host",
     "default_worker_id",
     "load_settings",
     "structure_settings",
@@ -86,6 +93,29 @@ def _non_empty(instance: object, attribute: attrs.Attribute[str], value: str) ->
         raise ValueError(f"{attribute.name} must not be empty")
 
 
+_HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}\Z){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?\Z")
+
+
+def check_host(host: str, *, what: str = "host") -> str:
+    """Refuse a *host* that is neither an IP address nor a DNS name (``ValueError`` naming it)."""
+    if not host.strip():
+        raise ValueError(f"{what} must not be empty")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOST_NAME.match(host):
+            raise ValueError(
+                f"{what} must be an IP address or a host name (letters, digits, '-', '.'), "
+                f"got {host!r}"
+            ) from None
+    return host
+
+
+def _host(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    check_host(value, what=attribute.name)
+
+
 def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not value > 0 or value == float("inf"):
         raise ValueError(f"{attribute.name} must be positive, got {value!r}")
@@ -97,7 +127,7 @@ class HttpSettings:
 
     enabled: bool = True
     """Serve HTTP at all."""
-    host: str = attrs.field(default="127.0.0.1", validator=_non_empty)
+    host: str = attrs.field(default="127.0.0.1", validator=_host)
     """Interface to bind; loopback unless you mean to expose it."""
     port: int = attrs.field(default=8080, validator=_port)
     """TCP port; 0 picks a free one (tests)."""
@@ -215,6 +245,8 @@ def _parse_env(text: str, tp: Any) -> Any:
         raise _EnvProblem(_enum_rule(tp, text))
     if isinstance(tp, type) and attrs.has(tp):
         raise _EnvProblem("is a table of settings; set its fields (NAME__FIELD) instead")
+    if nesting_exceeds(text):
+        raise _EnvProblem(nested_too_deeply("the value"))
     try:  # lists, mappings and anything else: JSON
         return json.loads(text)
     except ValueError:
@@ -333,7 +365,7 @@ def structure_settings(
 ) -> T:
     """Structure *data* into *cls*; a :class:`SettingsError` names every problem's field path."""
     try:
-        return converter.structure(data, cls)
+        made = converter.structure(data, cls)
     except (
         cattrs.BaseValidationError,
         ForbiddenExtraKeysError,
@@ -348,6 +380,70 @@ def structure_settings(
             source = (sources or {}).get(where)
             problems.append(f"{line} (from {source})" if source else line)
         raise SettingsError("; ".join(problems)) from None
+    out_of_range = []
+    for where, rule in _range_problems(made, ()):
+        source = (sources or {}).get(where)
+        line = f"{where}: {rule}"
+        out_of_range.append(f"{line} (from {source})" if source else line)
+    if out_of_range:
+        raise SettingsError("; ".join(out_of_range))
+    return made
+
+
+# -- ranges --------------------------------------------------------------------------------------
+#
+# The classes' own validators refuse what is wrong in kind (negative, zero, NaN, infinite). The
+# bounds below refuse what is absurd in size, before it becomes an OverflowError in every claim
+# (a lease of 1e308 seconds overflows timedelta; a claim batch of 2**70 overflows SQLite).
+
+MAX_SECONDS = 365 * 24 * 3600
+"""The longest duration any setting of trio_supervise takes: 365 days, in seconds."""
+
+MAX_COUNT = 1_000_000
+"""The largest count (concurrency, batch sizes, bounds on errors, attempts and restarts)."""
+
+_INT64 = 2**63
+_UNBOUNDED_COUNTS = frozenset({"port"})
+"""Int fields with a range of their own (checked by their validator)."""
+_SEED_FIELDS = frozenset({"jitter_seed"})
+"""Int fields that are identifiers, not counts: any 64-bit integer."""
+
+
+def _range_problems(instance: object, path: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+    """``(field path, rule)`` for every number of trio_supervise's own settings out of range.
+
+    Only the library's classes are bounded (an application's own settings mean what they say);
+    the tables inside them are walked whatever their class.
+    """
+    cls: Any = type(instance)
+    if not attrs.has(cls):
+        return
+    ours = cls.__module__.startswith(__package__ or "trio_supervise")
+    for field in attrs.fields(cls):
+        value = getattr(instance, field.name)
+        where = (*path, field.name)
+        if attrs.has(type(value)):
+            yield from _range_problems(value, where)
+        elif ours and not isinstance(value, bool):
+            rule = _range_rule(field.name, value)
+            if rule is not None:
+                yield ".".join(where), rule
+
+
+def _range_rule(name: str, value: object) -> str | None:
+    if isinstance(value, float):
+        if math.isfinite(value) and abs(value) <= MAX_SECONDS:
+            return None
+        return f"must be at most {MAX_SECONDS} seconds (365 days), got {value!r}"
+    if not isinstance(value, int) or name in _UNBOUNDED_COUNTS:
+        return None
+    if name in _SEED_FIELDS:
+        if -_INT64 <= value < _INT64:
+            return None
+        return f"must be a 64-bit integer, got {value!r}"
+    if abs(value) <= MAX_COUNT:
+        return None
+    return f"must be at most {MAX_COUNT}, got {value!r}"
 
 
 # -- sources -------------------------------------------------------------------------------------
@@ -356,13 +452,24 @@ def structure_settings(
 def _read_file(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as file:
-            return tomllib.load(file)
+            data = tomllib.load(file)
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise SettingsError(_file_too_deep(path)) from None
     except FileNotFoundError:
         raise SettingsError(f"settings file {str(path)!r} does not exist") from None
     except tomllib.TOMLDecodeError as error:
         raise SettingsError(f"settings file {str(path)!r} is not valid TOML: {error}") from None
     except OSError as error:
         raise SettingsError(f"settings file {str(path)!r} cannot be read: {error}") from None
+    except UnicodeDecodeError as error:
+        raise SettingsError(f"settings file {str(path)!r} is not UTF-8: {error}") from None
+    if nesting_exceeds(data):
+        raise SettingsError(_file_too_deep(path))
+    return data
+
+
+def _file_too_deep(path: Path) -> str:
+    return nested_too_deeply(f"settings file {str(path)!r}")
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -64,7 +64,7 @@ from ._protocol import (
     check_json,
     check_new_item,
 )
-from ._sql import redact_dsn
+from ._sql import redact_dsn, scrub_dsn
 
 if TYPE_CHECKING:
     import psycopg
@@ -102,23 +102,6 @@ def _item(row: Row) -> WorkItem:
     )
 
 
-def _password(dsn: str) -> str | None:
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        value = conninfo_to_dict(dsn).get("password")
-    except Exception:
-        return None
-    return value if isinstance(value, str) and value else None
-
-
-def _scrub(text: str, secret: str | None) -> str:
-    text = redact_dsn(text)
-    if secret and len(secret) >= 3:
-        text = text.replace(secret, "***")
-    return text
-
-
 _UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "53300"}
 _RECONNECT_WAIT = 2.0
 """Seconds a call whose connection died waits for a fresh one before reporting the outage."""
@@ -135,7 +118,8 @@ def map_error(error: Exception, dsn: str) -> QueueError:
     import psycopg_pool
 
     where = redact_dsn(dsn)
-    text = _scrub(str(error), _password(dsn))
+    text = scrub_dsn(str(error), dsn)
+    error.args = (text,)  # the caller chains *error*: its traceback must not show the password
     if isinstance(error, psycopg.errors.UndefinedTable):
         return SchemaError(
             f"PostgreSQL queue at {where} has no queue schema ({text}); "
@@ -277,7 +261,7 @@ class _Listener:
                 logger.warning(
                     "queue LISTEN connection to %s failed (%s); reconnecting in %.1fs",
                     redact_dsn(self.dsn),
-                    _scrub(str(error), _password(self.dsn)),
+                    scrub_dsn(str(error), self.dsn),
                     backoff,
                 )
                 self.stop.wait(backoff)

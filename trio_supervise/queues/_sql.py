@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Literal
@@ -31,8 +32,10 @@ __all__ = [
     "latest_version",
     "load_queries",
     "migrations",
+    "dsn_secrets",
     "redact_dsn",
     "schema_sql",
+    "scrub_dsn",
     "too_new",
 ]
 
@@ -134,21 +137,86 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/?#@\s]*:)[^@\s]*(?=@)")
 _SECRET_KEYS = r"(?:ssl)?password|passwd|secret|token"
+_URL_IN_TEXT = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/?#@\s]*:)[^@\s]*(?=@)")
 _QUERY_PASSWORD = re.compile(rf"(?P<head>[?&](?:{_SECRET_KEYS})=)[^&#\s]*", re.IGNORECASE)
+_QUERY_VALUE = re.compile(rf"[?&](?:{_SECRET_KEYS})=(?P<value>[^&#]*)", re.IGNORECASE)
 _KV_PASSWORD = re.compile(
-    rf"(?P<head>\b(?:{_SECRET_KEYS})\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE
+    rf"(?P<head>\b(?:{_SECRET_KEYS})\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*(?:'|$)|[^\s']+)",
+    re.IGNORECASE | re.DOTALL,
 )
+_PIECES = re.compile(r"[@\s/?#:'\"]+")
+_MASK = "***"
+_MIN_SECRET = 3
+"""Shorter secrets are not searched for in texts: masking them would mangle the words."""
+_MIN_PIECE = 4
+
+
+def _url_password_span(dsn: str) -> tuple[int, int] | None:
+    """Where the password of the URL *dsn* is, read generously enough that an unencoded ``@``,
+    space, ``?`` or ``/`` in a password stays inside it.
+
+    The credentials end at the last ``@`` before the first ``/`` after the scheme; when no ``@``
+    comes before that ``/`` (a password holding a ``/``), at the last ``@`` before the query.
+    The password runs from the first ``:`` of the credentials.
+    """
+    start = dsn.find("://") + 3
+    slash = dsn.find("/", start)
+    last_at = dsn.rfind("@", start, slash if slash >= 0 else len(dsn))
+    if last_at < 0 and slash >= 0:
+        query = dsn.find("?", slash)
+        last_at = dsn.rfind("@", slash, query if query >= 0 else len(dsn))
+    if last_at < 0:
+        return None
+    colon = dsn.find(":", start, last_at)
+    return None if colon < 0 else (colon + 1, last_at)
+
+
+def dsn_secrets(dsn: str) -> tuple[str, ...]:
+    """Every secret *dsn* holds, as it is written, decoded, and in the fragments a parser may
+    quote on its own (libpq splits a malformed URL at the first ``@``); longest first."""
+    found: set[str] = set()
+    if "://" in dsn:
+        span = _url_password_span(dsn)
+        if span is not None:
+            found.add(dsn[span[0] : span[1]])
+        found.update(match["value"] for match in _QUERY_VALUE.finditer(dsn))
+    else:
+        for match in _KV_PASSWORD.finditer(dsn):
+            value = match["value"]
+            if value.startswith("'"):
+                value = re.sub(r"\\(.)", r"\1", value[1:].removesuffix("'"))
+            found.add(value)
+    found |= {urllib.parse.unquote(secret) for secret in found}
+    found |= {
+        piece for secret in found for piece in _PIECES.split(secret) if len(piece) >= _MIN_PIECE
+    }
+    return tuple(sorted((s for s in found if len(s) >= _MIN_SECRET), key=len, reverse=True))
 
 
 def redact_dsn(dsn: str) -> str:
     """*dsn* with any password replaced by ``***``, for error messages and logs.
 
-    Handles URLs (``postgresql://user:secret@host/db``, ``?password=secret``) and libpq
-    key/value strings (``host=h password=secret``, quoted or not).
+    Handles URLs (``postgresql://user:secret@host/db``, ``?password=secret``), malformed ones
+    included (an unencoded ``@`` or space in the password), and libpq key/value strings
+    (``host=h password=secret``, quoted or not, even unterminated).
     """
     if "://" in dsn:
-        dsn = _URL_PASSWORD.sub(r"\g<head>***", dsn)
-        return _QUERY_PASSWORD.sub(r"\g<head>***", dsn)
-    return _KV_PASSWORD.sub(r"\g<head>***", dsn)
+        span = _url_password_span(dsn)
+        if span is not None:
+            dsn = dsn[: span[0]] + _MASK + dsn[span[1] :]
+        return _QUERY_PASSWORD.sub(rf"\g<head>{_MASK}", dsn)
+    return _KV_PASSWORD.sub(rf"\g<head>{_MASK}", dsn)
+
+
+def scrub_dsn(text: str, dsn: str) -> str:
+    """*text* (an error message, a log line) with *dsn* redacted wherever it appears and every
+    secret of *dsn* removed, even where a parser quoted a piece of it on its own."""
+    if dsn:
+        text = text.replace(dsn, redact_dsn(dsn))
+    text = _URL_IN_TEXT.sub(rf"\g<head>{_MASK}", text)
+    text = _QUERY_PASSWORD.sub(rf"\g<head>{_MASK}", text)
+    text = _KV_PASSWORD.sub(rf"\g<head>{_MASK}", text)
+    for secret in dsn_secrets(dsn):
+        text = text.replace(secret, _MASK)
+    return text
