@@ -42,6 +42,8 @@ from ._supervisor import Supervisor as Supervisor
 from ._supervisor import WorkerState as WorkerState
 from ._supervisor import WorkerStatus as WorkerStatus
 from ._version import __version__ as __version__
+from ._workflow import AnyWorkflowDriver as AnyWorkflowDriver
+from ._workflow import ContextFactory as ContextFactory
 from ._workflow import Continue as Continue
 from ._workflow import DriverRegistry as DriverRegistry
 from ._workflow import Outcome as Outcome
@@ -49,6 +51,7 @@ from ._workflow import PassStats as PassStats
 from ._workflow import Reschedule as Reschedule
 from ._workflow import RunnerSettings as RunnerSettings
 from ._workflow import Stop as Stop
+from ._workflow import TypedWorkflowDriver as TypedWorkflowDriver
 from ._workflow import WorkflowDriver as WorkflowDriver
 from ._workflow import run_due_pass as run_due_pass
 from .queues import ItemState as ItemState
@@ -63,9 +66,11 @@ from .queues import migrate as migrate
 from .queues import open_queue as open_queue
 
 __all__ = [
+    "AnyWorkflowDriver",
     "ChildSpec",
     "Clock",
     "ConfigError",
+    "ContextFactory",
     "Continue",
     "DriverError",
     "DriverRegistry",
@@ -110,6 +115,7 @@ __all__ = [
     "Supervisor",
     "SystemClock",
     "TrioClock",
+    "TypedWorkflowDriver",
     "WorkItem",
     "WorkQueue",
     "WorkerFailed",

@@ -383,7 +383,10 @@ def load_settings(
 
 @typing.overload
 def load_settings(
-    path: str | os.PathLike[str] | None, env: Mapping[str, str] | None, *, cls: type[T]
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    cls: type[T],
 ) -> T: ...
 
 
