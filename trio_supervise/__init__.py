@@ -20,6 +20,9 @@ from ._http import OperationsApp as OperationsApp
 from ._http import StatusSource as StatusSource
 from ._http import serve_http as serve_http
 from ._lifecycle import Shutdown as Shutdown
+from ._logging import JsonFormatter as JsonFormatter
+from ._logging import LogFormat as LogFormat
+from ._logging import configure_logging as configure_logging
 from ._policy import Jitter as Jitter
 from ._policy import JitterMode as JitterMode
 from ._policy import RestartPolicy as RestartPolicy
@@ -33,6 +36,7 @@ from ._service import Service as Service
 from ._service import run_service as run_service
 from ._settings import HttpSettings as HttpSettings
 from ._settings import LogLevel as LogLevel
+from ._settings import LogSettings as LogSettings
 from ._settings import Settings as Settings
 from ._settings import load_settings as load_settings
 from ._supervisor import ChildSpec as ChildSpec
@@ -82,10 +86,13 @@ __all__ = [
     "ItemStateError",
     "Jitter",
     "JitterMode",
+    "JsonFormatter",
     "Lease",
     "LeaseLost",
     "LeaseStatus",
+    "LogFormat",
     "LogLevel",
+    "LogSettings",
     "MemoryQueue",
     "OperationsApp",
     "Outcome",
@@ -124,6 +131,7 @@ __all__ = [
     "WorkflowDriver",
     "WorkflowRunner",
     "__version__",
+    "configure_logging",
     "load_settings",
     "migrate",
     "open_queue",

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from ._errors import WorkerFailed
 from ._http import ErrorRecord, OperationsApp, serve_http
 from ._lifecycle import Shutdown
+from ._logging import configure_logging
 from ._policy import Jitter
 from ._runner import RunnerEvent, RunnerState, WorkflowRunner
 from ._settings import Settings, load_settings
@@ -313,13 +314,11 @@ def run_service(service: Service) -> int:
     """Run *service* in a new Trio run and return the exit code (the CLI's ``run``).
 
     Loads the settings first when the service has none, so that a settings error is raised
-    before anything starts, and configures logging at ``settings.log_level``.
+    before anything starts, and configures logging from them (``log_level`` on the library's
+    loggers, and a ``log.format`` handler on stderr unless the application has its own; see
+    :func:`~trio_supervise.configure_logging`).
     """
     if service.settings is None:
         service.settings = load_settings()
-    logging.basicConfig(
-        level=service.settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(service.settings.log_level, service.settings.log.format)
     return trio.run(service.run)

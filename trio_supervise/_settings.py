@@ -35,6 +35,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
 from ._convert import converter as _shared_converter
 from ._errors import SettingsError
+from ._logging import LogFormat
 from ._workflow import RunnerSettings
 from .queues._factory import DEFAULT_DATABASE_URL
 from .queues._sql import redact_dsn
@@ -44,6 +45,7 @@ __all__ = [
     "ENV_PREFIX",
     "HttpSettings",
     "LogLevel",
+    "LogSettings",
     "Settings",
     "default_worker_id",
     "load_settings",
@@ -107,6 +109,15 @@ class HttpSettings:
     """Seconds open requests get to finish once shutdown begins."""
 
 
+@attrs.frozen(kw_only=True)
+class LogSettings:
+    """How the service logs (the level is ``log_level``, beside this table)."""
+
+    format: LogFormat = LogFormat.TEXT
+    """``text``, or ``json`` for one JSON object a line; applies to the stderr handler the
+    service installs when the application has none of its own."""
+
+
 def default_worker_id() -> str:
     """``host-pid``: unique among the live workers of one machine, readable in a lease."""
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -125,7 +136,10 @@ class Settings:
     )
     """Where the queue lives: ``sqlite:///path.db``, ``postgresql://...`` or ``memory://``."""
     log_level: LogLevel = LogLevel.INFO
-    """The root log level."""
+    """The level of the ``trio_supervise`` loggers (and of the root logger, when the service
+    installs the log handler itself)."""
+    log: LogSettings = attrs.field(factory=LogSettings)
+    """The log format."""
     jitter_seed: int | None = None
     """Fix the restart-jitter seed (tests); ``None`` draws one per process."""
     http: HttpSettings = attrs.field(factory=HttpSettings)
