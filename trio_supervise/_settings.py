@@ -414,6 +414,11 @@ def load_settings(
 
     With no *path*, the file named by ``TRIO_SUPERVISE_CONFIG`` is read, if that is set.
     *env* defaults to ``os.environ``. Raises :class:`SettingsError` naming every bad field.
+
+    *cls* is the attrs class to build, :class:`Settings` by default. An application's own
+    settings subclass :class:`Settings` and add their fields (a table of their own, usually):
+    they are read from the same file and from ``TRIO_SUPERVISE_*`` variables, with the same
+    strictness and the same error messages, and a field without a default is required.
     """
     env = os.environ if env is None else env
     if path is None and env.get(CONFIG_ENV):
@@ -423,8 +428,23 @@ def load_settings(
     if problems:
         raise SettingsError("; ".join(problems))
     # Layer over the defaults, so that setting one field of a nested table keeps the others.
-    defaults = converter.unstructure(cls())
-    return structure_settings(_merge(_merge(defaults, data), layer), cls, sources=sources)
+    return structure_settings(_merge(_merge(_defaults(cls), data), layer), cls, sources=sources)
+
+
+def _defaults(cls: type[Any]) -> dict[str, Any]:
+    """The fields of *cls* that have defaults, unstructured; required fields (an application's
+    section without defaults) are left out, so a missing one is reported by name."""
+    defaults: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        default = field.default
+        if default is attrs.NOTHING:
+            continue
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            if default.takes_self:
+                continue
+            default = default.factory()
+        defaults[field.alias] = converter.unstructure(default)
+    return defaults
 
 
 # -- redaction -----------------------------------------------------------------------------------
