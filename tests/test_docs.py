@@ -469,6 +469,26 @@ def test_shell_blocks_run(page: Path, tmp_path: Path) -> None:
             _run_shell(block, tmp_path, env, port)
 
 
+_MARKER = re.compile(r"^%\s*(?P<name>[\w-]+):")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_block_markers_are_known(page: Path) -> None:
+    """A ``% name:`` comment before a block is a marker this file knows, on a block it applies
+    to, so a misspelt one cannot silently change what runs."""
+    for block in blocks(page):
+        found = _MARKER.match(block.marker)
+        if found is None:
+            continue
+        where = f"{block.page}:{block.line}"
+        assert found["name"] in ("illustration", "long-running", "file"), f"{where}: {found[0]}"
+        assert block.illustration or block.long_running or block.file, f"{where}: no reason given"
+        if block.long_running:
+            assert block.is_shell, f"{where}: long-running applies to shell blocks"
+        if block.file:
+            assert block.is_python, f"{where}: file applies to python blocks"
+
+
 _EXTRAS = re.compile(r"pip install[^\n]*?\.\[(?P<extras>[\w,-]+)\]")
 
 

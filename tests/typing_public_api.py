@@ -145,6 +145,18 @@ async def supervision() -> None:
     await supervisor.run()
 
 
+async def harness_api() -> None:
+    from trio_supervise.testing import Harness, open_harness
+
+    async with open_harness() as harness:
+        assert_type(harness, Harness)
+        runner = await harness.run_drivers(
+            WateringDriver(), JsonDriver(), build_context=open_garden
+        )
+        assert_type(runner, ts.WorkflowRunner[Any])
+        assert_type(await harness.advance(60), float)
+
+
 def settings() -> None:
     loaded = ts.load_settings()
     assert_type(loaded, ts.Settings)
