@@ -229,11 +229,35 @@ async def test_the_context_manager_is_exited_when_the_runner_is_cancelled(
     pool = Pool()
     await queue.enqueue("watering", item_id="slow", config={"litres": 1})
     runner = runner_for(queue, WateringDriver(), pool.open)
-    with trio.move_on_after(0.5):
-        await runner.run()
-    assert pool.opened == [0.0]
-    assert pool.closed == [(0.5, "Cancelled")]
-    assert runner.state is ts.RunnerState.STOPPED
+    for _ in range(2):  # a restart of the same runner opens a fresh one
+        with trio.move_on_after(0.5):
+            await runner.run()
+        assert runner.state is ts.RunnerState.STOPPED
+    assert pool.opened == [0.0, 0.5]
+    assert pool.closed == [(0.5, "Cancelled"), (1.0, "Cancelled")]
+
+
+async def test_a_service_closes_its_context_when_it_stops(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``Service(build_context=...)`` with a context manager: open while it runs, closed after
+    ``stop()`` drained it."""
+    queue, pool = ts.MemoryQueue(), Pool()
+    await queue.enqueue("watering", item_id="a", config={"litres": 1})
+    service = ts.Service(
+        drivers=[WateringDriver()],
+        build_context=pool.open,
+        queue=queue,
+        settings=ts.Settings(http=ts.HttpSettings(enabled=False), runner=settings(), jitter_seed=1),
+        handle_signals=False,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await trio.sleep(5)
+        assert (pool.opened, pool.closed) == ([0.0], [])
+        service.stop()
+    assert pool.closed == [(5.0, None)]
+    assert (await queue.get("a")).state is ts.ItemState.COMPLETED
 
 
 async def test_the_context_manager_is_exited_when_the_runner_fails(
