@@ -64,8 +64,7 @@ class DigestDriver:
     def validate_specs(self) -> None:
         pass
 
-    async def evaluate(self, context: Outbox, item: WorkItem) -> Outcome:
-        config: Digest = item.config
+    async def evaluate(self, context: Outbox, item: WorkItem, config: Digest) -> Outcome:
         await trio.sleep(30)  # rendering and sending take half a minute
         sent = config.sent + 1
         context.log(f"digest #{sent} sent to {config.recipient}")

@@ -20,6 +20,9 @@ from ._http import OperationsApp as OperationsApp
 from ._http import StatusSource as StatusSource
 from ._http import serve_http as serve_http
 from ._lifecycle import Shutdown as Shutdown
+from ._logging import JsonFormatter as JsonFormatter
+from ._logging import LogFormat as LogFormat
+from ._logging import configure_logging as configure_logging
 from ._policy import Jitter as Jitter
 from ._policy import JitterMode as JitterMode
 from ._policy import RestartPolicy as RestartPolicy
@@ -33,6 +36,7 @@ from ._service import Service as Service
 from ._service import run_service as run_service
 from ._settings import HttpSettings as HttpSettings
 from ._settings import LogLevel as LogLevel
+from ._settings import LogSettings as LogSettings
 from ._settings import Settings as Settings
 from ._settings import load_settings as load_settings
 from ._supervisor import ChildSpec as ChildSpec
@@ -42,6 +46,8 @@ from ._supervisor import Supervisor as Supervisor
 from ._supervisor import WorkerState as WorkerState
 from ._supervisor import WorkerStatus as WorkerStatus
 from ._version import __version__ as __version__
+from ._workflow import AnyWorkflowDriver as AnyWorkflowDriver
+from ._workflow import ContextFactory as ContextFactory
 from ._workflow import Continue as Continue
 from ._workflow import DriverRegistry as DriverRegistry
 from ._workflow import Outcome as Outcome
@@ -49,6 +55,7 @@ from ._workflow import PassStats as PassStats
 from ._workflow import Reschedule as Reschedule
 from ._workflow import RunnerSettings as RunnerSettings
 from ._workflow import Stop as Stop
+from ._workflow import TypedWorkflowDriver as TypedWorkflowDriver
 from ._workflow import WorkflowDriver as WorkflowDriver
 from ._workflow import run_due_pass as run_due_pass
 from .queues import ItemState as ItemState
@@ -63,9 +70,11 @@ from .queues import migrate as migrate
 from .queues import open_queue as open_queue
 
 __all__ = [
+    "AnyWorkflowDriver",
     "ChildSpec",
     "Clock",
     "ConfigError",
+    "ContextFactory",
     "Continue",
     "DriverError",
     "DriverRegistry",
@@ -77,10 +86,13 @@ __all__ = [
     "ItemStateError",
     "Jitter",
     "JitterMode",
+    "JsonFormatter",
     "Lease",
     "LeaseLost",
     "LeaseStatus",
+    "LogFormat",
     "LogLevel",
+    "LogSettings",
     "MemoryQueue",
     "OperationsApp",
     "Outcome",
@@ -110,6 +122,7 @@ __all__ = [
     "Supervisor",
     "SystemClock",
     "TrioClock",
+    "TypedWorkflowDriver",
     "WorkItem",
     "WorkQueue",
     "WorkerFailed",
@@ -118,6 +131,7 @@ __all__ = [
     "WorkflowDriver",
     "WorkflowRunner",
     "__version__",
+    "configure_logging",
     "load_settings",
     "migrate",
     "open_queue",

@@ -71,8 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     run = commands.add_parser("run", parents=[settings], help="run a service")
-    run.add_argument("target", metavar="MODULE:ATTR", help="a Service, or a callable returning one")
+    run.add_argument(
+        "target",
+        metavar="MODULE:ATTR",
+        help="a Service, or a callable returning one (called with settings= if it takes them)",
+    )
     run.add_argument("--http", metavar="HOST:PORT", help="serve the operations HTTP here")
+    run.add_argument(
+        "--settings-class",
+        metavar="MODULE:CLASS",
+        help="the application's settings: a subclass of trio_supervise.Settings, read from the "
+        "same file and environment",
+    )
     run.set_defaults(handler=_cmd_run)
 
     mig = commands.add_parser("migrate", parents=[database], help="apply schema migrations")
@@ -303,10 +313,50 @@ def _print_item(item: WorkItem, as_json: bool) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     from ._service import Service, run_service
 
-    module_name, sep, attr_path = args.target.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise UserError(f"expected MODULE:ATTR, got {args.target!r}")
     bind = _host_port(args.http) if args.http else None  # checked before importing anything
+    settings_class: type[Settings] | None = None
+    if args.settings_class:
+        found = _import_attr(args.settings_class, "--settings-class")
+        if not (isinstance(found, type) and attrs.has(found) and issubclass(found, Settings)):
+            raise UserError(
+                f"--settings-class {args.settings_class} is not an attrs subclass of "
+                "trio_supervise.Settings"
+            )
+        settings_class = found
+    target = _import_attr(args.target, "the target")
+    loaded: Settings | None = None
+    if settings_class is not None or args.config:
+        loaded = load_settings(args.config, cls=settings_class or Settings)
+    service = target if isinstance(target, Service) else None
+    try:
+        if service is None and callable(target) and _takes_settings(target):
+            loaded = load_settings(cls=Settings) if loaded is None else loaded
+            service = target(settings=loaded)
+        elif service is None and callable(target) and _takes_no_arguments(target):
+            service = target()
+    except Exception as error:
+        raise UserError(f"{args.target}() failed: {type(error).__name__}: {error}") from None
+    if not isinstance(service, Service):
+        raise UserError(
+            f"{args.target} is not a Service, nor a callable returning one (taking no "
+            "arguments, or settings=)"
+        )
+    settings = loaded or service.settings or load_settings()
+    if bind is not None:
+        host, port = bind
+        settings = attrs.evolve(
+            settings, http=attrs.evolve(settings.http, host=host, port=port, enabled=True)
+        )
+    service.settings = settings
+    return run_service(service)
+
+
+def _import_attr(text: str, what: str) -> Any:
+    """The object *text* (``MODULE:ATTR``, ATTR dotted) names; the working directory is on the
+    module path, as for ``python -m``."""
+    module_name, sep, attr_path = text.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise UserError(f"{what}: expected MODULE:ATTR, got {text!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -318,32 +368,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UserError(
             f"importing {module_name!r} failed: {type(error).__name__}: {error}"
         ) from None
-    target: Any = module
+    found: Any = module
     for part in attr_path.split("."):
         try:
-            target = getattr(target, part)
+            found = getattr(found, part)
         except AttributeError:
             raise UserError(f"module {module_name!r} has no attribute {attr_path!r}") from None
-    service = target if isinstance(target, Service) else None
-    if service is None and callable(target) and _takes_no_arguments(target):
-        try:
-            service = target()
-        except Exception as error:
-            raise UserError(f"{args.target}() failed: {type(error).__name__}: {error}") from None
-    if not isinstance(service, Service):
-        raise UserError(
-            f"{args.target} is not a Service, nor a zero-argument callable returning one"
-        )
-    settings = (
-        load_settings(args.config) if args.config or service.settings is None else service.settings
-    )
-    if bind is not None:
-        host, port = bind
-        settings = attrs.evolve(
-            settings, http=attrs.evolve(settings.http, host=host, port=port, enabled=True)
-        )
-    service.settings = settings
-    return run_service(service)
+    return found
+
+
+def _takes_settings(function: Callable[..., Any]) -> bool:
+    """Whether *function* can be called as ``function(settings=...)``."""
+    try:
+        signature = inspect.signature(function)
+        signature.bind(settings=None)
+    except (TypeError, ValueError):
+        return False
+    return "settings" in signature.parameters
 
 
 def _takes_no_arguments(function: Callable[..., Any]) -> bool:

@@ -25,7 +25,7 @@ import datetime as dt
 import enum
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Generic
 
 import attrs
@@ -37,12 +37,14 @@ from ._errors import DriverError, QueueUnavailable, SuperviseError
 from ._lifecycle import Shutdown
 from ._policy import Jitter
 from ._workflow import (
+    ContextFactory,
     ContextT,
     DriverRegistry,
     RunnerSettings,
     describe_error,
     evaluate_item,
     failure_settlement,
+    open_context,
     raise_specific,
 )
 from .queues._protocol import Lease, LeaseStatus, SettleKind, Settlement, WorkItem, WorkQueue
@@ -282,7 +284,9 @@ class WorkflowRunner(Generic[ContextT]):
     :param queue: where the items live.
     :param registry: the drivers; the runner claims the registry's spec ids.
     :param settings: leases, concurrency, retries and the rest.
-    :param build_context: builds the drivers' context once per :meth:`run`.
+    :param build_context: builds the drivers' context once per :meth:`run` (see
+        :data:`~trio_supervise.ContextFactory`); an async context manager it returns is exited
+        when :meth:`run` ends, however it ends.
     :param shutdown: when it begins, the runner stops claiming and drains (a private one if None;
         see :attr:`shutdown`).
     :param jitter: the keyed jitter for item retries and claim backoff (a fresh seed if None).
@@ -299,7 +303,7 @@ class WorkflowRunner(Generic[ContextT]):
     _queue: WorkQueue = attrs.field(alias="queue")
     _registry: DriverRegistry[ContextT] = attrs.field(alias="registry")
     _settings: RunnerSettings = attrs.field(alias="settings")
-    _build_context: Callable[[], Awaitable[ContextT]] = attrs.field(alias="build_context")
+    _build_context: ContextFactory[ContextT] = attrs.field(alias="build_context")
     _shutdown: Shutdown = attrs.field(factory=Shutdown, alias="shutdown")
     _jitter: Jitter = attrs.field(factory=Jitter, alias="jitter")
     _metrics_registry: CollectorRegistry | None = attrs.field(
@@ -376,28 +380,28 @@ class WorkflowRunner(Generic[ContextT]):
             if self._registry.is_empty():
                 raise DriverError("the registry has no drivers: nothing to run")
             self._registry.validate_all()
-            context = await self._build_context()
-            settler = _Settler(self._queue, self._settings.settle_batch, self._written)
-            fatal: Exception | None = None
-            try:
-                async with trio.open_nursery() as services:
-                    services.start_soon(self._watch_shutdown)
-                    services.start_soon(self._renewal_loop)
-                    services.start_soon(settler.run)
-                    async with trio.open_nursery() as evaluations:
-                        self._state = RunnerState.RUNNING
-                        self._emit(RunnerEventKind.STARTED)
-                        task_status.started()
-                        fatal = await self._claim_loop(evaluations, context, settler)
-                        await self._drain()
-                    # Every item's task has ended; the outcomes they handed over are written
-                    # (or fail) before the settler stops.
-                    await self._count.wait_value(0)
-                    services.cancel_scope.cancel()
-            except BaseExceptionGroup as group:
-                raise_specific(group)
-            if fatal is not None:
-                raise fatal
+            async with open_context(self._build_context) as context:
+                settler = _Settler(self._queue, self._settings.settle_batch, self._written)
+                fatal: Exception | None = None
+                try:
+                    async with trio.open_nursery() as services:
+                        services.start_soon(self._watch_shutdown)
+                        services.start_soon(self._renewal_loop)
+                        services.start_soon(settler.run)
+                        async with trio.open_nursery() as evaluations:
+                            self._state = RunnerState.RUNNING
+                            self._emit(RunnerEventKind.STARTED)
+                            task_status.started()
+                            fatal = await self._claim_loop(evaluations, context, settler)
+                            await self._drain()
+                        # Every item's task has ended; the outcomes they handed over are written
+                        # (or fail) before the settler stops.
+                        await self._count.wait_value(0)
+                        services.cancel_scope.cancel()
+                except BaseExceptionGroup as group:
+                    raise_specific(group)
+                if fatal is not None:
+                    raise fatal
         except Exception:
             failed = True
             raise

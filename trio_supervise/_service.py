@@ -13,7 +13,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -23,11 +23,12 @@ from prometheus_client import CollectorRegistry
 from ._errors import WorkerFailed
 from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
 from ._lifecycle import Shutdown
+from ._logging import configure_logging
 from ._policy import Jitter
 from ._runner import RunnerEvent, RunnerState, WorkflowRunner
 from ._settings import Settings, load_settings
 from ._supervisor import ChildSpec, Supervisor, WorkerState, WorkerStatus
-from ._workflow import DriverRegistry, WorkflowDriver
+from ._workflow import AnyWorkflowDriver, ContextFactory, DriverRegistry
 from .queues import WorkQueue
 from .queues._factory import open_queue
 
@@ -49,7 +50,7 @@ async def _no_context() -> None:
     return None
 
 
-def _drivers(value: Iterable[WorkflowDriver[Any]]) -> tuple[WorkflowDriver[Any], ...]:
+def _drivers(value: Iterable[AnyWorkflowDriver[Any]]) -> tuple[AnyWorkflowDriver[Any], ...]:
     return tuple(value)
 
 
@@ -67,7 +68,9 @@ class Service:
         when ``None``.
     :param queue_url: overrides ``settings.database_url``.
     :param queue: an already open queue to use instead of opening one (tests, embedding).
-    :param build_context: builds the drivers' context once per runner start.
+    :param build_context: builds the drivers' context once per runner start: a function
+        returning it, an ``async def``, or one returning an async context manager (entered at
+        the runner's start, exited when it stops, so a client or pool is closed).
     :param name: the top-level supervisor's name and the status page title.
     :param handle_signals: SIGTERM/SIGINT begin graceful shutdown, a second one cancels at once.
         Only possible in the main thread; off elsewhere.
@@ -75,12 +78,12 @@ class Service:
         :class:`RunnerEvent` (claims, outcomes, settlements); it must not block.
     """
 
-    drivers: Sequence[WorkflowDriver[Any]] = attrs.field(default=(), converter=_drivers)
+    drivers: Sequence[AnyWorkflowDriver[Any]] = attrs.field(default=(), converter=_drivers)
     workers: Sequence[ChildSpec | Supervisor] = attrs.field(default=(), converter=_workers)
     settings: Settings | None = None
     queue_url: str | None = None
     queue: WorkQueue | None = None
-    build_context: Callable[[], Awaitable[Any]] = _no_context
+    build_context: ContextFactory[Any] = _no_context
     name: str = "trio_supervise"
     handle_signals: bool = True
     on_event: Callable[[RunnerEvent], None] | None = None
@@ -326,13 +329,11 @@ def run_service(service: Service) -> int:
     """Run *service* in a new Trio run and return the exit code (the CLI's ``run``).
 
     Loads the settings first when the service has none, so that a settings error is raised
-    before anything starts, and configures logging at ``settings.log_level``.
+    before anything starts, and configures logging from them (``log_level`` on the library's
+    loggers, and a ``log.format`` handler on stderr unless the application has its own; see
+    :func:`~trio_supervise.configure_logging`).
     """
     if service.settings is None:
         service.settings = load_settings()
-    logging.basicConfig(
-        level=service.settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(service.settings.log_level, service.settings.log.format)
     return trio.run(service.run)

@@ -39,6 +39,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 from ._convert import converter as _shared_converter
 from ._convert import nested_too_deeply, nesting_exceeds
 from ._errors import SettingsError
+from ._logging import LogFormat
 from ._workflow import RunnerSettings
 from .queues._factory import DEFAULT_DATABASE_URL
 from .queues._sql import redact_dsn
@@ -50,6 +51,7 @@ __all__ = [
     "MAX_COUNT",
     "MAX_SECONDS",
     "LogLevel",
+    "LogSettings",
     "Settings",
     "check_host",
     "default_worker_id",
@@ -137,6 +139,15 @@ class HttpSettings:
     """Seconds open requests get to finish once shutdown begins."""
 
 
+@attrs.frozen(kw_only=True)
+class LogSettings:
+    """How the service logs (the level is ``log_level``, beside this table)."""
+
+    format: LogFormat = LogFormat.TEXT
+    """``text``, or ``json`` for one JSON object a line; applies to the stderr handler the
+    service installs when the application has none of its own."""
+
+
 def default_worker_id() -> str:
     """``host-pid``: unique among the live workers of one machine, readable in a lease."""
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -155,7 +166,10 @@ class Settings:
     )
     """Where the queue lives: ``sqlite:///path.db``, ``postgresql://...`` or ``memory://``."""
     log_level: LogLevel = LogLevel.INFO
-    """The root log level."""
+    """The level of the ``trio_supervise`` loggers (and of the root logger, when the service
+    installs the log handler itself)."""
+    log: LogSettings = attrs.field(factory=LogSettings)
+    """The log format."""
     jitter_seed: int | None = None
     """Fix the restart-jitter seed (tests); ``None`` draws one per process."""
     http: HttpSettings = attrs.field(factory=HttpSettings)
@@ -490,7 +504,10 @@ def load_settings(
 
 @typing.overload
 def load_settings(
-    path: str | os.PathLike[str] | None, env: Mapping[str, str] | None, *, cls: type[T]
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    cls: type[T],
 ) -> T: ...
 
 
@@ -504,6 +521,11 @@ def load_settings(
 
     With no *path*, the file named by ``TRIO_SUPERVISE_CONFIG`` is read, if that is set.
     *env* defaults to ``os.environ``. Raises :class:`SettingsError` naming every bad field.
+
+    *cls* is the attrs class to build, :class:`Settings` by default. An application's own
+    settings subclass :class:`Settings` and add their fields (a table of their own, usually):
+    they are read from the same file and from ``TRIO_SUPERVISE_*`` variables, with the same
+    strictness and the same error messages, and a field without a default is required.
     """
     env = os.environ if env is None else env
     if path is None and env.get(CONFIG_ENV):
@@ -513,8 +535,23 @@ def load_settings(
     if problems:
         raise SettingsError("; ".join(problems))
     # Layer over the defaults, so that setting one field of a nested table keeps the others.
-    defaults = converter.unstructure(cls())
-    return structure_settings(_merge(_merge(defaults, data), layer), cls, sources=sources)
+    return structure_settings(_merge(_merge(_defaults(cls), data), layer), cls, sources=sources)
+
+
+def _defaults(cls: type[Any]) -> dict[str, Any]:
+    """The fields of *cls* that have defaults, unstructured; required fields (an application's
+    section without defaults) are left out, so a missing one is reported by name."""
+    defaults: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        default = field.default
+        if default is attrs.NOTHING:
+            continue
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            if default.takes_self:
+                continue
+            default = default.factory()
+        defaults[field.alias] = converter.unstructure(default)
+    return defaults
 
 
 # -- redaction -----------------------------------------------------------------------------------

@@ -9,10 +9,13 @@ alive beside it, and writes each outcome back fenced by the lease version. The l
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, overload
 
 import attrs
 import trio
@@ -32,6 +35,8 @@ from .queues._protocol import (
 )
 
 __all__ = [
+    "AnyWorkflowDriver",
+    "ContextFactory",
     "Continue",
     "DriverRegistry",
     "Outcome",
@@ -39,6 +44,7 @@ __all__ = [
     "Reschedule",
     "RunnerSettings",
     "Stop",
+    "TypedWorkflowDriver",
     "WorkflowDriver",
     "run_due_pass",
 ]
@@ -47,6 +53,7 @@ logger = logging.getLogger("trio_supervise.workflow")
 
 ContextT = TypeVar("ContextT")
 ContextT_contra = TypeVar("ContextT_contra", contravariant=True)
+ConfigT = TypeVar("ConfigT")
 
 
 # -- outcomes ---------------------------------------------------------------------------------
@@ -89,6 +96,7 @@ class WorkflowDriver(Protocol[ContextT_contra]):
     ``item.config`` into it with the shared cattrs converter and hands ``evaluate`` the item with
     ``config`` replaced by that instance. A config that does not fit is an item error
     (``invalid config for spec 'digest': days: expected int, got str``), never a crashed runner.
+    For the type checker to see that instance too, write a :class:`TypedWorkflowDriver`.
 
     ``evaluate`` runs inside the item's own cancel scope: it is cancelled when the lease is lost,
     when cancellation is requested from outside, and when shutdown's grace period runs out.
@@ -115,23 +123,142 @@ class WorkflowDriver(Protocol[ContextT_contra]):
         ...
 
 
+class TypedWorkflowDriver(Protocol[ContextT_contra, ConfigT]):
+    """A driver whose ``evaluate`` takes the item's config, typed, as a third argument.
+
+    The runner structures ``item.config`` into ``config_type`` (an attrs class) and passes the
+    instance as ``config``, so ``mypy --strict`` knows its type::
+
+        class WateringDriver:
+            name = "watering"
+            spec_ids = ("watering",)
+            config_type = Watering
+
+            def validate_specs(self) -> None:
+                pass
+
+            async def evaluate(self, context: Garden, item: WorkItem, config: Watering) -> Outcome:
+                ...
+
+    A ``config`` annotation that is not ``config_type`` is a type error where the driver is
+    registered (:meth:`DriverRegistry.register`); subclassing ``TypedWorkflowDriver[Garden,
+    Watering]`` explicitly reports it at the class itself, and inherits a ``validate_specs``
+    that accepts every spec. ``item.config`` holds the same instance at run time.
+    """
+
+    @property
+    def name(self) -> str:
+        """A short name, used in errors and logs."""
+        ...
+
+    @property
+    def spec_ids(self) -> Sequence[str]:
+        """The spec ids this driver owns; no other driver in a registry may claim them."""
+        ...
+
+    @property
+    def config_type(self) -> type[ConfigT]:
+        """The attrs class each item's config is structured into."""
+        ...
+
+    def validate_specs(self) -> None:
+        """Raise (any :class:`Exception`) if this driver's specs are not usable."""
+        return  # not an empty body: subclasses inherit it as the default
+
+    async def evaluate(self, context: ContextT_contra, item: WorkItem, config: ConfigT) -> Outcome:
+        """Do one step of the item's work, given its typed *config*; say what happens next."""
+        ...
+
+
+AnyWorkflowDriver: TypeAlias = WorkflowDriver[ContextT] | TypedWorkflowDriver[ContextT, Any]
+"""Either kind of driver, for collections of them (``Service(drivers=...)``)."""
+
+
+ContextFactory: TypeAlias = Callable[
+    [], contextlib.AbstractAsyncContextManager[ContextT] | Awaitable[ContextT] | ContextT
+]
+"""What ``build_context`` may be: a zero-argument callable that returns the drivers' context, an
+awaitable of it (an ``async def``), or an async context manager that yields it (a function
+decorated with :func:`contextlib.asynccontextmanager`, or a class with ``__aenter__``)."""
+
+
+@contextlib.asynccontextmanager
+async def open_context(build_context: ContextFactory[ContextT]) -> AsyncIterator[ContextT]:
+    """Build the drivers' context with *build_context*, and tear it down on the way out.
+
+    An async context manager that *build_context* returns is entered here and exited when this
+    block ends, however it ends (a stop, cancellation, a failure), so a client or pool it opened
+    is closed. An awaitable is awaited; anything else is the context itself.
+    """
+    made = build_context()
+    if isinstance(made, contextlib.AbstractAsyncContextManager):
+        async with made as context:
+            yield context
+        return
+    if inspect.isawaitable(made):
+        yield await made
+        return
+    yield made
+
+
 def driver_config_type(driver: object) -> type[Any] | None:
     """The attrs class a driver declares for its items' config, or None."""
     config_type = getattr(driver, "config_type", None)
     return config_type if isinstance(config_type, type) else None
 
 
+_TAKES_CONFIG: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+"""Per driver class: whether its ``evaluate`` takes ``config`` (a cache of the signature)."""
+
+
+def takes_config(driver: AnyWorkflowDriver[Any]) -> bool:
+    """Whether *driver*'s ``evaluate`` requires a third (config) argument.
+
+    Decided once per driver class from the signature: ``evaluate(context, item, config)``.
+    """
+    cls = type(driver)
+    known = _TAKES_CONFIG.get(cls)
+    if known is not None:
+        return known
+    try:
+        signature = inspect.signature(driver.evaluate)
+    except (TypeError, ValueError):
+        result = False
+    else:
+        result = _binds(signature, 3) and not _binds(signature, 2)
+    _TAKES_CONFIG[cls] = result
+    return result
+
+
+def _binds(signature: inspect.Signature, count: int) -> bool:
+    try:
+        signature.bind(*([None] * count))
+    except TypeError:
+        return False
+    return True
+
+
 @attrs.define(eq=False)
 class DriverRegistry(Generic[ContextT]):
     """Which driver owns which spec id. Registration order never matters for dispatch."""
 
-    _drivers: list[WorkflowDriver[ContextT]] = attrs.field(init=False, factory=list)
-    _by_spec: dict[str, WorkflowDriver[ContextT]] = attrs.field(init=False, factory=dict)
+    _drivers: list[AnyWorkflowDriver[ContextT]] = attrs.field(init=False, factory=list)
+    _by_spec: dict[str, AnyWorkflowDriver[ContextT]] = attrs.field(init=False, factory=dict)
 
-    def register(self, driver: WorkflowDriver[ContextT]) -> DriverRegistry[ContextT]:
+    @overload
+    def register(
+        self, driver: TypedWorkflowDriver[ContextT, ConfigT]
+    ) -> DriverRegistry[ContextT]: ...
+
+    @overload
+    def register(self, driver: WorkflowDriver[ContextT]) -> DriverRegistry[ContextT]: ...
+
+    def register(self, driver: AnyWorkflowDriver[ContextT]) -> DriverRegistry[ContextT]:
         """Add *driver*; refuse (:class:`DriverError`) a spec id that another driver claims.
 
         Nothing is registered when the driver is refused. Returns the registry, for chaining.
+        To the type checker, a :class:`TypedWorkflowDriver` whose ``config`` parameter is not
+        its ``config_type`` matches neither overload.
         """
         name: object = driver.name
         if not isinstance(name, str) or not name:
@@ -162,6 +289,11 @@ class DriverRegistry(Generic[ContextT]):
             raise DriverError(
                 f"driver '{name}': config_type must be an attrs class, got {raw_type!r}"
             )
+        if raw_type is None and takes_config(driver):
+            raise DriverError(
+                f"driver '{name}': evaluate takes a config argument, but the driver declares "
+                "no config_type"
+            )
         for spec_id in seen:
             self._by_spec[spec_id] = driver
         self._drivers.append(driver)
@@ -171,7 +303,7 @@ class DriverRegistry(Generic[ContextT]):
         """Every registered spec id, sorted."""
         return sorted(self._by_spec)
 
-    def for_spec(self, spec_id: str) -> WorkflowDriver[ContextT] | None:
+    def for_spec(self, spec_id: str) -> AnyWorkflowDriver[ContextT] | None:
         """The driver that owns *spec_id*, or None."""
         return self._by_spec.get(spec_id)
 
@@ -342,7 +474,7 @@ def outcome_settlement(
 
 
 async def evaluate_item(
-    driver: WorkflowDriver[ContextT] | None,
+    driver: AnyWorkflowDriver[ContextT] | None,
     context: ContextT,
     item: WorkItem,
     *,
@@ -351,7 +483,13 @@ async def evaluate_item(
     """Run the driver on *item* and turn its outcome into a settlement; raise on any item error."""
     if driver is None:
         raise DriverError(f"no driver registered for spec '{item.spec_id}'")
-    outcome = await driver.evaluate(context, prepare_item(driver, item))
+    prepared = prepare_item(driver, item)
+    if takes_config(driver):
+        typed = cast("TypedWorkflowDriver[ContextT, Any]", driver)
+        outcome = await typed.evaluate(context, prepared, prepared.config)
+    else:
+        plain = cast("WorkflowDriver[ContextT]", driver)
+        outcome = await plain.evaluate(context, prepared)
     return outcome_settlement(outcome, item, driver_name=driver.name, requeue_delay=requeue_delay)
 
 
@@ -434,14 +572,15 @@ async def run_due_pass(
     queue: WorkQueue,
     registry: DriverRegistry[ContextT],
     settings: RunnerSettings,
-    build_context: Callable[[], Awaitable[ContextT]],
+    build_context: ContextFactory[ContextT],
     *,
     jitter: Jitter | None = None,
 ) -> PassStats:
     """Claim due items once, evaluate them all concurrently, write back each outcome.
 
     Claims at most :attr:`RunnerSettings.claim_limit` items. The context is built once, and only
-    when something was claimed; if building it raises, every claimed item gets ``mark_error`` and
+    when something was claimed (an async context manager is entered, and exited once every
+    outcome is written); if building it raises, every claimed item gets ``mark_error`` and
     ``release(requeue_delay)`` and the error propagates. Each item is evaluated in its own cancel
     scope beside a task renewing its lease every :attr:`RunnerSettings.renew_interval`; a failed
     renewal cancels the evaluation and counts as the error ``"lease renewal failed: ..."``.
@@ -460,21 +599,40 @@ async def run_due_pass(
     if not items:
         return PassStats()
 
-    try:
-        context = await build_context()
-    except Exception as error:
-        text = describe_error(error)
-        for item in items:
-            try:
-                await queue.mark_error(item.id, item.lease_version, text)
-            except Exception as write_error:
-                logger.warning("mark_error of %r failed: %s", item.id, describe_error(write_error))
-            try:
-                await queue.release(item.id, item.lease_version, settings.requeue_delay)
-            except Exception as write_error:
-                logger.warning("release of %r failed: %s", item.id, describe_error(write_error))
-        raise
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            context = await stack.enter_async_context(open_context(build_context))
+        except Exception as error:
+            await _release_unbuilt(queue, items, describe_error(error), settings.requeue_delay)
+            raise
+        return await _evaluate_claimed(queue, registry, settings, jitter, context, items)
+    raise AssertionError("unreachable")  # pragma: no cover
 
+
+async def _release_unbuilt(
+    queue: WorkQueue, items: Sequence[WorkItem], text: str, requeue_delay: float
+) -> None:
+    """The context failed to build: every claimed item gets the error and is released."""
+    for item in items:
+        try:
+            await queue.mark_error(item.id, item.lease_version, text)
+        except Exception as write_error:
+            logger.warning("mark_error of %r failed: %s", item.id, describe_error(write_error))
+        try:
+            await queue.release(item.id, item.lease_version, requeue_delay)
+        except Exception as write_error:
+            logger.warning("release of %r failed: %s", item.id, describe_error(write_error))
+
+
+async def _evaluate_claimed(
+    queue: WorkQueue,
+    registry: DriverRegistry[ContextT],
+    settings: RunnerSettings,
+    jitter: Jitter,
+    context: ContextT,
+    items: Sequence[WorkItem],
+) -> PassStats:
+    """Evaluate every claimed item concurrently, each beside its lease renewal; write outcomes."""
     failed = 0
 
     async def run_one(item: WorkItem) -> None:

@@ -108,8 +108,9 @@ class DigestDriver:
     def validate_specs(self) -> None:
         pass
 
-    async def evaluate(self, context: DigestContext, item: WorkItem) -> Outcome:
-        subscription: Subscription = item.config
+    async def evaluate(
+        self, context: DigestContext, item: WorkItem, subscription: Subscription
+    ) -> Outcome:
         day = item.due_at.date()
         if day > subscription.ends:
             return Stop()

@@ -28,7 +28,13 @@ from .._runner import RunnerEvent, RunnerEventKind, WorkflowRunner
 from .._service import Service
 from .._settings import Settings
 from .._supervisor import ChildSpec, Supervisor, WorkerState
-from .._workflow import DriverRegistry, RunnerSettings, WorkflowDriver, raise_specific
+from .._workflow import (
+    AnyWorkflowDriver,
+    ContextFactory,
+    DriverRegistry,
+    RunnerSettings,
+    raise_specific,
+)
 from ..queues import MemoryQueue
 from ._history import Entry, History
 
@@ -178,9 +184,9 @@ class Harness:
 
     async def run_drivers(
         self,
-        *drivers: WorkflowDriver[Any],
+        *drivers: AnyWorkflowDriver[Any],
         context: object = None,
-        build_context: Callable[[], Awaitable[Any]] | None = None,
+        build_context: ContextFactory[Any] | None = None,
         settings: RunnerSettings | None = None,
         name: str = "runner",
         restart: RestartPolicy | None = None,
@@ -197,7 +203,7 @@ class Harness:
             registry.register(driver)
         if build_context is None:
 
-            async def build_context() -> object:
+            def build_context() -> object:
                 return context
 
         settings = harness_runner_settings() if settings is None else settings
