@@ -8,12 +8,25 @@
   that the queue was unreachable. Now the runner's row says ``backing-off``.
 - A :class:`Service` had no way to observe its runner's events (the chaos workers log every
   settlement through it): ``Service(on_event=...)``.
+- A 30 s ``BEGIN EXCLUSIVE`` lock held by another connection (or a full disk) made every finished
+  item's write fail once, and the runner gave the write up: 5 of 5 finished items ran again.
+  Now a transient write failure is written again while the lease is valid.
+- A driver blocking the event loop (``time.sleep``) let another worker take its item; the stale
+  write was refused, but only a log line said so. Now it is counted
+  (``trio_supervise_settlements_refused_total``), kept in the recent errors (status page) and
+  the loop-lag watchdog warns, naming the items whose leases were at risk.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import re
+import sqlite3
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import attrs
 import httpx
@@ -33,10 +46,133 @@ from trio_supervise.queues import (
     PostgresQueue,
     SettleKind,
     Settlement,
+    SQLiteQueue,
     WorkItem,
 )
 
 from .queues.conftest import pg_schema
+
+# -- SQLite: another connection holding the write lock, a driver blocking the loop ----------------
+
+
+@attrs.define
+class Counting:
+    """Counts evaluations per item; sleeps ``sleep`` seconds, then blocks the thread for
+    ``block`` seconds (``time.sleep``: the loop stops) and runs ``after_block`` if set."""
+
+    sleep: float = 0.5
+    block: float = 0.0
+    after_block: Callable[[WorkItem], None] | None = None
+    evaluations: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    started: trio.Event = attrs.field(factory=trio.Event)
+    name: str = "counting"
+    spec_ids: Sequence[str] = ("job",)
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: object, item: WorkItem) -> Outcome:
+        self.evaluations[item.id] += 1
+        self.started.set()
+        await trio.sleep(self.sleep)
+        if self.block:
+            time.sleep(self.block)  # noqa: ASYNC251 - the point: a driver blocking the loop
+            if self.after_block is not None:
+                self.after_block(item)
+        return Stop()
+
+
+def _hold_exclusive_lock(path: str, seconds: float, held: trio.Event) -> None:
+    """In a thread: take SQLite's write lock on *path* with another connection for *seconds*."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN EXCLUSIVE")
+        trio.from_thread.run_sync(held.set)
+        time.sleep(seconds)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+async def test_writes_blocked_by_another_connection_s_lock_are_retried_not_re_run(
+    tmp_path: Path,
+) -> None:
+    """Another connection holds SQLite's write lock for 3 s (longer than the 2 s renewal
+    interval, shorter than the 6 s lease) as five items finish: their writes fail, are written
+    again once the lock is gone, and no item runs twice."""
+    from trio_supervise import DriverRegistry, WorkflowRunner
+
+    path = str(tmp_path / "locked.db")
+    queue = await SQLiteQueue.connect(path, busy_timeout=0.1)
+    events: list[RunnerEvent] = []
+    driver = Counting(sleep=0.5)
+    async with queue:
+        for n in range(5):
+            await queue.enqueue("job", item_id=f"i{n}")
+        runner: WorkflowRunner[None] = WorkflowRunner(
+            queue=queue,
+            registry=DriverRegistry[None]().register(driver),
+            settings=RunnerSettings(worker_id="w", lease=6, poll_interval=0.1),
+            build_context=_no_context,
+            on_event=events.append,
+        )
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(runner.run)
+                await driver.started.wait()
+                held = trio.Event()
+                nursery.start_soon(trio.to_thread.run_sync, _hold_exclusive_lock, path, 3.0, held)
+                await held.wait()
+                while dict(await queue.counts()) != {("job", ItemState.COMPLETED): 5}:  # noqa: ASYNC110
+                    await trio.sleep(0.1)
+                runner.shutdown.begin("test")
+    assert dict(driver.evaluations) == {f"i{n}": 1 for n in range(5)}
+    assert any(e.kind is RunnerEventKind.SETTLE_FAILED for e in events)  # the lock did bite
+    samples = runner.metrics.registry
+    assert samples.get_sample_value("trio_supervise_items_completed_total", {"spec": "job"}) == 5
+    assert (
+        samples.get_sample_value("trio_supervise_settlements_abandoned_total", {"spec": "job"})
+        is None
+    )
+
+
+async def test_a_driver_blocking_the_loop_makes_the_duplicate_visible(tmp_path: Path) -> None:
+    """A driver blocks the thread past a third of the lease while another worker takes its
+    item: the refused write is counted on /metrics, shown on the status page, and the watchdog
+    names the item whose lease was at risk."""
+    path = str(tmp_path / "blocked.db")
+
+    def steal(item: WorkItem) -> None:  # what another worker's claim does to the row
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            conn.execute(
+                "UPDATE trio_supervise_items SET lease_version = lease_version + 1, "
+                "lease_owner = 'other' WHERE id = ?",
+                [item.id],
+            )
+
+    queue = await SQLiteQueue.connect(path)
+    driver = Counting(sleep=0.1, block=1.5, after_block=steal)
+    settings = attrs.evolve(
+        _settings(), runner=RunnerSettings(worker_id="w", lease=3, poll_interval=0.05)
+    )
+    async with queue:
+        await queue.enqueue("job", item_id="stolen")
+        service = Service(drivers=[driver], settings=settings, queue=queue, handle_signals=False)
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run)
+                base = f"http://127.0.0.1:{service.http_port}"
+                async with httpx.AsyncClient() as client:
+                    metric = 'trio_supervise_settlements_refused_total{spec="job"} 1.0'
+                    while metric not in (metrics := (await client.get(f"{base}/metrics")).text):  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                    page = (await client.get(f"{base}/")).text
+                service.stop()
+    assert "complete refused: the lease was lost" in page
+    # Blocked 1.5 s; the watchdog's check (every 0.25 s) was due up to 0.25 s into the block.
+    blocked = r"event loop blocked for 1\.[2-5]\d* s \(lease 3 s\): leases at risk: &#x27;stolen"
+    assert re.search(blocked, page)
+    assert "trio_supervise_event_loop_lag_seconds_count" in metrics
 
 
 @attrs.frozen
