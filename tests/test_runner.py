@@ -856,7 +856,7 @@ async def test_a_permanent_write_error_is_not_retried(
 
 def test_transient_errors_are_the_queue_errors_a_retry_may_fix() -> None:
     """QueueUnavailable and unclassified QueueErrors are retried; SchemaError and bugs are not."""
-    from trio_supervise._runner import is_transient
+    from trio_supervise._workflow import is_transient
 
     assert is_transient(ts.QueueUnavailable("database is locked"))
     assert is_transient(ts.QueueError("database or disk is full"))

@@ -39,8 +39,7 @@ import trio
 import trio_util
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from . import _errors
-from ._errors import DriverError, QueueError, QueueUnavailable, SchemaError, SuperviseError
+from ._errors import DriverError, QueueUnavailable, SuperviseError
 from ._lifecycle import Shutdown
 from ._policy import Jitter
 from ._workflow import (
@@ -51,6 +50,7 @@ from ._workflow import (
     evaluate_item,
     failure_settlement,
     raise_specific,
+    write_retry_delay,
 )
 from .queues._protocol import Lease, LeaseStatus, SettleKind, Settlement, WorkItem, WorkQueue
 
@@ -61,7 +61,6 @@ __all__ = [
     "RunnerMetrics",
     "RunnerState",
     "WorkflowRunner",
-    "is_transient",
     "lease_risk",
 ]
 
@@ -136,20 +135,6 @@ class RecentError:
 _EVALUATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, float("inf"))
 # How late the event loop woke the watchdog: healthy loops stay in the first buckets.
 _LAG_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
-
-_PERMANENT_QUEUE_ERRORS: tuple[type[Exception], ...] = (
-    SchemaError,
-    *((_errors.QueueFailed,) if hasattr(_errors, "QueueFailed") else ()),
-)
-"""Queue errors no retry fixes (``QueueFailed`` and its ``SchemaError``): a write is not retried."""
-
-
-def is_transient(error: Exception) -> bool:
-    """Whether a failed queue write may succeed if written again: a :class:`QueueError` that is
-    not permanent. :class:`QueueUnavailable` (connection lost, SQLite busy or locked, disk full)
-    is the transient class; a bare :class:`QueueError` is unclassified and gets the benefit of the
-    doubt, bounded by the lease. Anything else (a bug, an unencodable value) is not retried."""
-    return isinstance(error, QueueError) and not isinstance(error, _PERMANENT_QUEUE_ERRORS)
 
 
 @attrs.define(eq=False)
@@ -235,9 +220,6 @@ class RunnerMetrics:
         if counter is not None:
             self.for_spec(counter, spec_id).inc()
 
-
-WRITE_RETRY_BOUND = 60.0
-"""Seconds a failing outcome write is retried at most (one lease, if longer), renewals landing."""
 
 LAG_WARNING_FRACTION = 1 / 3
 """A loop blocked longer than this fraction of the lease (one renewal interval) is warned about."""
@@ -728,32 +710,23 @@ class WorkflowRunner(Generic[ContextT]):
         return None
 
     def _write_retry_delay(self, entry: _InFlight, error: Exception) -> float | None:
-        """How long to wait before writing *entry*'s outcome again, or None to give up.
-
-        A transient failure is retried while the lease (as last renewed) is valid, and for at
-        most ``WRITE_RETRY_BOUND`` seconds (or one lease, if longer) after the first failure:
-        renewals that keep landing while writes keep failing mean the write itself is at fault,
-        and an outcome is not held forever. The backoff is ``claim_retry``'s,
-        keyed by item, capped at half the renewal interval and at the lease's expiry, so the
-        last attempt happens as the lease runs out.
-        """
-        settings = self._settings
+        """How long to wait before writing *entry*'s outcome again, or None to give up (see
+        :func:`write_retry_delay`); the lease as last renewed, by this runner's renewal loop."""
         now = trio.current_time()
         entry.write_failures += 1
         if entry.first_write_failure is None:
             entry.first_write_failure = now
-        left = entry.renewed_at + settings.lease - now
-        if (
-            not is_transient(error)
-            or entry.reason is _Reason.LOST
-            or left <= 0
-            or now - entry.first_write_failure >= max(settings.lease, WRITE_RETRY_BOUND)
-        ):
+        if entry.reason is _Reason.LOST:
             return None
-        delay = settings.claim_retry.backoff(
-            entry.write_failures, key=f"settle:{entry.item.id}", jitter=self._jitter
+        return write_retry_delay(
+            error,
+            item_id=entry.item.id,
+            attempt=entry.write_failures,
+            lease_left=entry.renewed_at + self._settings.lease - now,
+            failing_for=now - entry.first_write_failure,
+            settings=self._settings,
+            jitter=self._jitter,
         )
-        return min(delay, settings.renew_interval / 2, left)
 
     # -- renewals ------------------------------------------------------------------------------
 
