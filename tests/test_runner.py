@@ -767,16 +767,27 @@ async def test_a_context_that_fails_to_build_fails_the_run(
 NO_JITTER = ts.RestartPolicy(1, 30, jitter=ts.JitterMode.NONE)
 
 
+TRANSIENT: dict[str, Callable[[], Exception]] = {
+    "locked": lambda: ts.QueueUnavailable("SQLite queue at q.db: database is locked"),
+    "disk-full": lambda: ts.QueueUnavailable("SQLite queue at q.db: database or disk is full"),
+    "connection-lost": lambda: ts.QueueUnavailable("PostgreSQL queue at db is unavailable"),
+    "unclassified": lambda: ts.QueueError("PostgreSQL queue at db: could not extend file"),
+}
+
+
+@pytest.mark.parametrize("error", TRANSIENT.values(), ids=TRANSIENT.keys())
 async def test_a_write_failing_transiently_is_written_again_not_re_run(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, error: Callable[[], Exception]
 ) -> None:
-    """An outcome whose write fails transiently is written again after a backoff, while the
-    lease holds: the item completes once and is never evaluated twice."""
+    """An outcome whose write fails transiently (locked, disk full, connection lost, or an
+    unclassified queue error) is written again after a backoff while the lease holds: the item
+    completes once and is never evaluated twice."""
     queue = FaultyQueue()
     driver = Recorder()
     events: list[ts.RunnerEvent] = []
     await queue.enqueue("job", item_id="one")
     queue.settle_failures = 3
+    queue.settle_error = error
     runner = make_runner(queue, driver, events=events, lease=30, claim_retry=NO_JITTER)
     async with running(runner):
         await trio.sleep(70)  # past two lease periods: an abandoned write would re-run it
