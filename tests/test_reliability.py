@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime as dt
 import re
 import sqlite3
 import time
@@ -38,7 +39,7 @@ from trio_supervise._errors import QueueUnavailable
 from trio_supervise._service import Service
 from trio_supervise._settings import HttpSettings, Settings
 from trio_supervise._supervisor import WorkerState
-from trio_supervise._workflow import Outcome, RunnerSettings, Stop
+from trio_supervise._workflow import Outcome, Reschedule, RunnerSettings, Stop
 from trio_supervise.queues import (
     ItemState,
     Lease,
@@ -63,6 +64,8 @@ class Counting:
     sleep: float = 0.5
     block: float = 0.0
     after_block: Callable[[WorkItem], None] | None = None
+    blob: int = 0
+    """With a size, reschedule far ahead with a config that big (a write that needs new pages)."""
     evaluations: collections.Counter[str] = attrs.field(factory=collections.Counter)
     started: trio.Event = attrs.field(factory=trio.Event)
     name: str = "counting"
@@ -79,6 +82,8 @@ class Counting:
             time.sleep(self.block)  # noqa: ASYNC251 - the point: a driver blocking the loop
             if self.after_block is not None:
                 self.after_block(item)
+        if self.blob:
+            return Reschedule(dt.datetime(2100, 1, 1, tzinfo=dt.UTC), {"blob": "x" * self.blob})
         return Stop()
 
 
@@ -94,18 +99,34 @@ def _hold_exclusive_lock(path: str, seconds: float, held: trio.Event) -> None:
         conn.close()
 
 
-async def test_writes_blocked_by_another_connection_s_lock_are_retried_not_re_run(
-    tmp_path: Path,
+async def _disk_full(queue: SQLiteQueue) -> None:
+    """Make SQLite find the disk full: no page beyond the file's current size (until undone)."""
+
+    def limit(conn: sqlite3.Connection) -> None:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count={pages}")
+
+    await queue._call(limit)
+
+
+async def _disk_freed(queue: SQLiteQueue, after: float) -> None:
+    await trio.sleep(after)
+    await queue._call(lambda conn: conn.execute("PRAGMA max_page_count=1073741823"))
+
+
+@pytest.mark.parametrize("fault", ["exclusive-lock", "disk-full"])
+async def test_writes_failing_transiently_on_sqlite_are_retried_not_re_run(
+    tmp_path: Path, fault: str
 ) -> None:
-    """Another connection holds SQLite's write lock for 3 s (longer than the 2 s renewal
-    interval, shorter than the 6 s lease) as five items finish: their writes fail, are written
-    again once the lock is gone, and no item runs twice."""
+    """Another connection holds SQLite's write lock (or the disk is full) for 3 s, longer than
+    the 2 s renewal interval and shorter than the 6 s lease, as five items finish: their writes
+    fail, are written again once the fault is gone, and no item runs twice."""
     from trio_supervise import DriverRegistry, WorkflowRunner
 
-    path = str(tmp_path / "locked.db")
+    path = str(tmp_path / "faulty.db")
     queue = await SQLiteQueue.connect(path, busy_timeout=0.1)
     events: list[RunnerEvent] = []
-    driver = Counting(sleep=0.5)
+    driver = Counting(sleep=0.5, blob=20_000 if fault == "disk-full" else 0)
     async with queue:
         for n in range(5):
             await queue.enqueue("job", item_id=f"i{n}")
@@ -120,18 +141,26 @@ async def test_writes_blocked_by_another_connection_s_lock_are_retried_not_re_ru
             async with trio.open_nursery() as nursery:
                 await nursery.start(runner.run)
                 await driver.started.wait()
-                held = trio.Event()
-                nursery.start_soon(trio.to_thread.run_sync, _hold_exclusive_lock, path, 3.0, held)
-                await held.wait()
-                while dict(await queue.counts()) != {("job", ItemState.COMPLETED): 5}:  # noqa: ASYNC110
+                if fault == "exclusive-lock":
+                    held = trio.Event()
+                    nursery.start_soon(
+                        trio.to_thread.run_sync, _hold_exclusive_lock, path, 3.0, held
+                    )
+                    await held.wait()
+                else:
+                    await _disk_full(queue)
+                    nursery.start_soon(_disk_freed, queue, 3.0)
+                while sum(e.kind is RunnerEventKind.SETTLED for e in events) < 5:  # noqa: ASYNC110
                     await trio.sleep(0.1)
                 runner.shutdown.begin("test")
     assert dict(driver.evaluations) == {f"i{n}": 1 for n in range(5)}
-    assert any(e.kind is RunnerEventKind.SETTLE_FAILED for e in events)  # the lock did bite
-    samples = runner.metrics.registry
-    assert samples.get_sample_value("trio_supervise_items_completed_total", {"spec": "job"}) == 5
+    failures = [e.detail for e in events if e.kind is RunnerEventKind.SETTLE_FAILED]
+    assert failures  # the fault did bite
+    assert ("locked" if fault == "exclusive-lock" else "disk is full") in failures[0]
     assert (
-        samples.get_sample_value("trio_supervise_settlements_abandoned_total", {"spec": "job"})
+        runner.metrics.registry.get_sample_value(
+            "trio_supervise_settlements_abandoned_total", {"spec": "job"}
+        )
         is None
     )
 
