@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -23,9 +24,38 @@ __all__ = [
     "noop_step",
     "rate",
     "wall",
+    "with_params",
 ]
 
 Better = Literal["higher", "lower"]
+
+
+def with_params(dsn: str, **params: str) -> str:
+    """*dsn* with libpq parameters added (replacing any of the same name), as a URL.
+
+    Any valid DSN works: a URL with a host (``postgresql://user@host/db``), without one (a Unix
+    socket: ``postgresql:///test``), or ``key=value`` pairs (turned into
+    ``postgresql://?key=value&...``, which libpq reads the same way). psycopg parses *dsn* first,
+    so an invalid one fails here, loudly. The result is a URL because a queue URL must be one.
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    merged = {key: str(value) for key, value in conninfo_to_dict(dsn).items()}
+    merged.update(params)
+    if "://" not in dsn:
+        query = urllib.parse.urlencode(merged, quote_via=urllib.parse.quote)
+        return f"postgresql://?{query}"
+    # Keep the URL as written (so the host, user and database read as before) and only touch the
+    # query string: splitting and re-joining the whole URL would turn ``postgresql:///test``
+    # into the invalid ``postgresql:/test``.
+    base, _, query_text = dsn.partition("?")
+    kept = [
+        (key, value)
+        for key, value in urllib.parse.parse_qsl(query_text, keep_blank_values=True)
+        if key not in params
+    ]
+    query = urllib.parse.urlencode([*kept, *params.items()], quote_via=urllib.parse.quote)
+    return f"{base}?{query}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,3 +66,89 @@ def test_the_command_line_writes_json_and_exits_zero(
     records = json.loads(out.read_text())
     assert list(records) == ["P1"]
     check_record(records["P1"])
+
+
+DSNS = [
+    "postgresql://postgres@127.0.0.1:5432/test",
+    "postgresql:///test",
+    "postgresql:///test?user=postgres&application_name=old",
+    "postgres://u:p%40ss@db.example/app?sslmode=disable",
+    "host=/var/run/postgresql dbname=test user=postgres",
+]
+
+
+@pytest.mark.parametrize("dsn", DSNS)
+def test_parameters_are_added_to_any_valid_dsn(dsn: str) -> None:
+    """with_params keeps a URL, a socket URL with no host and a key/value DSN valid: libpq
+    reads back every original parameter plus the new ones (and a queue URL still names
+    PostgreSQL); ``postgresql:///test`` no longer becomes ``postgresql:/test``."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from benchmarks._common import with_params
+    from trio_supervise.queues import parse_queue_url
+
+    params = {"application_name": "chaos-w1", "options": "-c search_path=chaos_x"}
+    url = with_params(dsn, **params)
+    assert conninfo_to_dict(url) == {**conninfo_to_dict(dsn), **params}
+    assert parse_queue_url(url)[0] == "postgres"
+    assert not url.startswith("postgresql:/test")
+
+
+@pytest.mark.postgres
+def test_the_test_dsn_with_the_harness_s_parameters_connects() -> None:
+    """The test DSN (TCP or a Unix socket, URL or key/value), with the harness's parameters,
+    reaches the server with those parameters applied."""
+    import psycopg
+
+    from benchmarks._common import with_params
+
+    from .queues.conftest import postgres_dsn
+
+    url = with_params(postgres_dsn(), application_name="ts-dsn-test", options="-c search_path=x")
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute("SELECT current_setting('application_name'), current_schemas(false)")
+        assert row.fetchone() == ("ts-dsn-test", [])
+
+
+def test_the_chaos_command_line_selects_parts_by_comma_separated_names() -> None:
+    """``--only R6,r7`` picks those parts (any case), ``r1`` both R1 backends; an unknown name
+    is a usage error naming the choices, before anything runs."""
+    chaos_main = pytest.importorskip("benchmarks.chaos.__main__")
+
+    assert chaos_main._parts("R6,r7") == {"r6", "r7"}
+    assert chaos_main._parts("r1, R8") == {"r1-sqlite", "r1-postgres", "r8"}
+    with pytest.raises(SystemExit) as exit_info:
+        chaos_main.main(["--only", "R6,R9"])
+    assert exit_info.value.code == 2
+
+
+def test_chaos_metrics_are_read_from_the_exposition_or_said_missing() -> None:
+    """The scenarios sum a metric's samples over labels, and say when a build lacks it."""
+    from benchmarks.chaos.scenarios import _available, _metric
+
+    text = (
+        "# TYPE trio_supervise_settlements_refused_total counter\n"
+        'trio_supervise_settlements_refused_total{spec="a"} 2.0\n'
+        'trio_supervise_settlements_refused_total{spec="b"} 1.0\n'
+    )
+    assert _metric(text, "trio_supervise_settlements_refused_total") == 3.0
+    assert _metric(text, "trio_supervise_event_loop_lag_seconds_count") is None
+    assert _available(None) == "not available"
+    assert _available(3.0) == 3
+
+
+@pytest.mark.slow
+def test_the_r8_scenario_counts_and_shows_every_refused_write(tmp_path: Path) -> None:
+    """R8 (two worker processes, one blocking its loop past the lease) ends by itself with
+    nothing lost, and its refused writes counted on /metrics as often as the log says."""
+    from benchmarks.chaos.harness import SQLiteStore
+    from benchmarks.chaos.scenarios import run_r8
+
+    store = SQLiteStore(tmp_path, 6)
+    try:
+        figures = run_r8(store, tmp_path, tag="test", items=6, limit=60)
+    finally:
+        store.drop()
+    assert (figures["lost"], figures["double_finalized"], figures["timed_out"]) == (0, 0, False)
+    assert figures["refused_metric"] == figures["refused_in_log"]
+    assert figures["lag_warning_on_status_page"] is True

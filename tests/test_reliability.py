@@ -8,12 +8,26 @@
   that the queue was unreachable. Now the runner's row says ``backing-off``.
 - A :class:`Service` had no way to observe its runner's events (the chaos workers log every
   settlement through it): ``Service(on_event=...)``.
+- A 30 s ``BEGIN EXCLUSIVE`` lock held by another connection (or a full disk) made every finished
+  item's write fail once, and the runner gave the write up: 5 of 5 finished items ran again.
+  Now a transient write failure is written again while the lease is valid.
+- A driver blocking the event loop (``time.sleep``) let another worker take its item; the stale
+  write was refused, but only a log line said so. Now it is counted
+  (``trio_supervise_settlements_refused_total``), kept in the recent errors (status page) and
+  the loop-lag watchdog warns, naming the items whose leases were at risk.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import datetime as dt
+import re
+import sqlite3
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import attrs
 import httpx
@@ -25,7 +39,7 @@ from trio_supervise._errors import QueueUnavailable
 from trio_supervise._service import Service
 from trio_supervise._settings import HttpSettings, Settings
 from trio_supervise._supervisor import WorkerState
-from trio_supervise._workflow import Outcome, RunnerSettings, Stop
+from trio_supervise._workflow import Outcome, Reschedule, RunnerSettings, Stop
 from trio_supervise.queues import (
     ItemState,
     Lease,
@@ -33,10 +47,161 @@ from trio_supervise.queues import (
     PostgresQueue,
     SettleKind,
     Settlement,
+    SQLiteQueue,
     WorkItem,
 )
 
 from .queues.conftest import pg_schema
+
+# -- SQLite: another connection holding the write lock, a driver blocking the loop ----------------
+
+
+@attrs.define
+class Counting:
+    """Counts evaluations per item; sleeps ``sleep`` seconds, then blocks the thread for
+    ``block`` seconds (``time.sleep``: the loop stops) and runs ``after_block`` if set."""
+
+    sleep: float = 0.5
+    block: float = 0.0
+    after_block: Callable[[WorkItem], None] | None = None
+    blob: int = 0
+    """With a size, reschedule far ahead with a config that big (a write that needs new pages)."""
+    evaluations: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    started: trio.Event = attrs.field(factory=trio.Event)
+    name: str = "counting"
+    spec_ids: Sequence[str] = ("job",)
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: object, item: WorkItem) -> Outcome:
+        self.evaluations[item.id] += 1
+        self.started.set()
+        await trio.sleep(self.sleep)
+        if self.block:
+            time.sleep(self.block)  # noqa: ASYNC251 - the point: a driver blocking the loop
+            if self.after_block is not None:
+                self.after_block(item)
+        if self.blob:
+            return Reschedule(dt.datetime(2100, 1, 1, tzinfo=dt.UTC), {"blob": "x" * self.blob})
+        return Stop()
+
+
+def _hold_exclusive_lock(path: str, seconds: float, held: trio.Event) -> None:
+    """In a thread: take SQLite's write lock on *path* with another connection for *seconds*."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN EXCLUSIVE")
+        trio.from_thread.run_sync(held.set)
+        time.sleep(seconds)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+async def _disk_full(queue: SQLiteQueue) -> None:
+    """Make SQLite find the disk full: no page beyond the file's current size (until undone)."""
+
+    def limit(conn: sqlite3.Connection) -> None:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count={pages}")
+
+    await queue._call(limit)
+
+
+async def _disk_freed(queue: SQLiteQueue, after: float) -> None:
+    await trio.sleep(after)
+    await queue._call(lambda conn: conn.execute("PRAGMA max_page_count=1073741823"))
+
+
+@pytest.mark.parametrize("fault", ["exclusive-lock", "disk-full"])
+async def test_writes_failing_transiently_on_sqlite_are_retried_not_re_run(
+    tmp_path: Path, fault: str
+) -> None:
+    """Another connection holds SQLite's write lock (or the disk is full) for 3 s, longer than
+    the 2 s renewal interval and shorter than the 6 s lease, as five items finish: their writes
+    fail, are written again once the fault is gone, and no item runs twice."""
+    from trio_supervise import DriverRegistry, WorkflowRunner
+
+    path = str(tmp_path / "faulty.db")
+    queue = await SQLiteQueue.connect(path, busy_timeout=0.1)
+    events: list[RunnerEvent] = []
+    driver = Counting(sleep=0.5, blob=20_000 if fault == "disk-full" else 0)
+    async with queue:
+        for n in range(5):
+            await queue.enqueue("job", item_id=f"i{n}")
+        runner: WorkflowRunner[None] = WorkflowRunner(
+            queue=queue,
+            registry=DriverRegistry[None]().register(driver),
+            settings=RunnerSettings(worker_id="w", lease=6, poll_interval=0.1),
+            build_context=_no_context,
+            on_event=events.append,
+        )
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(runner.run)
+                await driver.started.wait()
+                if fault == "exclusive-lock":
+                    held = trio.Event()
+                    nursery.start_soon(
+                        trio.to_thread.run_sync, _hold_exclusive_lock, path, 3.0, held
+                    )
+                    await held.wait()
+                else:
+                    await _disk_full(queue)
+                    nursery.start_soon(_disk_freed, queue, 3.0)
+                while sum(e.kind is RunnerEventKind.SETTLED for e in events) < 5:  # noqa: ASYNC110
+                    await trio.sleep(0.1)
+                runner.shutdown.begin("test")
+    assert dict(driver.evaluations) == {f"i{n}": 1 for n in range(5)}
+    failures = [e.detail for e in events if e.kind is RunnerEventKind.SETTLE_FAILED]
+    assert failures  # the fault did bite
+    assert ("locked" if fault == "exclusive-lock" else "disk is full") in failures[0]
+    assert (
+        runner.metrics.registry.get_sample_value(
+            "trio_supervise_settlements_abandoned_total", {"spec": "job"}
+        )
+        is None
+    )
+
+
+async def test_a_driver_blocking_the_loop_makes_the_duplicate_visible(tmp_path: Path) -> None:
+    """A driver blocks the thread past a third of the lease while another worker takes its
+    item: the refused write is counted on /metrics, shown on the status page, and the watchdog
+    names the item whose lease was at risk."""
+    path = str(tmp_path / "blocked.db")
+
+    def steal(item: WorkItem) -> None:  # what another worker's claim does to the row
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            conn.execute(
+                "UPDATE trio_supervise_items SET lease_version = lease_version + 1, "
+                "lease_owner = 'other' WHERE id = ?",
+                [item.id],
+            )
+
+    queue = await SQLiteQueue.connect(path)
+    driver = Counting(sleep=0.1, block=1.5, after_block=steal)
+    settings = attrs.evolve(
+        _settings(), runner=RunnerSettings(worker_id="w", lease=3, poll_interval=0.05)
+    )
+    async with queue:
+        await queue.enqueue("job", item_id="stolen")
+        service = Service(drivers=[driver], settings=settings, queue=queue, handle_signals=False)
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run)
+                base = f"http://127.0.0.1:{service.http_port}"
+                async with httpx.AsyncClient() as client:
+                    metric = 'trio_supervise_settlements_refused_total{spec="job"} 1.0'
+                    while metric not in (metrics := (await client.get(f"{base}/metrics")).text):  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                    page = (await client.get(f"{base}/")).text
+                service.stop()
+    assert "complete refused: the lease was lost" in page
+    # Blocked 1.5 s; the watchdog's check (every 0.25 s) was due up to 0.25 s into the block.
+    blocked = r"event loop blocked for 1\.[2-5]\d* s \(lease 3 s\): leases at risk: &#x27;stolen"
+    assert re.search(blocked, page)
+    assert "trio_supervise_event_loop_lag_seconds_count" in metrics
 
 
 @attrs.frozen

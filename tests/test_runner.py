@@ -74,6 +74,10 @@ class FaultyQueue(ts.MemoryQueue):
     renew_failures: int = attrs.field(init=False, default=0)
     claim_failures: int = attrs.field(init=False, default=0)
     renew_latency: float = attrs.field(init=False, default=0.0)
+    settle_failures: int = attrs.field(init=False, default=0)
+    settle_error: Callable[[], Exception] = attrs.field(
+        init=False, default=lambda: ts.QueueUnavailable("database is locked")
+    )
 
     async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
         self.renew_calls.append((trio.current_time(), len(leases)))
@@ -87,6 +91,10 @@ class FaultyQueue(ts.MemoryQueue):
 
     async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
         self.settle_calls.append((trio.current_time(), len(settlements)))
+        if self.settle_failures:
+            self.settle_failures -= 1
+            await trio.lowlevel.checkpoint()
+            raise self.settle_error()
         return await super().settle_many(settlements)
 
     async def claim_due(
@@ -509,7 +517,8 @@ async def test_outside_cancellation_propagates_through_the_driver(
 async def test_a_stale_worker_cannot_overwrite_the_new_owner(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """After another worker re-claims an expired lease, the old worker's outcome is refused."""
+    """After another worker re-claims an expired lease, the old worker's outcome is refused,
+    and the refusal (the item may run twice) is counted per spec and kept in recent errors."""
     queue = FaultyQueue()
     driver = Recorder()
     events: list[ts.RunnerEvent] = []
@@ -531,6 +540,10 @@ async def test_a_stale_worker_cannot_overwrite_the_new_owner(
     assert [(e.lease_version, e.applied) for e in refused] == [(taken.lease_version - 1, False)]
     assert [e.detail for e in events if e.kind is Kind.SETTLE_REFUSED] == ["complete"]
     assert sample(runner, "trio_supervise_items_completed_total") is None
+    assert sample(runner, "trio_supervise_settlements_refused_total") == 1
+    assert [(e.item_id, e.spec_id, e.error) for e in runner.recent_errors] == [
+        ("shared", "job", "complete refused: the lease was lost (another worker may run the item)")
+    ]
     await queue.complete("shared", taken.lease_version)
     assert (await queue.get("shared")).state is ts.ItemState.COMPLETED
 
@@ -747,3 +760,195 @@ async def test_a_context_that_fails_to_build_fails_the_run(
         with pytest.raises(ConnectionError, match="no database"):
             await nursery.start(runner.run)
     assert runner.state is ts.RunnerState.FAILED
+
+
+# -- writes that fail, writes that are refused, a blocked loop ---------------------------------
+
+NO_JITTER = ts.RestartPolicy(1, 30, jitter=ts.JitterMode.NONE)
+
+
+TRANSIENT: dict[str, Callable[[], Exception]] = {
+    "locked": lambda: ts.QueueUnavailable("SQLite queue at q.db: database is locked"),
+    "disk-full": lambda: ts.QueueUnavailable("SQLite queue at q.db: database or disk is full"),
+    "connection-lost": lambda: ts.QueueUnavailable("PostgreSQL queue at db is unavailable"),
+    "unclassified": lambda: ts.QueueError("PostgreSQL queue at db: could not extend file"),
+}
+
+
+@pytest.mark.parametrize("error", TRANSIENT.values(), ids=TRANSIENT.keys())
+async def test_a_write_failing_transiently_is_written_again_not_re_run(
+    autojump_clock: trio.testing.MockClock, error: Callable[[], Exception]
+) -> None:
+    """An outcome whose write fails transiently (locked, disk full, connection lost, or an
+    unclassified queue error) is written again after a backoff while the lease holds: the item
+    completes once and is never evaluated twice."""
+    queue = FaultyQueue()
+    driver = Recorder()
+    events: list[ts.RunnerEvent] = []
+    await queue.enqueue("job", item_id="one")
+    queue.settle_failures = 3
+    queue.settle_error = error
+    runner = make_runner(queue, driver, events=events, lease=30, claim_retry=NO_JITTER)
+    async with running(runner):
+        await trio.sleep(70)  # past two lease periods: an abandoned write would re-run it
+    assert driver.starts == {"one": [0.0]}
+    assert [at for at, _ in queue.settle_calls] == [0.0, 1.0, 3.0, 7.0]
+    assert [e.kind for e in events if e.item_id == "one"] == [
+        Kind.CLAIMED,
+        Kind.OUTCOME,
+        *[Kind.SETTLE_FAILED] * 3,
+        Kind.SETTLED,
+    ]
+    one = await queue.get("one")
+    assert (one.state, one.lease_version) == (ts.ItemState.COMPLETED, 1)
+    assert sample(runner, "trio_supervise_items_completed_total") == 1
+    assert sample(runner, "trio_supervise_settlements_abandoned_total") is None
+    assert runner.state is ts.RunnerState.STOPPED
+
+
+async def test_renewals_go_on_while_a_write_is_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A write failing for longer than the lease is retried as long as renewals keep the lease."""
+    queue = FaultyQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="one")
+    queue.settle_failures = 7  # retried every 0.5 s (half the 1 s renewal interval): 3.5 s
+    runner = make_runner(queue, driver, lease=3, claim_retry=NO_JITTER)
+    async with running(runner):
+        await trio.sleep(10)
+    assert driver.starts == {"one": [0.0]}
+    assert [at for at, _ in queue.settle_calls] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
+    assert [at for at, n in queue.renew_calls] == [1.0, 2.0, 3.0]
+    assert sample(runner, "trio_supervise_settlements_abandoned_total") is None
+    assert (await queue.get("one")).state is ts.ItemState.COMPLETED
+
+
+async def test_a_write_is_abandoned_once_the_lease_runs_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """When renewals fail too, the write is retried until the lease expires, then given up:
+    counted, logged and kept in the recent errors."""
+    queue = FaultyQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="one")
+    queue.settle_failures = 100
+    queue.renew_failures = 100
+    runner = make_runner(queue, driver, lease=3, concurrency=1, claim_retry=NO_JITTER)
+    async with running(runner):
+        await trio.sleep(3.1)
+        # Given up at 3.0, as the lease expired; claimed again (and failing again) at once.
+        assert [at for at, _ in queue.settle_calls[:7]] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+        assert sample(runner, "trio_supervise_settlements_abandoned_total") == 1
+        assert [e.error for e in runner.recent_errors if "attempts" in e.error] == [
+            "writing complete failed: database is locked (7 attempts)"
+        ]
+        queue.settle_failures = queue.renew_failures = 0
+        await trio.sleep(5)
+    assert driver.starts == {"one": [0.0, 3.0]}  # the lease was gone: running it again is right
+    assert (await queue.get("one")).state is ts.ItemState.COMPLETED
+
+
+async def test_a_permanent_write_error_is_not_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A write failing for a reason no retry fixes (the schema is missing) is given up at once."""
+    queue = FaultyQueue()
+    await queue.enqueue("job", item_id="one")
+    queue.settle_failures = 1
+    queue.settle_error = lambda: ts.SchemaError("no queue schema")
+    runner = make_runner(queue, lease=30)
+    async with running(runner):
+        await trio.sleep(1)
+    assert [at for at, _ in queue.settle_calls] == [0.0]
+    assert sample(runner, "trio_supervise_settlements_abandoned_total") == 1
+    assert runner.recent_errors[-1].error == "writing complete failed: no queue schema"
+
+
+def test_transient_errors_are_the_queue_errors_a_retry_may_fix() -> None:
+    """QueueUnavailable and unclassified QueueErrors are retried; SchemaError and bugs are not."""
+    from trio_supervise._workflow import is_transient
+
+    assert is_transient(ts.QueueUnavailable("database is locked"))
+    assert is_transient(ts.QueueError("database or disk is full"))
+    assert not is_transient(ts.SchemaError("no queue schema"))
+    assert not is_transient(UnicodeEncodeError("utf-8", "\udcff", 0, 1, "surrogates"))
+
+
+@attrs.define
+class Blocker:
+    """A driver that moves the mock clock by ``config["block"]`` seconds without yielding: to the
+    rest of the program, the event loop was blocked that long (a ``time.sleep`` in a driver)."""
+
+    clock: trio.testing.MockClock
+    name: str = "blocker"
+    spec_ids: Sequence[str] = ("job",)
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: None, item: WorkItem) -> ts.Outcome:
+        await trio.sleep(item.config.get("sleep", 0))
+        self.clock.jump(item.config.get("block", 0))
+        await trio.sleep(1)
+        return ts.Stop()
+
+
+async def test_the_watchdog_measures_loop_lag_and_names_items_at_risk(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loop blocked past a third of the lease is measured, warned about with the items in
+    flight and their leases, and kept in the recent errors; short blocks are only measured."""
+    queue = ts.MemoryQueue()
+    await queue.enqueue("job", item_id="blocks", config={"sleep": 0.1, "block": 5})
+    await queue.enqueue("job", item_id="bystander", config={"sleep": 3})
+    await queue.enqueue("job", item_id="brief", config={"sleep": 8.3, "block": 0.5})
+    runner = make_runner(ts.MemoryQueue(), Blocker(autojump_clock), lease=6)
+    runner = attrs.evolve(runner, queue=queue)
+    with caplog.at_level(logging.WARNING, logger="trio_supervise.runner"):
+        async with running(runner):
+            await trio.sleep(12)
+
+    # Renewal interval 2 s, so the watchdog checks every 0.5 s: the 5 s block from t=0.1 woke
+    # the check due at 0.5 at 5.1 (4.6 s late); the 0.5 s block from 8.3 the one due at 8.6 at
+    # 8.8 (0.2 s late, under a third of the lease: measured, not warned about).
+    def lag(name: str, **labels: str) -> float | None:
+        return runner.metrics.registry.get_sample_value(
+            f"trio_supervise_event_loop_lag_seconds_{name}", labels
+        )
+
+    checks = lag("count")
+    assert checks is not None
+    assert lag("sum") == pytest.approx(4.8)
+    assert (lag("bucket", le="0.1"), lag("bucket", le="0.25"), lag("bucket", le="5.0")) == (
+        checks - 2,
+        checks - 1,
+        checks,
+    )
+    warnings = [e.error for e in runner.recent_errors if e.item_id is None]
+    assert warnings == [
+        "event loop blocked for 4.6 s (lease 6 s): leases at risk: 'blocks' (0.9 s left), "
+        "'brief' (0.9 s left), 'bystander' (0.9 s left); a driver is blocking the thread "
+        "(use trio.to_thread for blocking calls)"
+    ]
+    assert warnings[0] in caplog.text
+
+
+def test_lease_risk_warns_past_a_third_of_the_lease_and_says_what_is_left() -> None:
+    """The watchdog's arithmetic: under a third of the lease is harmless; past it, every item in
+    flight is named with the lease it had left when the loop woke (or how long ago it expired)."""
+    from trio_supervise._runner import lease_risk
+
+    entries = [("a", 100.0), ("b", 104.5)]
+    assert lease_risk(entries, woke=110.0, lag=2.0, lease=6.0) is None
+    text = lease_risk(entries, woke=110.0, lag=2.5, lease=6.0)
+    assert text is not None
+    assert text.startswith(
+        "event loop blocked for 2.5 s (lease 6 s): leases at risk: 'a' (expired 4 s ago), "
+        "'b' (0.5 s left); "
+    )
+    many = [(f"i{n}", 109.0) for n in range(12)]
+    text = lease_risk(many, woke=110.0, lag=3.0, lease=6.0)
+    assert text is not None
+    assert "'i9' (5 s left), and 2 more;" in text
+    assert lease_risk([], woke=110.0, lag=3.0, lease=6.0) is not None

@@ -64,6 +64,15 @@ class FakeQueue:
     renewal_error: Exception | None = None
     claim_limits: list[int] = attrs.Factory(list)
     settled: list[Settlement] = attrs.Factory(list)
+    write_failures: int = 0
+    """The next this many writes (release, complete, reschedule, mark_error) fail transiently."""
+    write_attempts: list[tuple[str, float]] = attrs.Factory(list)
+
+    async def _attempt(self, op: str) -> None:
+        self.write_attempts.append((op, trio.current_time()))
+        if self.write_failures:
+            self.write_failures -= 1
+            raise ts.QueueUnavailable("database is locked")
 
     async def claim_due(
         self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
@@ -82,18 +91,22 @@ class FakeQueue:
         return LeaseStatus.HELD
 
     async def release(self, item_id: str, lease_version: int, delay: float) -> None:
+        await self._attempt("release")
         self.released.append(item_id)
         self.release_delays.append(delay)
 
     async def complete(self, item_id: str, lease_version: int) -> None:
+        await self._attempt("complete")
         self.completed.append(item_id)
 
     async def reschedule(
         self, item_id: str, lease_version: int, at: dt.datetime, config: Any
     ) -> None:
+        await self._attempt("reschedule")
         self.rescheduled.append((item_id, config))
 
     async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
+        await self._attempt("mark_error")
         self.errors.append(item_id)
         self.error_texts.append(error)
         self.error_times.append(trio.current_time())
@@ -228,6 +241,51 @@ async def test_expired_lease_stops_evaluation(autojump_clock: trio.testing.MockC
     assert queue.error_times == [1.0]
     assert queue.error_texts[0].startswith("lease renewal failed: lease lost on item 'expired'")
     assert trio.current_time() == 1.0
+
+
+NO_JITTER = ts.RestartPolicy(1, 30, jitter=ts.JitterMode.NONE)
+
+
+async def test_a_write_failing_transiently_is_written_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A write that fails transiently is written again after the claim_retry backoff; with two
+    writes (mark_error, release) each is retried alone, so the error is recorded once."""
+    queue = FakeQueue([item("done", stop=True)], write_failures=3)
+    tuned = settings(concurrency=1, claim_retry=NO_JITTER)
+    await ts.run_due_pass(queue, registry(), tuned, context)  # type: ignore[arg-type]
+    assert queue.completed == ["done"]
+    assert queue.write_attempts == [("complete", t) for t in (0.0, 1.0, 3.0, 7.0)]
+
+    queue = FakeQueue([item("bad", fail=True)], write_failures=2)
+    await ts.run_due_pass(queue, registry(), tuned, context)  # type: ignore[arg-type]
+    assert (queue.errors, queue.released) == (["bad"], ["bad"])
+    assert queue.write_attempts == [
+        ("mark_error", 7.0),
+        ("mark_error", 8.0),
+        ("mark_error", 10.0),
+        ("release", 10.0),
+    ]
+
+
+async def test_a_write_is_retried_with_renewals_until_the_lease_runs_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The lease is renewed on while a write is retried; when renewals fail too, the write is
+    given up as the lease expires (3 s after the claim)."""
+    queue = FakeQueue([item("done", stop=True)], write_failures=2)
+    tuned = settings(lease=3, concurrency=1, claim_retry=NO_JITTER)
+    await ts.run_due_pass(queue, registry(), tuned, context)  # type: ignore[arg-type]
+    assert queue.completed == ["done"]
+
+    queue = FakeQueue(
+        [item("done", stop=True)], write_failures=100, renewal_error=ts.QueueUnavailable("down")
+    )
+    start = trio.current_time()
+    await ts.run_due_pass(queue, registry(), tuned, context)  # type: ignore[arg-type]
+    assert queue.completed == []
+    assert [t - start for _, t in queue.write_attempts] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    assert [t - start for t in queue.renewal_times][:2] == [1.0, 2.0]  # on, while retried
 
 
 def test_registry_fails_duplicate_ownership_and_invalid_specs() -> None:

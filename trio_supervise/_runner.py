@@ -9,7 +9,13 @@ Three tasks share the runner's state:
 - the *renewal loop* renews every held lease in one ``renew_many`` call every ``lease / 3``; a
   lost lease cancels that item's scope, a requested cancellation cancels it too;
 - the *settler* writes outcomes with ``settle_many``, taking everything that finished since its
-  last write in one call, then does each item's bookkeeping and frees its slot.
+  last write in one call, then does each item's bookkeeping and frees its slot. A write that
+  fails transiently (the queue unreachable, SQLite busy or locked, a full disk) is written again
+  after a backoff while the item's lease is valid, the renewal loop renewing it meanwhile: the
+  item keeps its slot and its lease until the write lands or the lease is really gone;
+- the *loop-lag watchdog* (while anything is in flight) sleeps a short interval and measures how
+  late it wakes: a driver that blocks the thread (``time.sleep``) starves every renewal, so a
+  wake-up later than a third of the lease is logged, kept in the recent errors and exported.
 
 Each item is evaluated in its own cancel scope and holds its slot (and its lease, which keeps
 being renewed) until its outcome is written. The item's task ends when it hands its outcome to
@@ -25,7 +31,7 @@ import datetime as dt
 import enum
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic
 
 import attrs
@@ -46,6 +52,7 @@ from ._workflow import (
     failure_settlement,
     open_context,
     raise_specific,
+    write_retry_delay,
 )
 from .queues._protocol import Lease, LeaseStatus, SettleKind, Settlement, WorkItem, WorkQueue
 
@@ -56,6 +63,7 @@ __all__ = [
     "RunnerMetrics",
     "RunnerState",
     "WorkflowRunner",
+    "lease_risk",
 ]
 
 logger = logging.getLogger("trio_supervise.runner")
@@ -127,6 +135,8 @@ class RecentError:
 
 # Workflow steps run from milliseconds to many minutes.
 _EVALUATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, float("inf"))
+# How late the event loop woke the watchdog: healthy loops stay in the first buckets.
+_LAG_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
 
 
 @attrs.define(eq=False)
@@ -143,7 +153,10 @@ class RunnerMetrics:
     cancelled: Counter = attrs.field(init=False)
     dead: Counter = attrs.field(init=False)
     renewals_failed: Counter = attrs.field(init=False)
+    settlements_refused: Counter = attrs.field(init=False)
+    settlements_abandoned: Counter = attrs.field(init=False)
     evaluation_seconds: Histogram = attrs.field(init=False)
+    loop_lag_seconds: Histogram = attrs.field(init=False)
     _children: dict[tuple[int, str], Any] = attrs.field(init=False, factory=dict)
     _settled: dict[SettleKind, Counter] = attrs.field(init=False)
 
@@ -164,12 +177,26 @@ class RunnerMetrics:
         self.renewals_failed = counter(
             "lease_renewals_failed", "Lease renewals that failed or found the lease lost."
         )
+        self.settlements_refused = counter(
+            "settlements_refused",
+            "Outcomes the queue refused because the lease was lost: the item may run twice.",
+        )
+        self.settlements_abandoned = counter(
+            "settlements_abandoned",
+            "Outcomes never written: the queue kept failing until the lease ran out.",
+        )
         self.evaluation_seconds = Histogram(
             "trio_supervise_evaluation_seconds",
             "How long driver evaluations took.",
             ["spec"],
             registry=self.registry,
             buckets=_EVALUATION_BUCKETS,
+        )
+        self.loop_lag_seconds = Histogram(
+            "trio_supervise_event_loop_lag_seconds",
+            "How late the runner's watchdog woke: time the event loop was blocked.",
+            registry=self.registry,
+            buckets=_LAG_BUCKETS,
         )
 
         self._settled = {
@@ -196,6 +223,37 @@ class RunnerMetrics:
             self.for_spec(counter, spec_id).inc()
 
 
+LAG_WARNING_FRACTION = 1 / 3
+"""A loop blocked longer than this fraction of the lease (one renewal interval) is warned about."""
+_LAG_CHECKS_PER_RENEWAL = 4
+_AT_RISK_NAMED = 10
+
+
+def lease_risk(
+    entries: Sequence[tuple[str, float]], *, woke: float, lag: float, lease: float
+) -> str | None:
+    """The warning for a loop blocked *lag* seconds until *woke*, or None if it is harmless.
+
+    *entries* are the in-flight items as ``(item id, last renewed at)``. A block longer than
+    ``LAG_WARNING_FRACTION`` of *lease* missed at least one renewal round: every item in flight
+    was at risk, and those whose lease ran out during the block may be running elsewhere now.
+    """
+    if lag <= lease * LAG_WARNING_FRACTION:
+        return None
+    named = []
+    for item_id, renewed_at in entries[:_AT_RISK_NAMED]:
+        left = renewed_at + lease - woke
+        state = f"expired {-left:.3g} s ago" if left <= 0 else f"{left:.3g} s left"
+        named.append(f"{item_id!r} ({state})")
+    if len(entries) > _AT_RISK_NAMED:
+        named.append(f"and {len(entries) - _AT_RISK_NAMED} more")
+    at_risk = ", ".join(named) if named else "none in flight"
+    return (
+        f"event loop blocked for {lag:.3g} s (lease {lease:g} s): leases at risk: {at_risk}; "
+        "a driver is blocking the thread (use trio.to_thread for blocking calls)"
+    )
+
+
 class _Reason(enum.IntEnum):
     """Why an evaluation's scope was cancelled; a higher value overrides a lower one."""
 
@@ -216,6 +274,9 @@ class _InFlight:
     detail: str = ""
     settling: bool = False
     """The outcome is being written: from now on the write's result, not a renewal, is the truth."""
+    write_failures: int = 0
+    """Failed attempts at writing the outcome so far."""
+    first_write_failure: float | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -228,8 +289,11 @@ class _InFlight:
         self.scope.cancel()
 
 
-_Written = Callable[[_InFlight, Settlement, bool, Exception | None], None]
-"""Called by the settler once per item after its write: (entry, settlement, applied, error)."""
+_Written = Callable[[_InFlight, Settlement, bool, Exception | None], float | None]
+"""Called by the settler once per item after its write: (entry, settlement, applied, error).
+
+It returns None when the item is accounted for, or (after a failed write) a delay in seconds
+after which the settler submits the same settlement again."""
 
 
 @attrs.define(eq=False)
@@ -237,7 +301,8 @@ class _Settler:
     """Batches outcomes into ``settle_many`` calls: whatever is waiting goes in the next call.
 
     After each call it reports every item's result to *written*, in submission order; *written*
-    must not raise.
+    must not raise. A failed write that *written* asks to retry is submitted again after the delay
+    it returned (and batched with whatever is waiting then).
     """
 
     queue: WorkQueue
@@ -254,6 +319,14 @@ class _Settler:
         self._send.send_nowait((entry, settlement))
 
     async def run(self) -> None:
+        async with trio.open_nursery() as retries:
+            await self._write_forever(retries)
+
+    async def _resubmit(self, entry: _InFlight, settlement: Settlement, delay: float) -> None:
+        await trio.sleep(delay)
+        self.submit(entry, settlement)
+
+    async def _write_forever(self, retries: trio.Nursery) -> None:
         async for first in self._receive:
             # Let the other evaluations that finished at this instant queue up behind it.
             await trio.lowlevel.checkpoint()
@@ -271,7 +344,9 @@ class _Settler:
                     )
             except Exception as error:
                 for entry, settlement in batch:
-                    self.written(entry, settlement, False, error)
+                    delay = self.written(entry, settlement, False, error)
+                    if delay is not None:
+                        retries.start_soon(self._resubmit, entry, settlement, delay)
             else:
                 for (entry, settlement), applied in zip(batch, results, strict=True):
                     self.written(entry, settlement, applied, None)
@@ -387,6 +462,7 @@ class WorkflowRunner(Generic[ContextT]):
                     async with trio.open_nursery() as services:
                         services.start_soon(self._watch_shutdown)
                         services.start_soon(self._renewal_loop)
+                        services.start_soon(self._watch_loop_lag)
                         services.start_soon(settler.run)
                         async with trio.open_nursery() as evaluations:
                             self._state = RunnerState.RUNNING
@@ -584,31 +660,77 @@ class WorkflowRunner(Generic[ContextT]):
 
     def _written(
         self, entry: _InFlight, settlement: Settlement, applied: bool, error: Exception | None
-    ) -> None:
-        """The settler wrote (or failed to write) the outcome: account for it, free the slot."""
+    ) -> float | None:
+        """The settler wrote (or failed to write) the outcome: account for it, free the slot.
+
+        Returns the delay before writing it again, when the write failed transiently and the
+        lease is still valid: the slot (and the lease, renewed meanwhile) stays held till then.
+        """
+        retry: float | None = None
         try:
-            self._account(entry, settlement, applied, error)
+            retry = self._account(entry, settlement, applied, error)
         finally:
-            self._free(entry)
+            if retry is None:
+                self._free(entry)
+        return retry
 
     def _account(
         self, entry: _InFlight, settlement: Settlement, applied: bool, error: Exception | None
-    ) -> None:
+    ) -> float | None:
         item = entry.item
         if error is not None:
             text = f"writing {settlement.kind} failed: {describe_error(error)}"
+            self._queue_unreachable(error)
+            delay = self._write_retry_delay(entry, error)
+            if delay is not None:
+                self._emit(RunnerEventKind.SETTLE_FAILED, item, detail=f"{text}; retrying")
+                logger.warning(
+                    "item %r: %s; writing it again in %.3g s (attempt %d, the lease is held)",
+                    item.id,
+                    text,
+                    delay,
+                    entry.write_failures + 1,
+                )
+                return delay
+            if entry.write_failures > 1:
+                text = f"{text} ({entry.write_failures} attempts)"
+            self._metrics.for_spec(self._metrics.settlements_abandoned, item.spec_id).inc()
             self._record_error(item.id, item.spec_id, text)
             self._emit(RunnerEventKind.SETTLE_FAILED, item, detail=text)
-            logger.warning("item %r: %s (its lease will expire)", item.id, text)
-            self._queue_unreachable(error)
-            return
+            logger.error("item %r: %s; giving up, its lease will expire", item.id, text)
+            return None
         self._queue_answered()
         if applied:
             self._metrics.count_settled(settlement.kind, item.spec_id)
             self._emit(RunnerEventKind.SETTLED, item, detail=str(settlement.kind))
-        else:
-            self._emit(RunnerEventKind.SETTLE_REFUSED, item, detail=str(settlement.kind))
-            logger.warning("item %r: %s refused, the lease was lost", item.id, settlement.kind)
+            return None
+        self._metrics.for_spec(self._metrics.settlements_refused, item.spec_id).inc()
+        text = f"{settlement.kind} refused: the lease was lost (another worker may run the item)"
+        if entry.write_failures:
+            text = f"{text}; after {entry.write_failures} failed attempts, one may have landed"
+        self._record_error(item.id, item.spec_id, text)
+        self._emit(RunnerEventKind.SETTLE_REFUSED, item, detail=str(settlement.kind))
+        logger.warning("item %r (spec %r): %s", item.id, item.spec_id, text)
+        return None
+
+    def _write_retry_delay(self, entry: _InFlight, error: Exception) -> float | None:
+        """How long to wait before writing *entry*'s outcome again, or None to give up (see
+        :func:`write_retry_delay`); the lease as last renewed, by this runner's renewal loop."""
+        now = trio.current_time()
+        entry.write_failures += 1
+        if entry.first_write_failure is None:
+            entry.first_write_failure = now
+        if entry.reason is _Reason.LOST:
+            return None
+        return write_retry_delay(
+            error,
+            item_id=entry.item.id,
+            attempt=entry.write_failures,
+            lease_left=entry.renewed_at + self._settings.lease - now,
+            failing_for=now - entry.first_write_failure,
+            settings=self._settings,
+            jitter=self._jitter,
+        )
 
     # -- renewals ------------------------------------------------------------------------------
 
@@ -660,15 +782,23 @@ class WorkflowRunner(Generic[ContextT]):
                 self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
                 self._emit(RunnerEventKind.RENEWAL_FAILED, entry.item, detail=text)
                 # Keep evaluating while the lease outlives the next round; otherwise stop.
-                if entry.renewed_at + settings.lease - trio.current_time() <= interval:
+                if not entry.settling and (
+                    entry.renewed_at + settings.lease - trio.current_time() <= interval
+                ):
                     entry.stop(_Reason.RENEWAL_FAILED, text)
             return
         self._queue_answered()
         for entry in due.values():
-            if entry.settling or self._in_flight.get(entry.key) is not entry:
-                # Written (or being written) meanwhile: a LOST here is the settlement's doing.
-                continue
+            if self._in_flight.get(entry.key) is not entry:
+                continue  # written meanwhile
             status = statuses.get(entry.item.id, LeaseStatus.LOST)
+            if entry.settling:
+                # Being written (perhaps again, after a failed write): a LOST here may be the
+                # settlement's own doing, and the write's answer is the truth; a renewal that
+                # landed keeps the lease valid for the next attempt.
+                if status is not LeaseStatus.LOST:
+                    entry.renewed_at = now
+                continue
             if status is LeaseStatus.LOST:
                 self._lose(entry, "renewal refused")
                 continue
@@ -679,6 +809,35 @@ class WorkflowRunner(Generic[ContextT]):
             ):
                 self._emit(RunnerEventKind.CANCEL_REQUESTED, entry.item)
                 entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested")
+
+    # -- the loop-lag watchdog ------------------------------------------------------------------
+
+    async def _watch_loop_lag(self) -> None:
+        """Measure how late the event loop wakes a short sleep, while anything is in flight.
+
+        ``trio.current_time()`` is the run's clock: in production Trio's default clock, a
+        monotonic wall clock, so a driver that blocks the thread (``time.sleep(10)``) shows up
+        as a wake-up 10 s late. Under an autojump clock, time stands still while the loop is
+        busy, so the lag is zero unless a test jumps the clock without yielding. The watchdog
+        sleeps only while items are in flight (an idle runner under virtual time costs
+        nothing), four times per renewal interval.
+        """
+        settings = self._settings
+        interval = settings.renew_interval / _LAG_CHECKS_PER_RENEWAL
+        lag_metric = self._metrics.loop_lag_seconds
+        while True:
+            if not self._in_flight:
+                await self._count.wait_value(lambda n: n > 0)
+            expected = trio.current_time() + interval
+            await trio.sleep_until(expected)
+            woke = trio.current_time()
+            lag = max(0.0, woke - expected)
+            lag_metric.observe(lag)
+            entries = [(e.item.id, e.renewed_at) for e in self._in_flight.values()]
+            warning = lease_risk(entries, woke=woke, lag=lag, lease=settings.lease)
+            if warning is not None:
+                self._record_error(None, None, warning)
+                logger.warning("%s", warning)
 
     def _queue_unreachable(self, error: Exception) -> None:
         """A renewal or write found the queue unreachable: show it until a call succeeds."""

@@ -20,9 +20,10 @@ from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, overload
 import attrs
 import trio
 
+from . import _errors
 from ._clock import utc
 from ._convert import structure_config, unstructure
-from ._errors import DriverError, SuperviseError
+from ._errors import DriverError, LeaseLost, QueueError, SchemaError, SuperviseError
 from ._policy import Jitter, RestartPolicy
 from .queues._protocol import (
     LeaseStatus,
@@ -434,6 +435,54 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+_PERMANENT_QUEUE_ERRORS: tuple[type[Exception], ...] = (
+    SchemaError,
+    *((_errors.QueueFailed,) if hasattr(_errors, "QueueFailed") else ()),
+)
+"""Queue errors no retry fixes (``QueueFailed`` and its ``SchemaError``): a write is not retried."""
+
+WRITE_RETRY_BOUND = 60.0
+"""Seconds a failing outcome write is retried at most (one lease, if longer), renewals landing."""
+
+
+def is_transient(error: Exception) -> bool:
+    """Whether a failed queue write may succeed if written again: a :class:`QueueError` that is
+    not permanent. :class:`QueueUnavailable` (connection lost, SQLite busy or locked, disk full)
+    is the transient class; a bare :class:`QueueError` is unclassified and gets the benefit of the
+    doubt, bounded by the lease. Anything else (a bug, an unencodable value, :class:`LeaseLost`)
+    is not retried."""
+    return isinstance(error, QueueError) and not isinstance(error, _PERMANENT_QUEUE_ERRORS)
+
+
+def write_retry_delay(
+    error: Exception,
+    *,
+    item_id: str,
+    attempt: int,
+    lease_left: float,
+    failing_for: float,
+    settings: RunnerSettings,
+    jitter: Jitter,
+) -> float | None:
+    """How long to wait before writing an outcome again after failed *attempt*, or None.
+
+    A transient failure (:func:`is_transient`) is retried while the lease is valid
+    (*lease_left* seconds, as last renewed), and for at most ``WRITE_RETRY_BOUND`` seconds (or one
+    lease, if longer) of failing writes: renewals that keep landing while writes keep failing mean
+    the write itself is at fault, and an outcome is not held forever. The backoff is
+    ``claim_retry``'s, keyed by item, capped at half the renewal interval and at the lease's
+    expiry, so the last attempt happens as the lease runs out.
+    """
+    if (
+        not is_transient(error)
+        or lease_left <= 0
+        or failing_for >= max(settings.lease, WRITE_RETRY_BOUND)
+    ):
+        return None
+    delay = settings.claim_retry.backoff(attempt, key=f"settle:{item_id}", jitter=jitter)
+    return min(delay, settings.renew_interval / 2, lease_left)
+
+
 def prepare_item(driver: object, item: WorkItem) -> WorkItem:
     """The item as the driver sees it: ``config`` structured into its ``config_type`` if any."""
     config_type = driver_config_type(driver)
@@ -542,30 +591,85 @@ def raise_specific(group: BaseExceptionGroup[BaseException]) -> None:
 # -- one due pass -----------------------------------------------------------------------------
 
 
-async def _write(queue: WorkQueue, settlement: Settlement) -> None:
-    """Write *settlement* with the single-item queue methods (the seed's mapping); log failures."""
+async def _write(
+    queue: WorkQueue,
+    settlement: Settlement,
+    *,
+    lease_left: Callable[[], float],
+    settings: RunnerSettings,
+    jitter: Jitter,
+) -> None:
+    """Write *settlement* with the single-item queue methods (the seed's mapping).
+
+    A write that fails transiently is written again after a backoff while the lease is valid
+    (:func:`write_retry_delay`; *lease_left* says how long it has); a failure given up, and a
+    refusal (the lease was lost), are logged.
+    """
     item_id, version = settlement.item_id, settlement.lease_version
-    try:
-        match settlement.kind:
-            case SettleKind.CONTINUE:
-                await queue.release(item_id, version, settlement.delay)
-            case SettleKind.RESCHEDULE:
-                assert settlement.at is not None
-                await queue.reschedule(item_id, version, settlement.at, settlement.config)
-            case SettleKind.COMPLETE:
-                await queue.complete(item_id, version)
-            case SettleKind.RETRY:
-                assert settlement.error is not None
-                await queue.mark_error(item_id, version, settlement.error)
-                await queue.release(item_id, version, settlement.delay)
-            case _:
-                [applied] = await queue.settle_many([settlement])
-                if not applied:
-                    logger.warning("%s of item %r refused: lease lost", settlement.kind, item_id)
-    except Exception as error:
-        logger.warning(
-            "writing %s for item %r failed: %s", settlement.kind, item_id, describe_error(error)
-        )
+
+    async def release() -> None:
+        await queue.release(item_id, version, settlement.delay)
+
+    async def reschedule() -> None:
+        assert settlement.at is not None
+        await queue.reschedule(item_id, version, settlement.at, settlement.config)
+
+    async def complete() -> None:
+        await queue.complete(item_id, version)
+
+    async def mark_error() -> None:
+        assert settlement.error is not None
+        await queue.mark_error(item_id, version, settlement.error)
+
+    async def settle() -> None:
+        [applied] = await queue.settle_many([settlement])
+        if not applied:
+            raise LeaseLost(item_id, version, f"{settlement.kind} refused")
+
+    steps: list[Callable[[], Awaitable[None]]]
+    match settlement.kind:
+        case SettleKind.CONTINUE:
+            steps = [release]
+        case SettleKind.RESCHEDULE:
+            steps = [reschedule]
+        case SettleKind.COMPLETE:
+            steps = [complete]
+        case SettleKind.RETRY:
+            steps = [mark_error, release]  # each retried alone: an error is counted once
+        case _:
+            steps = [settle]
+    for step in steps:
+        attempt = 0
+        first_failure = trio.current_time()
+        while True:
+            try:
+                await step()
+                break
+            except Exception as error:
+                attempt += 1
+                text = describe_error(error)
+                delay = write_retry_delay(
+                    error,
+                    item_id=item_id,
+                    attempt=attempt,
+                    lease_left=lease_left(),
+                    failing_for=trio.current_time() - first_failure,
+                    settings=settings,
+                    jitter=jitter,
+                )
+                if delay is None:
+                    logger.warning(
+                        "writing %s for item %r failed: %s", settlement.kind, item_id, text
+                    )
+                    return
+                logger.warning(
+                    "writing %s for item %r failed: %s; writing it again in %.3g s",
+                    settlement.kind,
+                    item_id,
+                    text,
+                    delay,
+                )
+                await trio.sleep(delay)
 
 
 async def run_due_pass(
@@ -590,9 +694,11 @@ async def run_due_pass(
     does not fit) → ``mark_error`` then ``release`` after ``requeue_delay`` (or the ``retry``
     backoff), or a ``dead`` settlement once ``max_errors`` is reached. An item claimed with
     ``cancel_requested``, or whose renewal reports it, is settled as cancelled (not an error).
-    Refused (stale) writes are logged and change nothing.
+    A write that fails transiently is written again while the lease holds, the lease renewed
+    meanwhile (:func:`write_retry_delay`). Refused (stale) writes are logged and change nothing.
     """
     jitter = Jitter() if jitter is None else jitter
+    claimed_at = trio.current_time()
     items = await queue.claim_due(
         registry.spec_ids(), settings.worker_id, settings.lease, settings.claim_limit
     )
@@ -605,7 +711,9 @@ async def run_due_pass(
         except Exception as error:
             await _release_unbuilt(queue, items, describe_error(error), settings.requeue_delay)
             raise
-        return await _evaluate_claimed(queue, registry, settings, jitter, context, items)
+        return await _evaluate_claimed(
+            queue, registry, settings, jitter, context, items, claimed_at=claimed_at
+        )
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -631,6 +739,8 @@ async def _evaluate_claimed(
     jitter: Jitter,
     context: ContextT,
     items: Sequence[WorkItem],
+    *,
+    claimed_at: float,
 ) -> PassStats:
     """Evaluate every claimed item concurrently, each beside its lease renewal; write outcomes."""
     failed = 0
@@ -640,15 +750,24 @@ async def _evaluate_claimed(
         cancel = Settlement(
             item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL
         )
+        renewed_at = claimed_at
+
+        def lease_left() -> float:
+            return renewed_at + settings.lease - trio.current_time()
+
         if item.cancel_requested:
-            await _write(queue, cancel)
+            await _write(queue, cancel, lease_left=lease_left, settings=settings, jitter=jitter)
             return
         scope = trio.CancelScope()
         renewal_error: str | None = None
         cancel_requested = False
+        writing = False
 
         async def renew() -> None:
-            nonlocal renewal_error, cancel_requested
+            # While the outcome is being written the lease is renewed on, so that a write
+            # retried after a transient failure still holds it; a failed renewal then is only
+            # less lease left (the write's retries watch it), a lost lease ends the renewals.
+            nonlocal renewal_error, cancel_requested, renewed_at
             while True:
                 await trio.sleep(settings.renew_interval)
                 try:
@@ -656,10 +775,14 @@ async def _evaluate_claimed(
                         item.id, settings.worker_id, item.lease_version, settings.lease
                     )
                 except Exception as error:
-                    renewal_error = f"lease renewal failed: {describe_error(error)}"
-                    scope.cancel()
+                    if writing and not isinstance(error, LeaseLost):
+                        continue
+                    if not writing:
+                        renewal_error = f"lease renewal failed: {describe_error(error)}"
+                        scope.cancel()
                     return
-                if status is LeaseStatus.CANCEL_REQUESTED:
+                renewed_at = trio.current_time()
+                if status is LeaseStatus.CANCEL_REQUESTED and not writing:
                     cancel_requested = True
                     scope.cancel()
                     return
@@ -678,19 +801,19 @@ async def _evaluate_claimed(
                     )
                 except Exception as exc:
                     error = describe_error(exc)
+            writing = True
+            if cancel_requested:
+                settlement = cancel
+            else:
+                if renewal_error is not None:
+                    error = renewal_error
+                if error is not None or settlement is None:
+                    failed += 1
+                    error = error or "evaluation was cancelled"
+                    logger.warning("item %r (spec %r) failed: %s", item.id, item.spec_id, error)
+                    settlement = failure_settlement(item, error, settings, jitter)
+            await _write(queue, settlement, lease_left=lease_left, settings=settings, jitter=jitter)
             nursery.cancel_scope.cancel()
-
-        if cancel_requested:
-            await _write(queue, cancel)
-            return
-        if renewal_error is not None:
-            error = renewal_error
-        if error is not None or settlement is None:
-            failed += 1
-            error = error or "evaluation was cancelled"
-            logger.warning("item %r (spec %r) failed: %s", item.id, item.spec_id, error)
-            settlement = failure_settlement(item, error, settings, jitter)
-        await _write(queue, settlement)
 
     try:
         async with trio.open_nursery() as nursery:

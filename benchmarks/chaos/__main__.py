@@ -1,4 +1,8 @@
-"""``python -m benchmarks.chaos [--quick] [--json PATH] [--dsn DSN]``: run, print, exit.
+"""``python -m benchmarks.chaos [--quick] [--json PATH] [--dsn DSN] [--only R6,R7,R8]``.
+
+Runs the chosen parts (all by default), prints their figures, exits. ``--only`` takes part names
+separated by commas (or repeated), case-insensitive: ``r1-sqlite``, ``r1-postgres``, ``r1``
+(both), ``r2`` (stops the PostgreSQL server: never on a shared one), ``r6``, ``r7``, ``r8``.
 
 Exits 0 whether or not the goals are met (a missed goal is printed loudly, and recorded in the
 JSON); a non-zero exit means the harness itself failed.
@@ -11,13 +15,15 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .harness import run_all
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-PARTS = ("r1-sqlite", "r1-postgres", "r2")
+PARTS = ("r1-sqlite", "r1-postgres", "r2", "r6", "r7", "r8")
+ALIASES = {"r1": ("r1-sqlite", "r1-postgres")}
 R3_HINT = (
     "R3 (the queue state machine at a high example count): "
     "TRIO_SUPERVISE_MODEL_EXAMPLES=2000 TRIO_SUPERVISE_TEST_DSN=... "
@@ -57,7 +63,70 @@ def _print_table(report: dict[str, Any]) -> None:
                 f"({r2['terminations']} termination rounds, {r2['backends_terminated']} "
                 f"backends terminated, {where}, {r2['seconds']} s)"
             )
+    _print_scenarios(report)
     print(R3_HINT)
+
+
+def _parts(text: str) -> set[str]:
+    """``"R6,r7"`` → ``{"r6", "r7"}``; an unknown name is an argparse error naming the choices."""
+    chosen: set[str] = set()
+    for name in text.lower().replace(" ", "").split(","):
+        if name in ALIASES:
+            chosen.update(ALIASES[name])
+        elif name in PARTS:
+            chosen.add(name)
+        elif name:
+            raise argparse.ArgumentTypeError(
+                f"unknown part {name!r} (choose from {', '.join(PARTS)}, r1)"
+            )
+    if not chosen:
+        raise argparse.ArgumentTypeError("no part named")
+    return chosen
+
+
+def _ran(report: dict[str, Any], part: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The backends *part* ran on, with their figures; the skipped ones are printed as such."""
+    for name, figures in report.get(part, {}).items():
+        if "skipped" in figures:
+            print(f"{part.upper()} {name}: skipped ({figures['skipped']})")
+        else:
+            yield name, figures
+
+
+def _print_scenarios(report: dict[str, Any]) -> None:
+    for name, figures in _ran(report, "r6"):
+        print(
+            f"R6 {name:8}  history {figures['history_rows']}  items {figures['items']}  "
+            f"completed {figures['completed']}  lost {figures['lost']}  "
+            f"leases_lost {figures['leases_lost']}  evaluated_twice {figures['evaluated_twice']}  "
+            f"requests {figures['requests']} {figures['statuses']}  "
+            f"p50 {figures['latency_p50_seconds']} s  p99 {figures['latency_p99_seconds']} s  "
+            f"({figures['clients']} clients, {figures['seconds']} s)"
+        )
+    for name, figures in _ran(report, "r7"):
+        print(
+            f"R7 {name:8}  batch-mates completed {figures['mates_completed']} of "
+            f"{figures['items'] - 1} in {figures['mates_evaluations']} evaluations  "
+            f"poison {figures['poison_state']} after {figures['poison_claims']} claims "
+            f"(attempt {figures['poison_attempt']}, errors {figures['poison_error_count']}, "
+            f"max_attempts {figures['max_attempts']}"
+            f"{'' if figures['max_attempts_available'] else ' not available: max_errors used'}"
+            f")  storable_text "
+            f"{'available' if figures['storable_text_available'] else 'not available'}  "
+            f"last_error {figures['poison_last_error']}  ({figures['seconds']} s)"
+        )
+    r8 = report.get("r8")
+    if r8 is not None:
+        print(
+            f"R8 sqlite    items {r8['items']}  completed {r8['completed']}  lost {r8['lost']}  "
+            f"double_finalized {r8['double_finalized']}  evaluated_twice {r8['evaluated_twice']}  "
+            f"refused log {r8['refused_in_log']} metric {r8['refused_metric']}  "
+            f"lease_lost_at_renewal {r8['lease_lost_at_renewal']}  "
+            f"on status page: refusal {str(r8['refusal_on_status_page']).lower()} "
+            f"lag warning {str(r8['lag_warning_on_status_page']).lower()}  "
+            f"lag observations {r8['lag_observations']} total {r8['lag_seconds_total']} s  "
+            f"(blocked {r8['block_seconds']} s, {r8['seconds']} s)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         help="PostgreSQL (default: $TRIO_SUPERVISE_TEST_DSN or %(default)s)",
     )
     parser.add_argument(
-        "--only", action="append", choices=PARTS, help="run only this part (repeatable)"
+        "--only",
+        action="append",
+        type=_parts,
+        metavar="PARTS",
+        help=f"run only these parts, comma-separated (repeatable): {', '.join(PARTS)}, r1",
     )
     parser.add_argument("--items", type=int, help="override the item count")
     parser.add_argument(
@@ -89,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_all(
         quick=args.quick,
         dsn=args.dsn,
-        only=set(args.only or PARTS),
+        only=set().union(*args.only) if args.only else set(PARTS),
         stop_window=window or None,
         items=args.items,
         log=log,

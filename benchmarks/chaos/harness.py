@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -38,10 +37,14 @@ import trio
 
 import trio_supervise as ts
 
+from .._common import with_params
+
 WORKER = Path(__file__).with_name("worker.py")
 SPEC = "chaos"
 WORKERS = 4
 LEASE = 3.0
+R6_HISTORY = 300_000
+"""Finished rows beside R6's workers, quick and full alike (the issue's figure)."""
 
 # -- stores: a fresh queue with N items, and direct SQL views of it --------------------------------
 
@@ -66,6 +69,14 @@ class Store:
         raise NotImplementedError
 
     def drop(self) -> None:
+        raise NotImplementedError
+
+    def add_history(self, count: int) -> None:
+        """Insert *count* completed items (``done-NNNNNN``) straight into the table: a history."""
+        raise NotImplementedError
+
+    def row(self, item_id: str) -> dict[str, Any] | None:
+        """The item's row as stored, by column name, or None."""
         raise NotImplementedError
 
 
@@ -144,20 +155,28 @@ class SQLiteStore(Store):
         rows = self._conn.execute("SELECT id FROM chaos_audit").fetchall()
         return collections.Counter(row[0] for row in rows)
 
+    def add_history(self, count: int) -> None:
+        now_us = int(time.time() * 1_000_000)
+        self._conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
+            "INSERT INTO trio_supervise_items "
+            "(id, spec_id, state, due_at, lease_version, created_at, updated_at) "
+            "SELECT printf('done-%07d', i), ?, 'completed', ?, 1, ?, ? FROM n",
+            [count, SPEC, now_us, now_us, now_us],
+        )
+        self._conn.execute("ANALYZE")
+
+    def row(self, item_id: str) -> dict[str, Any] | None:
+        cursor = self._conn.execute("SELECT * FROM trio_supervise_items WHERE id = ?", [item_id])
+        found = cursor.fetchone()
+        if found is None:
+            return None
+        return {column[0]: value for column, value in zip(cursor.description, found, strict=True)}
+
     def drop(self) -> None:
         self._conn.close()
         for suffix in ("", "-wal", "-shm"):
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
-
-
-def with_params(dsn: str, **params: str) -> str:
-    """*dsn* (a URL) with libpq query parameters added."""
-    parts = urllib.parse.urlsplit(dsn)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    query += list(params.items())
-    return urllib.parse.urlunsplit(
-        parts._replace(query=urllib.parse.urlencode(query, quote_via=urllib.parse.quote))
-    )
 
 
 class PostgresStore(Store):
@@ -204,6 +223,28 @@ class PostgresStore(Store):
                 self._conn.close()
             self._conn = None
             raise
+
+    def add_history(self, count: int) -> None:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        self._conn.execute(
+            "INSERT INTO trio_supervise_items "
+            "(id, spec_id, state, due_at, lease_version, created_at, updated_at) "
+            "SELECT 'done-' || lpad(i::text, 7, '0'), %s, 'completed', now(), 1, now(), now() "
+            "FROM generate_series(0, %s - 1) AS i",
+            [SPEC, count],
+        )
+        self._conn.execute("ANALYZE trio_supervise_items")
+
+    def row(self, item_id: str) -> dict[str, Any] | None:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        cursor = self._conn.execute("SELECT * FROM trio_supervise_items WHERE id = %s", [item_id])
+        found = cursor.fetchone()
+        if found is None:
+            return None
+        assert cursor.description is not None
+        return {column.name: value for column, value in zip(cursor.description, found, strict=True)}
 
     def worker_url(self, app_name: str) -> str:
         return with_params(
@@ -264,14 +305,27 @@ class Fleet:
     """``WORKERS`` worker processes; each slot is restarted with a new worker id when killed."""
 
     def __init__(
-        self, store: Store, directory: Path, sleep: float, *, tag: str, http: bool = False
+        self,
+        store: Store,
+        directory: Path,
+        sleep: float,
+        *,
+        tag: str,
+        http: bool = False,
+        workers: int = WORKERS,
+        args: list[str] | None = None,
+        slot_args: dict[int, list[str]] | None = None,
     ) -> None:
         self.store = store
         self.dir = directory
         self.sleep = sleep
         self.tag = tag
         self.http = http
-        self.slots = [Slot(index) for index in range(WORKERS)]
+        self.args = list(args or [])
+        """Extra worker options for every slot (see worker.py)."""
+        self.slot_args = dict(slot_args or {})
+        """Extra worker options for one slot, by index."""
+        self.slots = [Slot(index) for index in range(workers)]
         self.kills = 0
         self.pauses = 0
         self.unexpected_exits: list[str] = []
@@ -294,18 +348,23 @@ class Fleet:
             slot.port_file = self.dir / f"{worker_id}.port"
             slot.port = None
             args += ["--http", str(slot.port_file)]
+        args += self.args + self.slot_args.get(slot.index, [])
         with (self.directory_logs / f"{worker_id}.stderr").open("wb") as err:
             slot.proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
             )
 
-    def start(self) -> None:
+    def start(self, indexes: list[int] | None = None) -> None:
+        """Launch every slot (or the slots at *indexes*)."""
         for slot in self.slots:
-            self._launch(slot)
+            if indexes is None or slot.index in indexes:
+                self._launch(slot)
 
     def wait_for_ports(self, limit: float = 30.0) -> None:
         deadline = time.perf_counter() + limit
         for slot in self.slots:
+            if slot.proc is None:
+                continue  # not launched (yet)
             assert slot.port_file is not None
             while not slot.port_file.exists():
                 if time.perf_counter() > deadline:
@@ -338,7 +397,8 @@ class Fleet:
         """Resume paused workers whose time has come; restart any that exited on their own."""
         now = time.perf_counter()
         for slot in self.slots:
-            assert slot.proc is not None
+            if slot.proc is None:
+                continue  # not launched (yet)
             if slot.paused_until is not None and now >= slot.paused_until:
                 slot.proc.send_signal(signal.SIGCONT)
                 slot.paused_until = None
@@ -365,17 +425,24 @@ class Fleet:
         for slot in self.slots:
             slot.paused_until = None
 
-    def healthz(self, slot: Slot) -> dict[str, Any] | None:
+    def fetch(self, slot: Slot, path: str, timeout: float = 0.5) -> tuple[int, bytes] | None:
+        """``GET path`` on *slot*'s HTTP server: ``(status, body)``, or None if no answer."""
         if slot.port is None:
             return None
-        url = f"http://127.0.0.1:{slot.port}/healthz"
+        url = f"http://127.0.0.1:{slot.port}{path}"
         try:
-            with urllib.request.urlopen(url, timeout=0.5) as response:
-                body = response.read()
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return int(response.status), response.read()
         except urllib.error.HTTPError as error:
-            body = error.read()
+            return int(error.code), error.read()
         except (OSError, ValueError):
             return None
+
+    def healthz(self, slot: Slot) -> dict[str, Any] | None:
+        answer = self.fetch(slot, "/healthz")
+        if answer is None:
+            return None
+        body = answer[1]
         try:
             document: dict[str, Any] = json.loads(body)
         except ValueError:
@@ -414,11 +481,13 @@ class LogStats:
     claim_failed: int = 0
     renewal_failed: int = 0
     completions: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    claims: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
 
-def read_logs(directory: Path) -> LogStats:
+def read_logs(directory: Path, prefix: str = "") -> LogStats:
+    """What the workers' logs (those whose file name starts with *prefix*) say happened."""
     stats = LogStats()
-    for path in directory.glob("*.log"):
+    for path in directory.glob(f"{prefix}*.log"):
         with path.open(encoding="utf-8", errors="replace") as file:
             for line in file:
                 parts = line.rstrip("\n").split("\t")
@@ -427,6 +496,7 @@ def read_logs(directory: Path) -> LogStats:
                 kind, item_id, _, detail = parts[:4]
                 if kind == "claimed":
                     stats.claimed += 1
+                    stats.claims[item_id] += 1
                 elif kind == "outcome":
                     stats.outcomes += 1
                 elif kind == "settled":
@@ -754,8 +824,44 @@ def r1_backend(
     return figures
 
 
+def run_scenario(
+    part: str, kind: str, quick: bool, base: Path, *, dsn: str, tag: str, log: Any
+) -> dict[str, Any]:
+    """One R6/R7/R8 run on a fresh *kind* store, bounded; its figures."""
+    from . import scenarios  # it builds on this module
+
+    items = {"r6": 10, "r7": 10, "r8": 6}[part]
+    directory = base / f"{part}-{kind}"
+    run_tag = f"{tag}{part}{kind[0]}"
+    store: Store = (
+        SQLiteStore(directory, items) if kind == "sqlite" else PostgresStore(dsn, items, run_tag)
+    )
+    try:
+        if part == "r6":
+            history = R6_HISTORY
+            clients = 40 if quick else 100
+            log(f"R6 {kind}: {history} finished rows, 2 workers, {clients} clients reading")
+            figures = scenarios.run_r6(
+                store, directory, tag=run_tag, history=history, clients=clients, limit=120
+            )
+        elif part == "r7":
+            log(f"R7 {kind}: a batch of {items}, one item's error text holds a lone surrogate")
+            figures = scenarios.run_r7(
+                store, directory, tag=run_tag, max_attempts=3, limit=30 if quick else 60
+            )
+        else:
+            log(f"R8 {kind}: a worker blocks its event loop past the lease, another takes over")
+            figures = scenarios.run_r8(store, directory, tag=run_tag, items=items, limit=60)
+    finally:
+        store.drop()
+    log(f"{part.upper()} {kind}: done in {figures['seconds']} s")
+    return figures
+
+
 def goals(report: dict[str, Any]) -> list[str]:
     """Every goal the report misses, as a sentence."""
+    from . import scenarios  # it builds on this module
+
     missed = []
     for name, figures in report.get("r1", {}).items():
         if "skipped" in figures:
@@ -769,6 +875,7 @@ def goals(report: dict[str, Any]) -> list[str]:
             )
         if figures.get("timed_out"):
             missed.append(f"R1 {name}: timed out")
+    missed += scenarios.goals(report)
     r2 = report.get("r2", {})
     if r2 and "skipped" not in r2:
         for key in ("lost", "double_finalized"):
@@ -804,7 +911,7 @@ def run_all(
     }
     base = Path(tempfile.mkdtemp(prefix="trio-supervise-chaos-"))
     try:
-        pg_problem = postgres_problem(dsn) if {"r1-postgres", "r2"} & only else None
+        pg_problem = postgres_problem(dsn) if {"r1-postgres", "r2", "r6", "r7"} & only else None
         if "r1-sqlite" in only:
             report["r1"]["sqlite"] = r1_backend("sqlite", plan, base, dsn=None, tag=tag, log=log)
         if "r1-postgres" in only:
@@ -814,6 +921,16 @@ def run_all(
                 report["r1"]["postgres"] = r1_backend(
                     "postgres", plan, base, dsn=dsn, tag=tag, log=log
                 )
+        for part, backends in (("r6", ("sqlite", "postgres")), ("r7", ("sqlite", "postgres"))):
+            if part in only:
+                report[part] = {
+                    kind: run_scenario(part, kind, quick, base, dsn=dsn, tag=tag, log=log)
+                    if kind == "sqlite" or not pg_problem
+                    else {"skipped": pg_problem}
+                    for kind in backends
+                }
+        if "r8" in only:
+            report["r8"] = run_scenario("r8", "sqlite", quick, base, dsn=dsn, tag=tag, log=log)
         if "r2" in only:
             if pg_problem:
                 report["r2"] = {"skipped": pg_problem}
