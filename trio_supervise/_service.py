@@ -26,7 +26,14 @@ from ._lifecycle import Shutdown
 from ._policy import Jitter
 from ._runner import RunnerEvent, RunnerState, WorkflowRunner
 from ._settings import Settings, load_settings
-from ._supervisor import ChildSpec, Supervisor, WorkerState, WorkerStatus
+from ._supervisor import (
+    AutoShutdown,
+    ChildSpec,
+    ShutdownOrder,
+    Supervisor,
+    WorkerState,
+    WorkerStatus,
+)
 from ._workflow import DriverRegistry, WorkflowDriver
 from .queues import WorkQueue
 from .queues._factory import open_queue
@@ -73,6 +80,11 @@ class Service:
         Only possible in the main thread; off elsewhere.
     :param on_event: passed to the :class:`WorkflowRunner`: called with every
         :class:`RunnerEvent` (claims, outcomes, settlements); it must not block.
+    :param shutdown_order: how the top-level supervisor stops its children (see
+        :class:`ShutdownOrder`). Children start as: the HTTP server, the runner, then *workers*;
+        by default they stop in reverse, so the HTTP server answers through the whole drain.
+    :param auto_shutdown: see :class:`AutoShutdown`: with a *significant* worker among *workers*,
+        its normal end drains and stops the service with exit code 0.
     """
 
     drivers: Sequence[WorkflowDriver[Any]] = attrs.field(default=(), converter=_drivers)
@@ -84,6 +96,10 @@ class Service:
     name: str = "trio_supervise"
     handle_signals: bool = True
     on_event: Callable[[RunnerEvent], None] | None = None
+    shutdown_order: ShutdownOrder = attrs.field(
+        default=ShutdownOrder.REVERSE, converter=ShutdownOrder
+    )
+    auto_shutdown: AutoShutdown = attrs.field(default=AutoShutdown.NEVER, converter=AutoShutdown)
 
     shutdown: Shutdown = attrs.field(init=False, factory=Shutdown)
     """Begin it to drain and stop the service (what SIGTERM does)."""
@@ -166,6 +182,25 @@ class Service:
     def _build(self, settings: Settings, queue: WorkQueue) -> Supervisor:
         jitter = Jitter() if settings.jitter_seed is None else Jitter(seed=settings.jitter_seed)
         children: list[ChildSpec | Supervisor] = []
+        if settings.http.enabled:
+            # Started first, so it is stopped last (reverse start order): /healthz and /metrics
+            # keep answering, with the workers' states, for the whole drain.
+            app = OperationsApp(
+                _StatusView(self),
+                self.registry,
+                queue=queue,
+                title=self.name,
+                refresh=settings.http.refresh,
+            )
+            children.append(
+                ChildSpec(
+                    "http",
+                    functools.partial(self._serve_http, app, settings),
+                    start=True,
+                    stop_signal=True,
+                    shutdown_grace=settings.http.graceful_timeout + 1.0,
+                )
+            )
         if self.drivers:
             registry: DriverRegistry[Any] = DriverRegistry()
             for driver in self.drivers:
@@ -188,22 +223,6 @@ class Service:
                     shutdown_grace=settings.runner.shutdown_grace + _SETTLE_MARGIN,
                 )
             )
-        if settings.http.enabled:
-            app = OperationsApp(
-                _StatusView(self),
-                self.registry,
-                queue=queue,
-                title=self.name,
-                refresh=settings.http.refresh,
-            )
-            children.append(
-                ChildSpec(
-                    "http",
-                    functools.partial(self._serve_http, app, settings),
-                    start=True,
-                    shutdown_grace=settings.http.graceful_timeout + 1.0,
-                )
-            )
         children.extend(self.workers)
         self.supervisor = Supervisor(
             name=self.name,
@@ -211,6 +230,8 @@ class Service:
             shutdown=self.shutdown,
             jitter=jitter,
             registry=self.registry,
+            shutdown_order=self.shutdown_order,
+            auto_shutdown=self.auto_shutdown,
         )
         return self.supervisor
 
@@ -219,8 +240,10 @@ class Service:
         app: OperationsApp,
         settings: Settings,
         *,
+        stop: Shutdown,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        """The HTTP server, until the supervisor stops it (its turn, last in the drain)."""
         async with trio.open_nursery() as nursery:
             self.http_port = await nursery.start(
                 functools.partial(
@@ -228,7 +251,7 @@ class Service:
                     app,
                     settings.http.host,
                     settings.http.port,
-                    shutdown=self.shutdown,
+                    shutdown=stop,
                     graceful_timeout=settings.http.graceful_timeout,
                 )
             )
