@@ -327,7 +327,7 @@ async def test_shutdown_during_a_backoff_stops_the_worker_at_once(
 async def test_restart_logs_say_what_happened_and_carry_structured_fields(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The restart record's message tells the story; worker, attempt, backoff_s, error ride along."""
+    """The restart record's message tells the story; worker, attempt, backoff_s, error go along."""
     policy = RestartPolicy(1, 4)
     supervisor = Supervisor(
         name="app",

@@ -13,7 +13,7 @@ import enum
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 import trio
@@ -74,6 +74,24 @@ class RestartType(enum.StrEnum):
     TEMPORARY = "temporary"
     """Never restarted. Its end, normal or not, is recorded (``stopped``, with the error text if it
     raised) but never touches health or shutdown. A temporary child takes no restart policy."""
+
+
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+def choice(kind: type[_E], field: str, value: object) -> _E:
+    """*value* as a member of *kind*; the error names the field and the allowed values."""
+    try:
+        return kind(value)  # type: ignore[arg-type]
+    except ValueError:
+        allowed = ", ".join(repr(member.value) for member in kind)
+        raise ValueError(
+            f"{field} must be a {kind.__name__} (one of {allowed}), got {value!r}"
+        ) from None
+
+
+def to_restart_type(value: object) -> RestartType:
+    return choice(RestartType, "restart_type", value)
 
 
 def check_name(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -150,7 +168,9 @@ class ChildSpec:
     target: Callable[..., Awaitable[object]] = attrs.field(validator=_check_target)
     restart: RestartPolicy | None = attrs.field(default=None, kw_only=True, validator=check_restart)
     restart_type: RestartType = attrs.field(
-        default=RestartType.PERMANENT, converter=RestartType, kw_only=True
+        default=RestartType.PERMANENT,
+        converter=to_restart_type,
+        kw_only=True,
     )
     shutdown_grace: float = attrs.field(
         default=DEFAULT_SHUTDOWN_GRACE, kw_only=True, validator=_check_grace

@@ -12,7 +12,7 @@ import math
 
 import attrs
 
-from ._child import RestartType, Slot, WorkerState
+from ._child import RestartType, Slot, WorkerState, choice
 
 __all__ = ["AutoShutdown", "Intensity", "ShutdownOrder", "Strategy"]
 
@@ -50,6 +50,18 @@ class AutoShutdown(enum.StrEnum):
     ended)."""
     ALL_SIGNIFICANT = "all_significant"
     """When the last significant child still alive ends normally."""
+
+
+def to_strategy(value: object) -> Strategy:
+    return choice(Strategy, "strategy", value)
+
+
+def to_shutdown_order(value: object) -> ShutdownOrder:
+    return choice(ShutdownOrder, "shutdown_order", value)
+
+
+def to_auto_shutdown(value: object) -> AutoShutdown:
+    return choice(AutoShutdown, "auto_shutdown", value)
 
 
 def _positive_int(instance: object, attribute: attrs.Attribute[int], value: int) -> None:

@@ -21,6 +21,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from ._errors import WorkerFailed
+from ._group import to_auto_shutdown, to_shutdown_order
 from ._http import ErrorRecord, OperationsApp, serve_http
 from ._lifecycle import Shutdown
 from ._policy import Jitter
@@ -97,9 +98,11 @@ class Service:
     handle_signals: bool = True
     on_event: Callable[[RunnerEvent], None] | None = None
     shutdown_order: ShutdownOrder = attrs.field(
-        default=ShutdownOrder.REVERSE, converter=ShutdownOrder
+        default=ShutdownOrder.REVERSE, converter=to_shutdown_order
     )
-    auto_shutdown: AutoShutdown = attrs.field(default=AutoShutdown.NEVER, converter=AutoShutdown)
+    auto_shutdown: AutoShutdown = attrs.field(
+        default=AutoShutdown.NEVER, converter=to_auto_shutdown
+    )
 
     shutdown: Shutdown = attrs.field(init=False, factory=Shutdown)
     """Begin it to drain and stop the service (what SIGTERM does)."""

@@ -47,6 +47,7 @@ from ._child import (
     error_text,
     judge,
     leaves,
+    to_restart_type,
 )
 from ._errors import ChildStateError, StartFailed, WorkerFailed
 from ._group import (
@@ -61,6 +62,9 @@ from ._group import (
     never_restarted_with_group,
     restart_group,
     stop_order,
+    to_auto_shutdown,
+    to_shutdown_order,
+    to_strategy,
 )
 from ._lifecycle import Shutdown
 from ._policy import Jitter, RestartPolicy
@@ -228,19 +232,23 @@ class Supervisor:
     _initial: tuple[ChildSpec | Supervisor, ...] = attrs.field(
         alias="children", default=(), converter=_as_children, repr=False
     )
-    strategy: Strategy = attrs.field(default=Strategy.ONE_FOR_ONE, converter=Strategy)
+    strategy: Strategy = attrs.field(default=Strategy.ONE_FOR_ONE, converter=to_strategy)
     intensity: Intensity | None = attrs.field(default=None, validator=_check_intensity)
     shutdown_order: ShutdownOrder = attrs.field(
-        default=ShutdownOrder.REVERSE, converter=ShutdownOrder
+        default=ShutdownOrder.REVERSE, converter=to_shutdown_order
     )
-    auto_shutdown: AutoShutdown = attrs.field(default=AutoShutdown.NEVER, converter=AutoShutdown)
+    auto_shutdown: AutoShutdown = attrs.field(
+        default=AutoShutdown.NEVER, converter=to_auto_shutdown
+    )
     shutdown: Shutdown = attrs.field(default=None, converter=_shutdown_or_new, repr=False)
     jitter: Jitter | None = attrs.field(default=None, repr=False)
     registry: CollectorRegistry = attrs.field(
         default=None, converter=_registry_or_private, repr=False
     )
     restart: RestartPolicy | None = attrs.field(default=None, validator=check_restart)
-    restart_type: RestartType = attrs.field(default=RestartType.PERMANENT, converter=RestartType)
+    restart_type: RestartType = attrs.field(
+        default=RestartType.PERMANENT, converter=to_restart_type
+    )
     significant: bool = attrs.field(default=False)
     healthy: trio_util.AsyncBool = attrs.field(
         init=False,
