@@ -1001,6 +1001,10 @@ async def _noop() -> None:
             "restart",
         ),
         ({"restart_type": "sometimes"}, ValueError, "RestartType"),
+        ({"restart_type": "sometimes"}, ValueError, "restart_type must be a RestartType"),
+        ({"stop_signal": "yes"}, TypeError, "stop_signal must be a bool"),
+        ({"significant": 1}, TypeError, "significant must be a bool"),
+        ({"significant": True}, ValueError, "significant must be False for a permanent child"),
     ],
 )
 def test_child_spec_refuses_bad_arguments_naming_the_field(

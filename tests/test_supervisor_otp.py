@@ -16,6 +16,8 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trio_supervise import (
     AutoShutdown,
@@ -529,6 +531,58 @@ async def test_a_nested_supervisor_stops_its_children_when_its_turn_comes(
         assert inner.shutdown.requested, "the switch itself still reaches the whole tree"
     assert (z.stop_seen, y.stop_seen, x.stop_seen) == ([0], [1], [2])
     assert trio.current_time() == 3
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 5), st.booleans()), min_size=1, max_size=6
+    ),
+    st.sampled_from(list(ShutdownOrder)),
+)
+def test_every_child_stops_within_its_grace_from_its_turn(
+    children: list[tuple[int, int, bool]], order: ShutdownOrder
+) -> None:
+    """For any drains and graces: reverse order adds the stop times up, parallel takes the max.
+
+    Each child (drain, grace, watches its stop) takes ``drain`` seconds once asked, or until
+    its grace ends if it ignores its stop: ``min(drain, grace)`` or ``grace``.
+    """
+    took = [min(drain, grace) if watches else grace for drain, grace, watches in children]
+    asked: dict[int, float] = {}
+
+    def target(index: int, drain: int, watches: bool) -> Callable[..., Awaitable[None]]:
+        async def run(*, stop: Shutdown) -> None:
+            await stop.wait()
+            asked[index] = trio.current_time()
+            await trio.sleep(drain if watches else math.inf)
+
+        return run
+
+    async def main() -> float:
+        supervisor = Supervisor(
+            name="app",
+            shutdown_order=order,
+            children=[
+                ChildSpec(f"c{i}", target(i, d, w), stop_signal=True, shutdown_grace=g)
+                for i, (d, g, w) in enumerate(children)
+            ],
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervisor.run)
+            supervisor.shutdown.begin("test")
+        return trio.current_time()
+
+    ended = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    if order is ShutdownOrder.PARALLEL:
+        assert asked == dict.fromkeys(range(len(children)), 0)
+        assert ended == max(took)
+        return
+    expected, turn = {}, 0.0
+    for index in reversed(range(len(children))):
+        expected[index] = turn
+        turn += took[index]
+    assert asked == expected
+    assert ended == turn
 
 
 # -- restart intensity (one_for_one_escalation, one_for_all_escalation, multiple_restarts) ---------

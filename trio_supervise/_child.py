@@ -115,6 +115,11 @@ def check_restart(
         raise TypeError(f"{attribute.name} must be a RestartPolicy or None, got {value!r}")
 
 
+def check_bool(instance: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be a bool, got {value!r}")
+
+
 def _check_grace(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{attribute.name} must be a number of seconds, got {value!r}")
@@ -176,8 +181,8 @@ class ChildSpec:
         default=DEFAULT_SHUTDOWN_GRACE, kw_only=True, validator=_check_grace
     )
     start: bool = attrs.field(default=False, kw_only=True)
-    stop_signal: bool = attrs.field(default=False, kw_only=True)
-    significant: bool = attrs.field(default=False, kw_only=True)
+    stop_signal: bool = attrs.field(default=False, kw_only=True, validator=check_bool)
+    significant: bool = attrs.field(default=False, kw_only=True, validator=check_bool)
 
     def __attrs_post_init__(self) -> None:
         check_child_rules(self.name, self.restart, self.restart_type, self.significant)

@@ -40,6 +40,7 @@ from ._child import (
     Verdict,
     WorkerState,
     WorkerStatus,
+    check_bool,
     check_child_rules,
     check_name,
     check_restart,
@@ -249,7 +250,7 @@ class Supervisor:
     restart_type: RestartType = attrs.field(
         default=RestartType.PERMANENT, converter=to_restart_type
     )
-    significant: bool = attrs.field(default=False)
+    significant: bool = attrs.field(default=False, validator=check_bool)
     healthy: trio_util.AsyncBool = attrs.field(
         init=False,
         factory=lambda: trio_util.AsyncBool(True),  # type: ignore[no-untyped-call]
@@ -273,8 +274,6 @@ class Supervisor:
     def __attrs_post_init__(self) -> None:
         if self.jitter is not None and not isinstance(self.jitter, Jitter):
             raise TypeError(f"jitter must be a Jitter or None, got {self.jitter!r}")
-        if not isinstance(self.significant, bool):
-            raise TypeError(f"significant must be a bool, got {self.significant!r}")
         check_child_rules(self.name, self.restart, self.restart_type, self.significant)
         if self.intensity is not None:
             self._window = RestartWindow(self.intensity)
@@ -524,7 +523,8 @@ class Supervisor:
     async def _start_initial_children(self) -> bool:
         """Launch the initial children in order, each once it is ready; False (and shutdown
         begun) when one failed terminally before it was ready: the start failed."""
-        for slot in list(self._slots):
+        initial = list(self._slots)
+        for index, slot in enumerate(initial):
             await self._launch(slot, None)
             if await self._became_ready(slot):
                 continue
@@ -535,8 +535,8 @@ class Supervisor:
             self._log(logging.ERROR, f"supervisor {self.name!r} failed to start: {failure}", slot)
             self._mark_unhealthy(escalating=True)
             self.shutdown.begin(f"worker {path!r} failed to start")
-            for later in self._slots:
-                if later.idle and later.since is None:
+            for later in initial[index + 1 :]:
+                if later.idle:  # never launched: OTP starts no child after a failed one
                     later.set_state(WorkerState.STOPPED)
             return False
         return True
