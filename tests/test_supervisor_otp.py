@@ -448,6 +448,23 @@ async def test_child_management_refuses_a_supervisor_that_is_not_running() -> No
         supervisor.delete_child(3)  # type: ignore[arg-type]
     supervisor.delete_child("w")
     assert supervisor.children == ()
+    with pytest.raises(TypeError, match="a child must be a ChildSpec or a Supervisor"):
+        supervisor.add_child(park)  # type: ignore[arg-type]
+
+
+async def test_child_management_refuses_a_supervisor_that_is_shutting_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Once shutdown has begun, start_child and restart_child are refused by name."""
+    supervisor = Supervisor(name="app", children=[ChildSpec("w", park, shutdown_grace=5)])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        await supervisor.terminate_child("w")
+        supervisor.shutdown.begin("test")
+        with pytest.raises(RuntimeError, match="'app' is shutting down; not adding 'x'"):
+            await supervisor.start_child(ChildSpec("x", park))
+        with pytest.raises(RuntimeError, match="'app' is shutting down; not restarting 'w'"):
+            await supervisor.restart_child("w")
 
 
 # -- shutdown order (sup_stop_timeout, sup_stop_infinity) ------------------------------------------

@@ -148,6 +148,10 @@ def _registry_or_private(value: CollectorRegistry | None) -> CollectorRegistry:
     return CollectorRegistry() if value is None else value
 
 
+def _name_of(child: object) -> object:
+    return getattr(child, "name", child)
+
+
 def _check_intensity(
     instance: object, attribute: attrs.Attribute[Intensity | None], value: object
 ) -> None:
@@ -304,11 +308,6 @@ class Supervisor:
         """Whether :meth:`run` is in progress."""
         return self._running
 
-    @property
-    def shutdown_grace(self) -> float:
-        """As a child, a supervisor takes as long as its own children's graces need."""
-        return float("inf")
-
     def state(self, name: str) -> WorkerState:
         """The state of the child *name* (a path, ``sub/child``, reaches into nested ones)."""
         return self._locate(name)[1].state
@@ -362,7 +361,7 @@ class Supervisor:
 
         Refused once shutdown has begun.
         """
-        self._refuse_if_stopping(f"not adding {child.name!r}")
+        self._refuse_if_stopping(f"not adding {_name_of(child)!r}")
         slot = self._add_slot(child)
         if self._nursery is not None:
             self._nursery.start_soon(self._launch, slot, None)
@@ -375,7 +374,7 @@ class Supervisor:
         ``start_child`` returning ``{error, Reason}``).
         """
         self._refuse_unless_running("use add_child before run")
-        self._refuse_if_stopping(f"not adding {child.name!r}")
+        self._refuse_if_stopping(f"not adding {_name_of(child)!r}")
         slot = self._add_slot(child)
         slot.probation = True
         await self._launch(slot, None)
