@@ -74,7 +74,7 @@ async def test_healthz_answers_200_with_the_workers_states_through_a_15_second_d
     assert {code for _, code, _ in polls} == {200}
     assert set(codes) == {200}
     for _, _, states in polls:
-        assert states == {"http": "running", "slow": "stopping"}
+        assert states == {"http": "stopping", "slow": "stopping"}
     assert service.supervisor.states == {"http": WorkerState.STOPPED, "slow": WorkerState.STOPPED}
 
 

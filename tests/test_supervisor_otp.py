@@ -9,6 +9,7 @@ named in its docstring): start failures, ``start_child`` errors, child administr
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Awaitable, Callable
 
@@ -530,8 +531,9 @@ async def test_each_child_gets_its_own_grace_from_its_turn(
         await trio.sleep(10)
         supervisor.shutdown.begin("test")
         await trio.sleep(4)
+        # Every live child shows the drain at once; b is inside its grace, a waits its turn.
         assert supervisor.state("b") is WorkerState.STOPPING
-        assert supervisor.state("a") is WorkerState.RUNNING, "not its turn yet"
+        assert supervisor.state("a") is WorkerState.STOPPING
     assert ends == {"forever": 10, "c": 13, "b": 15, "a": 16}
 
 
@@ -600,6 +602,49 @@ def test_every_child_stops_within_its_grace_from_its_turn(
         turn += took[index]
     assert asked == expected
     assert ended == turn
+
+
+def test_an_ordered_drain_records_the_same_states_on_every_run() -> None:
+    """Children that drain on the shared switch end at once; their recorded states never vary.
+
+    Regression: with states set at each child's turn, whether a child that had already finished
+    draining showed ``stopping`` depended on which task Trio happened to run first.
+    """
+
+    def one_run() -> list[tuple[float, str, str]]:
+        seen: list[tuple[float, str, str]] = []
+
+        async def main() -> None:
+            shutdown = Shutdown()
+
+            async def drains() -> None:
+                await shutdown.wait()
+                await trio.sleep(1)
+
+            names = ["a", "b", "c", "d"]
+            supervisor = Supervisor(
+                name="app", shutdown=shutdown, children=[ChildSpec(n, drains) for n in names]
+            )
+            with contextlib.ExitStack() as stack:
+                for name in names:
+
+                    def record(state: WorkerState, name: str = name) -> None:
+                        seen.append((trio.current_time(), name, str(state)))
+
+                    stack.enter_context(supervisor.watch(name).open_transform(record))
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(supervisor.run)
+                    shutdown.begin("test")
+
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+        return sorted(seen)
+
+    first = one_run()
+    assert [entry for entry in first if entry[2] == "stopping"] == [
+        (0, name, "stopping") for name in "abcd"
+    ]
+    for _ in range(20):
+        assert one_run() == first
 
 
 # -- restart intensity (one_for_one_escalation, one_for_all_escalation, multiple_restarts) ---------

@@ -50,8 +50,8 @@ class WorkerState(enum.StrEnum):
     BACKING_OFF = "backing-off"
     """Ended; waiting out a backoff before it is restarted (alone, or with its strategy group)."""
     STOPPING = "stopping"
-    """Asked to stop (its turn in shutdown, or :meth:`Supervisor.terminate_child`); inside its
-    grace period."""
+    """Shutdown has reached its supervisor (or :meth:`Supervisor.terminate_child` was called):
+    waiting for its turn to be asked to stop, or inside its grace period."""
     STOPPED = "stopped"
     """Ended for good, and not as a failure: shutdown, a transient child's return, a temporary
     child's end, :meth:`Supervisor.terminate_child`."""
@@ -309,11 +309,16 @@ class Slot:
         or deleted."""
         return not self.in_run and self.scope is None and self.pending is None
 
+    def mark_stopping(self) -> None:
+        """Record that this live run is being stopped (once: its ``since`` stays put)."""
+        if self.scope is not None and self._state is not WorkerState.STOPPING:
+            self.set_state(WorkerState.STOPPING)
+
     def ask_to_stop(self, reason: str) -> None:
         """Begin this run's stop signal and give it its grace, from now."""
         if self.scope is None:
             return
-        self.set_state(WorkerState.STOPPING)
+        self.mark_stopping()
         if self.stop is not None:
             self.stop.begin(reason)
         self.scope.deadline = min(self.scope.deadline, trio.current_time() + self.grace)

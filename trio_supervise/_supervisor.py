@@ -553,7 +553,15 @@ class Supervisor:
         return self.shutdown.requested or self._halt.requested
 
     async def _stop_when_asked(self) -> None:
-        """Once it is this supervisor's time to stop, stop its children in its shutdown order."""
+        """Once it is this supervisor's time to stop, stop its children in its shutdown order.
+
+        Every live child is marked ``stopping`` as soon as shutdown reaches this supervisor (all
+        at once, so the states a history records do not depend on which task Trio runs first);
+        each is then asked in turn.
+        """
+        await trio_util.wait_any(self.shutdown.wait, self._wait_for_turn)  # type: ignore[no-untyped-call]
+        for slot in self._slots:
+            slot.mark_stopping()
         await self._wait_for_stop()
         reason = self.shutdown.reason or (self._turn.reason if self._turn else None) or "stop"
         self._halt.begin(reason)
@@ -568,6 +576,12 @@ class Supervisor:
             slot.ask_to_stop(reason)
             if self.shutdown_order is ShutdownOrder.REVERSE:
                 await slot.wait_run_ended()
+
+    async def _wait_for_turn(self) -> None:
+        if self._turn is None or self._parent is None:
+            await trio.sleep_forever()
+        else:
+            await self._turn.wait()
 
     async def _wait_for_stop(self) -> None:
         turn = self._turn
