@@ -7,8 +7,8 @@ import pytest
 import trio
 import trio.testing
 
-from trio_supervise import ChildSpec, MemoryQueue, Service, Shutdown, WorkerState
-from trio_supervise._service import EXIT_OK
+from trio_supervise import ChildSpec, MemoryQueue, Service, Shutdown, StartFailed, WorkerState
+from trio_supervise._service import EXIT_FAILED, EXIT_OK
 from trio_supervise._settings import HttpSettings, Settings
 
 DRAIN = 15.0
@@ -104,3 +104,33 @@ async def test_a_significant_worker_finishing_ends_the_service_with_exit_code_0(
     assert await service.run() == EXIT_OK
     assert helper_stopped == [3]
     assert service.shutdown.reason == "significant worker 'main' ended (any_significant)"
+
+
+def broken_at_start() -> Service:
+    async def api(*, task_status: trio.TaskStatus[None]) -> None:
+        await trio.sleep(1)
+        raise OSError("port in use")
+
+    return Service(
+        settings=Settings(http=HttpSettings(enabled=False)),
+        queue=MemoryQueue(),
+        handle_signals=False,
+        workers=[ChildSpec("api", api, start=True)],
+    )
+
+
+async def test_a_service_whose_worker_fails_before_ready_never_reports_ready(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """nursery.start(service.run) raises StartFailed naming the worker; run() alone returns 1."""
+    failures: list[BaseException] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(broken_at_start().run)
+            pytest.fail("the service reported itself ready")
+    except* StartFailed as group:
+        failures.extend(group.exceptions)
+    assert [str(f) for f in failures] == [
+        "worker 'api' failed to start: failed (OSError: port in use)"
+    ]
+    assert await broken_at_start().run() == EXIT_FAILED

@@ -20,7 +20,7 @@ import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
-from ._errors import WorkerFailed
+from ._errors import StartFailed, WorkerFailed
 from ._group import to_auto_shutdown, to_shutdown_order
 from ._http import ErrorRecord, OperationsApp, serve_http
 from ._lifecycle import Shutdown
@@ -166,9 +166,12 @@ class Service:
     async def run(self, *, task_status: trio.TaskStatus[Service] = trio.TASK_STATUS_IGNORED) -> int:
         """Run until shutdown; return the process exit code.
 
-        ``0`` after a requested shutdown drained; ``1`` (:data:`EXIT_FAILED`) when a worker failed
-        terminally; ``128 + signal`` when a second signal cut the drain short. Reports itself
-        through *task_status* once every child is running (and the HTTP port is bound).
+        ``0`` after a requested shutdown drained (or a significant worker ended, see
+        *auto_shutdown*); ``1`` (:data:`EXIT_FAILED`) when a worker failed terminally;
+        ``128 + signal`` when a second signal cut the drain short. Reports itself through
+        *task_status* once every child is running (and the HTTP port is bound); when a child
+        fails terminally before that, ``nursery.start(service.run)`` raises
+        :class:`StartFailed` naming it (a plain ``await service.run()`` returns ``1``).
         Settings and queue errors (:class:`SettingsError`, :class:`QueueError`, ``ValueError``)
         are raised before anything starts.
         """
@@ -264,7 +267,8 @@ class Service:
         self, supervisor: Supervisor, task_status: trio.TaskStatus[Service]
     ) -> int:
         signals = self.handle_signals and threading.current_thread() is threading.main_thread()
-        failed = False
+        failed = reported = False
+        start_failure: StartFailed | None = None
         try:
             async with trio.open_nursery() as nursery:
                 if signals:
@@ -272,10 +276,16 @@ class Service:
                 await nursery.start(self._run_supervisor, supervisor, nursery.cancel_scope)
                 logger.info("service %r running", self.name)
                 task_status.started(self)
+                reported = True
         except* WorkerFailed as group:
             for error in group.exceptions:
                 logger.error("service %r stopping: %s", self.name, error)
+                if isinstance(error, StartFailed) and not reported:
+                    start_failure = error
             failed = True
+        if start_failure is not None and task_status is not trio.TASK_STATUS_IGNORED:
+            # Someone waits for readiness (nursery.start): it never came, and they hear why.
+            raise start_failure
         if failed:
             return EXIT_FAILED
         if self._forced_by is not None:
