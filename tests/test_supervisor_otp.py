@@ -726,6 +726,48 @@ async def test_intensity_counts_restarts_over_all_children_in_a_sliding_window(
     assert trio.current_time() - start == at(5)  # b fails at 2 (restart) and at 5 (one too many)
 
 
+async def test_a_group_restart_counts_once_towards_the_intensity(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """one_for_all_escalation: a failure restarting three children is one restart, not three."""
+    fails = 0
+
+    async def flaky() -> None:
+        nonlocal fails
+        fails += 1
+        if fails <= 2:
+            await trio.sleep(1)
+            raise OSError("flaky")
+        await trio.sleep_forever()
+
+    policy = RestartPolicy(1, 1, jitter="none")
+    supervisor = Supervisor(
+        name="app",
+        strategy=Strategy.ONE_FOR_ALL,
+        intensity=Intensity(max_restarts=1, period=10),
+        children=[
+            ChildSpec("a", park, restart=policy),
+            ChildSpec("flaky", flaky, restart=policy),
+            ChildSpec("c", park, restart=policy),
+        ],
+    )
+
+    async def run_expecting_failure(*, task_status: trio.TaskStatus[None]) -> None:
+        with pytest.raises(WorkerFailed, match="'flaky'"):
+            await supervisor.run(task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_expecting_failure)
+        await trio.sleep(2.5)
+        assert supervisor.healthy.value
+        assert [s.restarts for s in supervisor.which_children()] == [1, 1, 1]
+    # The second failure (at 3 s) is the second restart within 10 s: one too many.
+    assert fails == 2
+    assert supervisor.state("flaky") is WorkerState.FAILED
+    # Then c and a, which ignore shutdown, are given their 5 s graces one after the other.
+    assert trio.current_time() == at(13)
+
+
 async def test_a_nested_supervisor_past_its_intensity_is_restarted_by_its_own_policy(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
