@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import attrs
 import trio
@@ -543,9 +542,8 @@ class Supervisor:
     async def _became_ready(self, slot: Slot) -> bool:
         """Wait until *slot* is ready (restarted first, if it failed before readiness) or ended
         for good; whether it did not fail terminally before being ready."""
-        watched = slot.watch()
         while not slot.ready and not (ended_for_good(slot) and slot.idle):
-            await watched.wait_transition()
+            await slot.watch().wait_transition()  # the AsyncValue only for a child not ready
         return slot.ready or slot.state is not WorkerState.FAILED
 
     @property
@@ -654,17 +652,19 @@ class Supervisor:
             try:
                 with scope:
                     child = slot.child
+                    # Each call spelled out: a per-run kwargs dict would live as long as the run.
                     if isinstance(child, Supervisor):
                         await child.run(task_status=readiness)
+                    elif child.stop_signal and child.start:
+                        await child.target(task_status=readiness, stop=slot.stop)
+                    elif child.stop_signal:
+                        readiness.started()
+                        await child.target(stop=slot.stop)
+                    elif child.start:
+                        await child.target(task_status=readiness)
                     else:
-                        kwargs: dict[str, Any] = {}
-                        if child.stop_signal:
-                            kwargs["stop"] = slot.stop
-                        if child.start:
-                            await child.target(task_status=readiness, **kwargs)
-                        else:
-                            readiness.started()
-                            await child.target(**kwargs)
+                        readiness.started()
+                        await child.target()
                     outcome = Outcome.EXITED
             except Exception as exc:
                 outcome, error = Outcome.FAILED, exc
