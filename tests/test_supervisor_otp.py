@@ -271,6 +271,45 @@ async def test_start_child_of_a_permanent_child_returning_before_ready_raises(
         nursery.cancel_scope.cancel()
 
 
+async def test_start_child_of_a_nested_supervisor_failing_to_start_leaves_it_unattached(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A nested supervisor that fails to start is not adopted: it may be added again later."""
+    db = Child(fail_before_ready=1, ready_after=1)
+    inner = Supervisor(name="inner", children=[db.spec("db")])
+    outer = Supervisor(name="outer")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(outer.run)
+        with pytest.raises(StartFailed, match="worker 'inner' failed to start"):
+            await outer.start_child(inner)
+        assert outer.snapshot() == []
+        assert outer.healthy.value
+        await outer.start_child(inner)  # db's second run is ready
+        assert outer.states == {"inner": WorkerState.RUNNING, "inner/db": WorkerState.RUNNING}
+        assert trio.current_time() == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_nested_supervisor_started_unhealthy_makes_its_parent_unhealthy(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A worker that exits while its nested supervisor starts shows upstairs once it is added."""
+
+    async def quits() -> None:
+        await trio.sleep(0.5)
+
+    inner = Supervisor(
+        name="inner", children=[ChildSpec("quits", quits), Child(ready_after=1).spec("db")]
+    )
+    outer = Supervisor(name="outer")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(outer.run)
+        await outer.start_child(inner)
+        assert outer.state("inner/quits") is WorkerState.FAILED
+        assert not outer.healthy.value, "a dead worker anywhere makes the process unhealthy"
+        nursery.cancel_scope.cancel()
+
+
 # -- child administration (child_adm, extra_return, count_children) --------------------------------
 
 

@@ -380,6 +380,7 @@ class Supervisor:
         if not slot.ready:
             self._remove_slot(slot)
             raise StartFailed(self._path(slot), slot.ended_how) from slot.last_exception
+        self._adopt_health(slot)
 
     async def terminate_child(self, name: str) -> None:
         """Stop the child *name* within its grace, and return once it has ended.
@@ -421,6 +422,7 @@ class Supervisor:
         await owner._launch(slot, None)
         if not slot.ready:
             raise StartFailed(path, slot.ended_how) from slot.last_exception
+        owner._adopt_health(slot)
 
     def delete_child(self, name: str) -> None:
         """Remove the terminated child *name* from the supervisor (and its metric series).
@@ -752,11 +754,21 @@ class Supervisor:
 
     def _mark_unhealthy(self, *, escalating: bool) -> None:
         self.healthy.value = False
-        if self._parent is None:
+        parent = self._parent
+        if parent is None:
             return
+        slot = parent._by_name.get(self.name)
+        if slot is not None and slot.probation:
+            return  # started by start_child/restart_child, not ready yet: that call decides
         if escalating and self.restart is not None:
             return  # this supervisor will end, and its parent decides: restart it or fail
-        self._parent._mark_unhealthy(escalating=escalating)
+        parent._mark_unhealthy(escalating=escalating)
+
+    def _adopt_health(self, slot: Slot) -> None:
+        """After start_child/restart_child: a nested supervisor that became ready unhealthy (a
+        worker of it exited meanwhile) makes this one unhealthy too."""
+        if isinstance(slot.child, Supervisor) and slot.child.failed:
+            self._mark_unhealthy(escalating=False)
 
     def _schedule_restart(self, slot: Slot, delay: float) -> None:
         """Restart *slot* after *delay*, with the siblings its strategy names."""
