@@ -324,10 +324,10 @@ async def test_shutdown_during_a_backoff_stops_the_worker_at_once(
     assert supervisor.healthy.value
 
 
-async def test_restart_logs_carry_structured_fields(
+async def test_restart_logs_say_what_happened_and_carry_structured_fields(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The restart log record carries worker, attempt, backoff and outcome as fields."""
+    """The restart record's message tells the story; worker, attempt, backoff_s, error go along."""
     policy = RestartPolicy(1, 4)
     supervisor = Supervisor(
         name="app",
@@ -339,12 +339,21 @@ async def test_restart_logs_carry_structured_fields(
         await trio.sleep(10)
         nursery.cancel_scope.cancel()
 
-    [record] = [r for r in caplog.records if r.getMessage().startswith("worker ended; restarting")]
+    delay = backoff(policy, "flaky", 1)
+    [record] = [r for r in caplog.records if "restart 1 of 10" in r.getMessage()]
+    assert record.getMessage() == (
+        f"worker 'flaky' failed (RuntimeError: injected failure); restart 1 of 10 in {delay:.3g} s"
+    )
     assert record.levelno == logging.WARNING
     assert record.worker == "flaky"  # type: ignore[attr-defined]
     assert record.attempt == 1  # type: ignore[attr-defined]
-    assert record.backoff == backoff(policy, "flaky", 1)  # type: ignore[attr-defined]
+    assert record.backoff_s == delay  # type: ignore[attr-defined]
+    assert record.error == "RuntimeError: injected failure"  # type: ignore[attr-defined]
     assert record.outcome == "raised RuntimeError: injected failure"  # type: ignore[attr-defined]
+    for supervisor_record in caplog.records:
+        if supervisor_record.name == "trio_supervise.supervisor":
+            for field in ("supervisor", "worker", "attempt", "backoff_s", "error"):
+                assert hasattr(supervisor_record, field), (supervisor_record.getMessage(), field)
 
 
 # -- restart types -------------------------------------------------------------------------------
@@ -992,6 +1001,10 @@ async def _noop() -> None:
             "restart",
         ),
         ({"restart_type": "sometimes"}, ValueError, "RestartType"),
+        ({"restart_type": "sometimes"}, ValueError, "restart_type must be a RestartType"),
+        ({"stop_signal": "yes"}, TypeError, "stop_signal must be a bool"),
+        ({"significant": 1}, TypeError, "significant must be a bool"),
+        ({"significant": True}, ValueError, "significant must be False for a permanent child"),
     ],
 )
 def test_child_spec_refuses_bad_arguments_naming_the_field(

@@ -3,6 +3,7 @@
 from ._clock import Clock as Clock
 from ._clock import SystemClock as SystemClock
 from ._clock import TrioClock as TrioClock
+from ._errors import ChildStateError as ChildStateError
 from ._errors import ConfigError as ConfigError
 from ._errors import DriverError as DriverError
 from ._errors import DuplicateItem as DuplicateItem
@@ -13,6 +14,7 @@ from ._errors import QueueError as QueueError
 from ._errors import QueueUnavailable as QueueUnavailable
 from ._errors import SchemaError as SchemaError
 from ._errors import SettingsError as SettingsError
+from ._errors import StartFailed as StartFailed
 from ._errors import SuperviseError as SuperviseError
 from ._errors import WorkerFailed as WorkerFailed
 from ._http import ErrorRecord as ErrorRecord
@@ -39,8 +41,12 @@ from ._settings import LogLevel as LogLevel
 from ._settings import LogSettings as LogSettings
 from ._settings import Settings as Settings
 from ._settings import load_settings as load_settings
+from ._supervisor import AutoShutdown as AutoShutdown
+from ._supervisor import ChildCounts as ChildCounts
 from ._supervisor import ChildSpec as ChildSpec
+from ._supervisor import Intensity as Intensity
 from ._supervisor import RestartType as RestartType
+from ._supervisor import ShutdownOrder as ShutdownOrder
 from ._supervisor import Strategy as Strategy
 from ._supervisor import Supervisor as Supervisor
 from ._supervisor import WorkerState as WorkerState
@@ -71,7 +77,10 @@ from .queues import open_queue as open_queue
 
 __all__ = [
     "AnyWorkflowDriver",
+    "AutoShutdown",
+    "ChildCounts",
     "ChildSpec",
+    "ChildStateError",
     "Clock",
     "ConfigError",
     "ContextFactory",
@@ -81,6 +90,7 @@ __all__ = [
     "DuplicateItem",
     "ErrorRecord",
     "HttpSettings",
+    "Intensity",
     "ItemNotFound",
     "ItemState",
     "ItemStateError",
@@ -115,6 +125,8 @@ __all__ = [
     "SettleKind",
     "Settlement",
     "Shutdown",
+    "ShutdownOrder",
+    "StartFailed",
     "StatusSource",
     "Stop",
     "Strategy",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "ChildStateError",
     "ConfigError",
     "DriverError",
     "DuplicateItem",
@@ -13,6 +14,7 @@ __all__ = [
     "QueueUnavailable",
     "SchemaError",
     "SettingsError",
+    "StartFailed",
     "SuperviseError",
     "WorkerFailed",
 ]
@@ -93,3 +95,22 @@ class SettingsError(SuperviseError, ValueError):
 
 class WorkerFailed(SuperviseError):
     """A supervised worker failed terminally (no restarts left, or none allowed)."""
+
+
+class StartFailed(WorkerFailed):
+    """A child ended before it was ready: a supervisor's start, ``start_child`` or
+    ``restart_child`` failed. The message names the child and its cause (chained as
+    ``__cause__`` when it raised)."""
+
+    def __init__(self, worker: str, reason: str) -> None:
+        self.worker = worker
+        self.reason = reason
+        super().__init__(f"worker {worker!r} failed to start: {reason}")
+
+    def __reduce__(self) -> tuple[type[StartFailed], tuple[str, str]]:
+        return (type(self), (self.worker, self.reason))
+
+
+class ChildStateError(SuperviseError, RuntimeError):
+    """A child management call does not fit the child's state (restarting a running child,
+    deleting one that is not terminated)."""

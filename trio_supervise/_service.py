@@ -20,14 +20,22 @@ import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
-from ._errors import WorkerFailed
+from ._errors import StartFailed, WorkerFailed
+from ._group import to_auto_shutdown, to_shutdown_order
 from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
 from ._lifecycle import Shutdown
 from ._logging import configure_logging
 from ._policy import Jitter
 from ._runner import RunnerEvent, RunnerState, WorkflowRunner
 from ._settings import Settings, load_settings
-from ._supervisor import ChildSpec, Supervisor, WorkerState, WorkerStatus
+from ._supervisor import (
+    AutoShutdown,
+    ChildSpec,
+    ShutdownOrder,
+    Supervisor,
+    WorkerState,
+    WorkerStatus,
+)
 from ._workflow import AnyWorkflowDriver, ContextFactory, DriverRegistry
 from .queues import WorkQueue
 from .queues._factory import open_queue
@@ -76,6 +84,11 @@ class Service:
         Only possible in the main thread; off elsewhere.
     :param on_event: passed to the :class:`WorkflowRunner`: called with every
         :class:`RunnerEvent` (claims, outcomes, settlements); it must not block.
+    :param shutdown_order: how the top-level supervisor stops its children (see
+        :class:`ShutdownOrder`). Children start as: the HTTP server, the runner, then *workers*;
+        by default they stop in reverse, so the HTTP server answers through the whole drain.
+    :param auto_shutdown: see :class:`AutoShutdown`: with a *significant* worker among *workers*,
+        its normal end drains and stops the service with exit code 0.
     """
 
     drivers: Sequence[AnyWorkflowDriver[Any]] = attrs.field(default=(), converter=_drivers)
@@ -87,6 +100,12 @@ class Service:
     name: str = "trio_supervise"
     handle_signals: bool = True
     on_event: Callable[[RunnerEvent], None] | None = None
+    shutdown_order: ShutdownOrder = attrs.field(
+        default=ShutdownOrder.REVERSE, converter=to_shutdown_order
+    )
+    auto_shutdown: AutoShutdown = attrs.field(
+        default=AutoShutdown.NEVER, converter=to_auto_shutdown
+    )
 
     shutdown: Shutdown = attrs.field(init=False, factory=Shutdown)
     """Begin it to drain and stop the service (what SIGTERM does)."""
@@ -151,9 +170,12 @@ class Service:
     async def run(self, *, task_status: trio.TaskStatus[Service] = trio.TASK_STATUS_IGNORED) -> int:
         """Run until shutdown; return the process exit code.
 
-        ``0`` after a requested shutdown drained; ``1`` (:data:`EXIT_FAILED`) when a worker failed
-        terminally; ``128 + signal`` when a second signal cut the drain short. Reports itself
-        through *task_status* once every child is running (and the HTTP port is bound).
+        ``0`` after a requested shutdown drained (or a significant worker ended, see
+        *auto_shutdown*); ``1`` (:data:`EXIT_FAILED`) when a worker failed terminally;
+        ``128 + signal`` when a second signal cut the drain short. Reports itself through
+        *task_status* once every child is running (and the HTTP port is bound); when a child
+        fails terminally before that, ``nursery.start(service.run)`` raises
+        :class:`StartFailed` naming it (a plain ``await service.run()`` returns ``1``).
         Settings and queue errors (:class:`SettingsError`, :class:`QueueError`, ``ValueError``)
         are raised before anything starts.
         """
@@ -174,6 +196,25 @@ class Service:
     def _build(self, settings: Settings, queue: WorkQueue) -> Supervisor:
         jitter = Jitter() if settings.jitter_seed is None else Jitter(seed=settings.jitter_seed)
         children: list[ChildSpec | Supervisor] = []
+        if settings.http.enabled:
+            # Started first, so it is stopped last (reverse start order): /healthz and /metrics
+            # keep answering, with the workers' states, for the whole drain.
+            app = OperationsApp(
+                _StatusView(self),
+                self.registry,
+                queue=queue,
+                title=self.name,
+                refresh=settings.http.refresh,
+            )
+            children.append(
+                ChildSpec(
+                    "http",
+                    functools.partial(self._serve_http, app, settings),
+                    start=True,
+                    stop_signal=True,
+                    shutdown_grace=settings.http.graceful_timeout + 1.0,
+                )
+            )
         if self.drivers:
             registry: DriverRegistry[Any] = DriverRegistry()
             for driver in self.drivers:
@@ -196,22 +237,6 @@ class Service:
                     shutdown_grace=settings.runner.shutdown_grace + _SETTLE_MARGIN,
                 )
             )
-        if settings.http.enabled:
-            app = OperationsApp(
-                _StatusView(self),
-                self.registry,
-                queue=queue,
-                title=self.name,
-                refresh=settings.http.refresh,
-            )
-            children.append(
-                ChildSpec(
-                    "http",
-                    functools.partial(self._serve_http, app, settings),
-                    start=True,
-                    shutdown_grace=settings.http.graceful_timeout + 1.0,
-                )
-            )
         children.extend(self.workers)
         self.supervisor = Supervisor(
             name=self.name,
@@ -219,6 +244,8 @@ class Service:
             shutdown=self.shutdown,
             jitter=jitter,
             registry=self.registry,
+            shutdown_order=self.shutdown_order,
+            auto_shutdown=self.auto_shutdown,
         )
         return self.supervisor
 
@@ -227,8 +254,10 @@ class Service:
         app: OperationsApp,
         settings: Settings,
         *,
+        stop: Shutdown,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        """The HTTP server, until the supervisor stops it (its turn, last in the drain)."""
         sockets, self._http_sockets = self._http_sockets, None  # bound by run(), used once
         async with trio.open_nursery() as nursery:
             self.http_port = await nursery.start(
@@ -237,7 +266,7 @@ class Service:
                     app,
                     settings.http.host,
                     settings.http.port,
-                    shutdown=self.shutdown,
+                    shutdown=stop,
                     graceful_timeout=settings.http.graceful_timeout,
                     sockets=sockets,
                 )
@@ -248,7 +277,8 @@ class Service:
         self, supervisor: Supervisor, task_status: trio.TaskStatus[Service]
     ) -> int:
         signals = self.handle_signals and threading.current_thread() is threading.main_thread()
-        failed = False
+        failed = reported = False
+        start_failure: StartFailed | None = None
         try:
             async with trio.open_nursery() as nursery:
                 if signals:
@@ -256,10 +286,16 @@ class Service:
                 await nursery.start(self._run_supervisor, supervisor, nursery.cancel_scope)
                 logger.info("service %r running", self.name)
                 task_status.started(self)
+                reported = True
         except* WorkerFailed as group:
             for error in group.exceptions:
                 logger.error("service %r stopping: %s", self.name, error)
+                if isinstance(error, StartFailed) and not reported:
+                    start_failure = error
             failed = True
+        if start_failure is not None and task_status is not trio.TASK_STATUS_IGNORED:
+            # Someone waits for readiness (nursery.start): it never came, and they hear why.
+            raise start_failure
         if failed:
             return EXIT_FAILED
         if self._forced_by is not None:
