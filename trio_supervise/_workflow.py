@@ -246,7 +246,13 @@ class RunnerSettings:
     :param shutdown_grace: how long in-flight items may finish after shutdown begins.
     :param retry: backoff for failed items, keyed by item id and error count; None means the fixed
         ``requeue_delay``.
-    :param max_errors: an item is dead after this many consecutive errors; None means never.
+    :param max_errors: an item is dead after this many consecutive errors (default 20); None
+        means never.
+    :param max_attempts: an item claimed more than this many times since its last successful
+        evaluation is settled dead, without being evaluated, with the reason
+        ``exceeded max_attempts (N)`` (default 20); None means never. Claims count whether or
+        not an error was written, so this ends the loops ``max_errors`` cannot see: a worker
+        killed (or a lease lost) mid-evaluation every time.
     :param claim_retry: backoff between failed claims; past ``claim_retry.max_restarts``
         consecutive failures the runner drains and raises the queue's error.
     :param settle_batch: the most outcomes written in one ``settle_many`` call.
@@ -264,7 +270,8 @@ class RunnerSettings:
         default=None,
         validator=attrs.validators.optional(attrs.validators.instance_of(RestartPolicy)),
     )
-    max_errors: int | None = attrs.field(default=None, validator=_count(optional=True))
+    max_errors: int | None = attrs.field(default=20, validator=_count(optional=True))
+    max_attempts: int | None = attrs.field(default=20, validator=_count(optional=True))
     claim_retry: RestartPolicy = attrs.field(
         default=RestartPolicy(1.0, 30.0, max_restarts=10),
         validator=attrs.validators.instance_of(RestartPolicy),
@@ -353,6 +360,19 @@ async def evaluate_item(
         raise DriverError(f"no driver registered for spec '{item.spec_id}'")
     outcome = await driver.evaluate(context, prepare_item(driver, item))
     return outcome_settlement(outcome, item, driver_name=driver.name, requeue_delay=requeue_delay)
+
+
+def attempts_exhausted(item: WorkItem, settings: RunnerSettings) -> Settlement | None:
+    """A ``dead`` settlement if *item* was claimed more than ``max_attempts`` times, else None."""
+    limit = settings.max_attempts
+    if limit is None or item.attempt <= limit:
+        return None
+    return Settlement(
+        item_id=item.id,
+        lease_version=item.lease_version,
+        kind=SettleKind.DEAD,
+        error=f"exceeded max_attempts ({limit})",
+    )
 
 
 def failure_settlement(
@@ -449,7 +469,8 @@ async def run_due_pass(
     Outcomes: :class:`Continue` → ``release(requeue_delay)``; :class:`Reschedule` →
     ``reschedule``; :class:`Stop` → ``complete``; an error (an exception, no driver, a config that
     does not fit) → ``mark_error`` then ``release`` after ``requeue_delay`` (or the ``retry``
-    backoff), or a ``dead`` settlement once ``max_errors`` is reached. An item claimed with
+    backoff), or a ``dead`` settlement once ``max_errors`` is reached. An item claimed more than
+    ``max_attempts`` times is settled dead without evaluation. An item claimed with
     ``cancel_requested``, or whose renewal reports it, is settled as cancelled (not an error).
     Refused (stale) writes are logged and change nothing.
     """
@@ -484,6 +505,12 @@ async def run_due_pass(
         )
         if item.cancel_requested:
             await _write(queue, cancel)
+            return
+        exhausted = attempts_exhausted(item, settings)
+        if exhausted is not None:
+            failed += 1
+            logger.warning("item %r (spec %r) is dead: %s", item.id, item.spec_id, exhausted.error)
+            await _write(queue, exhausted)
             return
         scope = trio.CancelScope()
         renewal_error: str | None = None
