@@ -220,8 +220,8 @@ async def test_a_dsn_password_never_appears_anywhere(
 
     The run goes through the paths that print a DSN: a claim that fails (a check constraint
     refusing it for a moment) and is retried, the runner's recent errors on the page, the CLI's
-    ``config``, ``migrate``, ``items list`` and a connection error, and an unreachable server in both URL and
-    key/value form. Controls check that the DSN did reach those texts, redacted.
+    ``config``, ``migrate``, ``items list`` and a connection error, and an unreachable server in
+    both URL and key/value form. Controls check that the DSN did reach those texts, redacted.
     """
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
