@@ -202,18 +202,38 @@ def migrate_connection(
         return max(current, upto)
 
 
-def _connect(path: str, busy_timeout: float, *, create: bool = True) -> sqlite3.Connection:
-    if create or path == ":memory:":
+def _connect(path: str, busy_timeout: float, *, mode: str = "rwc") -> sqlite3.Connection:
+    """Open *path*: ``rwc`` creates it if missing, ``rw`` and ``ro`` never do.
+
+    ``rw`` on a file this process may not write (say, read-only) opens it read-only, so reads
+    work and writes fail as :class:`QueueFailed`.
+    """
+    if mode == "rwc" or path == ":memory:":
         conn = sqlite3.connect(
             path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
         )
     else:
         if not os.path.exists(path):
             raise QueueFailed(f"no database at {path}; run `trio-supervise migrate` to create it")
-        uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=rw"
-        conn = sqlite3.connect(
-            uri, timeout=busy_timeout, isolation_level=None, check_same_thread=False, uri=True
-        )
+        uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode="
+        try:
+            conn = sqlite3.connect(
+                uri + mode,
+                timeout=busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=True,
+            )
+        except sqlite3.OperationalError:
+            if mode != "rw":
+                raise
+            conn = sqlite3.connect(
+                uri + "ro",
+                timeout=busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=True,
+            )
     with contextlib.ExitStack() as on_failure:
         on_failure.callback(conn.close)
         conn.row_factory = sqlite3.Row
@@ -311,7 +331,7 @@ class SQLiteQueue(SingleWrites):
         now_us = _to_us(clock.now())
 
         def open_sync() -> tuple[sqlite3.Connection, sqlite3.Connection, tuple[int, int] | None]:
-            conn = _connect(path, busy_timeout, create=create)
+            conn = _connect(path, busy_timeout, mode="rwc" if create else "rw")
             with contextlib.ExitStack() as on_failure:
                 on_failure.callback(conn.close)
                 found = _schema_version(conn)
@@ -324,7 +344,7 @@ class SQLiteQueue(SingleWrites):
                     migrate_connection(conn, now_us, where=path)
                 reader = conn
                 if path != ":memory:":
-                    reader = _connect(path, busy_timeout, create=False)
+                    reader = _connect(path, busy_timeout, mode="ro")
                     on_failure.callback(reader.close)
                 identity = _identity(path)
                 on_failure.pop_all()
@@ -681,11 +701,12 @@ class SQLiteQueue(SingleWrites):
             await trio.lowlevel.checkpoint()
             return
         self._closed = True
-        async with self._limiter:
-            await trio.to_thread.run_sync(self._conn.close)
+        # The reader first: the writer, closing last, checkpoints the WAL and removes it.
         if self._reader is not self._conn:
             async with self._read_limiter:
                 await trio.to_thread.run_sync(self._reader.close)
+        async with self._limiter:
+            await trio.to_thread.run_sync(self._conn.close)
 
 
 async def migrate_path(path: str | os.PathLike[str], *, clock: Clock | None = None) -> int:
