@@ -211,3 +211,35 @@ async def test_a_service_on_a_read_only_database_fails_fast(tmp_path: Path) -> N
     assert code == 1
     assert not service.healthy
     assert elapsed < 30, f"took {elapsed:.1f} s to give up"
+
+
+async def test_a_service_whose_database_is_deleted_fails_fast(tmp_path: Path) -> None:
+    """Deleting the SQLite file under a running service makes it unhealthy and exit 1, at once."""
+    path = tmp_path / "q.db"
+    service = ts.Service(
+        drivers=[Finisher()],
+        settings=ts.Settings(
+            database_url=f"sqlite:///{path}",
+            http=ts.HttpSettings(port=0),
+            runner=ts.RunnerSettings(worker_id="w", poll_interval=0.05),
+        ),
+        handle_signals=False,
+    )
+    codes: list[int] = []
+
+    async def run() -> None:
+        codes.append(await service.run())
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            while not path.exists() or service.runner is None:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+            await trio.sleep(0.2)
+            assert service.healthy
+            path.unlink()
+            started = trio.current_time()
+    assert codes == [1]
+    assert not service.healthy
+    assert trio.current_time() - started < 30
+    assert any("is gone" in error.error for error in service.runner.recent_errors)

@@ -213,3 +213,16 @@ async def test_permanent_and_transient_faults_are_told_apart(tmp_path: Path) -> 
         queue._conn.row_factory = sqlite3.Row
         with pytest.raises(QueueFailed, match="readonly"):
             await queue.enqueue("spec")
+
+
+async def test_a_full_disk_is_transient(tmp_path: Path) -> None:
+    """SQLITE_FULL ("database or disk is full") is QueueUnavailable: it may pass, so retry."""
+    path = tmp_path / "q.db"
+    async with await SQLiteQueue.connect(path) as queue:
+        await queue.enqueue("spec", item_id="x")
+        [[pages]] = queue._conn.execute("PRAGMA page_count").fetchall()
+        queue._conn.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(QueueUnavailable, match="full"):
+            await queue.enqueue("spec", config={"pad": "x" * 40_000})
+        queue._conn.execute("PRAGMA max_page_count = 1073741823")
+        await queue.enqueue("spec", item_id="y")
