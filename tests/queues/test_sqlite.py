@@ -226,3 +226,15 @@ async def test_a_full_disk_is_transient(tmp_path: Path) -> None:
             await queue.enqueue("spec", config={"pad": "x" * 40_000})
         queue._conn.execute("PRAGMA max_page_count = 1073741823")
         await queue.enqueue("spec", item_id="y")
+
+
+async def test_changing_directory_is_not_a_deleted_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue opened by a relative path keeps working after the process changes directory."""
+    monkeypatch.chdir(tmp_path)
+    async with await SQLiteQueue.connect("q.db") as queue:
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        await queue.enqueue("spec", item_id="x")
+        assert (await queue.get("x")).id == "x"

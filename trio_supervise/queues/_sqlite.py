@@ -287,6 +287,12 @@ class SQLiteQueue(SingleWrites):
     _reader: sqlite3.Connection = attrs.field(alias="reader")
     _clock: Clock = attrs.field(alias="clock")
     _identity: tuple[int, int] | None = attrs.field(alias="identity")
+    _where: str = attrs.field(init=False)
+    """The absolute path, as opened: a later ``chdir`` must not look like a deleted file."""
+
+    @_where.default
+    def _absolute(self) -> str:
+        return self._path if self._path == ":memory:" else os.path.abspath(self._path)
     _limiter: trio.CapacityLimiter = attrs.field(
         init=False, factory=lambda: trio.CapacityLimiter(1)
     )
@@ -387,7 +393,7 @@ class SQLiteQueue(SingleWrites):
     def _check_file(self) -> None:
         """Raise :class:`QueueFailed` if the path no longer names the file that was opened."""
         try:
-            found = _identity(self._path)
+            found = _identity(self._where)
         except OSError as error:
             found = None
             reason = f"{error.strerror or error}"
