@@ -293,6 +293,7 @@ class SQLiteQueue(SingleWrites):
     @_where.default
     def _absolute(self) -> str:
         return self._path if self._path == ":memory:" else os.path.abspath(self._path)
+
     _limiter: trio.CapacityLimiter = attrs.field(
         init=False, factory=lambda: trio.CapacityLimiter(1)
     )
