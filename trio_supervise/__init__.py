@@ -11,6 +11,7 @@ from ._errors import ItemNotFound as ItemNotFound
 from ._errors import ItemStateError as ItemStateError
 from ._errors import LeaseLost as LeaseLost
 from ._errors import QueueError as QueueError
+from ._errors import QueueFailed as QueueFailed
 from ._errors import QueueUnavailable as QueueUnavailable
 from ._errors import SchemaError as SchemaError
 from ._errors import SettingsError as SettingsError
@@ -108,6 +109,7 @@ __all__ = [
     "Outcome",
     "PassStats",
     "QueueError",
+    "QueueFailed",
     "QueueUnavailable",
     "RecentError",
     "Reschedule",

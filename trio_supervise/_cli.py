@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument(
         "--limit", type=_limit, default=50, help=f"at most N, 1..{MAX_COUNT} (default 50)"
     )
+    listing.add_argument(
+        "--after", metavar="ID", help="the page after this item (the last id of the previous page)"
+    )
     listing.set_defaults(handler=_cmd_list)
 
     show = actions.add_parser("show", parents=[database, as_json], help="show one item")
@@ -177,11 +180,17 @@ def _database_url(args: argparse.Namespace) -> str:
     return str(args.resolved_url)
 
 
-def _with_queue(args: argparse.Namespace, body: Callable[[WorkQueue], Awaitable[Any]]) -> Any:
+def _with_queue(
+    args: argparse.Namespace,
+    body: Callable[[WorkQueue], Awaitable[Any]],
+    *,
+    create: bool = False,
+) -> Any:
+    """Run *body* on the queue; only commands that add work (*create*) may create a database."""
     url = _database_url(args)
 
     async def main() -> Any:
-        async with open_queue(url) as queue:
+        async with open_queue(url, create=create) as queue:
             return await body(queue)
 
     return trio.run(main)
@@ -419,16 +428,28 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    async def body(queue: WorkQueue) -> list[WorkItem]:
-        states = [ItemState(s) for s in args.state] if args.state else None
-        return await queue.list_items(states=states, spec_ids=args.spec, limit=args.limit)
+    states = [ItemState(s) for s in args.state] if args.state else None
 
-    items: list[WorkItem] = _with_queue(args, body)
+    async def body(queue: WorkQueue) -> tuple[list[WorkItem], int]:
+        items = await queue.list_items(
+            states=states, spec_ids=args.spec, limit=args.limit, after=args.after
+        )
+        counts = await queue.counts()
+        total = sum(
+            n
+            for (spec_id, state), n in counts.items()
+            if (states is None or state in states) and (args.spec is None or spec_id in args.spec)
+        )
+        return items, total
+
+    items, total = _with_queue(args, body)
     if args.json:
         print(json.dumps([_item_json(item) for item in items], indent=2, sort_keys=True))
         return 0
     if not items:
-        print("no items")
+        print(
+            "no items" if args.after is None else f"no items after {args.after} ({total:,} in all)"
+        )
         return 0
     rows = [
         [
@@ -450,6 +471,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     )
     if any(item.cancel_requested for item in items):
         print("* cancel requested")
+    more = f"; next page: --after {items[-1].id}" if len(items) == args.limit else ""
+    print(f"{len(items):,} of {total:,}{' after ' + args.after if args.after else ''}{more}")
     return 0
 
 
@@ -480,7 +503,7 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
             idempotency_key=args.key,
         )
 
-    item: WorkItem = _with_queue(args, body)
+    item: WorkItem = _with_queue(args, body, create=True)
     if args.json:
         _print_item(item, True)
     else:

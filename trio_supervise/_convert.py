@@ -148,8 +148,8 @@ def structure_config(value: Any, cls: type[T], *, what: str) -> T:
 MAX_JSON_DEPTH = 64
 """The deepest nesting of lists and objects (tables) accepted in a config or a settings file.
 
-The same number as ``queues._protocol.MAX_JSON_DEPTH``, which bounds what a queue stores: text is
-refused here before it is parsed, so that a parser's recursion never sees it.
+``queues.MAX_JSON_DEPTH`` is this number too, bounding what a queue stores; here text is refused
+before it is parsed, so that a parser's recursion never sees it.
 """
 
 _JSON_TOKENS = re.compile(r'\\.|["\[\]{}]', re.DOTALL)

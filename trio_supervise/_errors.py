@@ -11,6 +11,7 @@ __all__ = [
     "ItemStateError",
     "LeaseLost",
     "QueueError",
+    "QueueFailed",
     "QueueUnavailable",
     "SchemaError",
     "SettingsError",
@@ -82,10 +83,21 @@ class QueueError(SuperviseError):
 
 
 class QueueUnavailable(QueueError):
-    """The queue backend cannot be reached (connection refused, server down)."""
+    """The queue backend failed in a way that may pass: retry later.
+
+    Connection refused or lost, server down, SQLite busy or locked, disk full.
+    """
 
 
-class SchemaError(QueueError):
+class QueueFailed(QueueError):
+    """The queue backend failed in a way no retry fixes: fail fast, loudly.
+
+    Read-only database, permission denied, authentication failed, schema missing, database file
+    gone (deleted or replaced under a running worker, or never created).
+    """
+
+
+class SchemaError(QueueFailed):
     """The database schema is missing, or newer than this version knows."""
 
 

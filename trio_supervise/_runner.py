@@ -39,7 +39,7 @@ import trio
 import trio_util
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ._errors import DriverError, QueueUnavailable, SuperviseError
+from ._errors import DriverError, QueueFailed, QueueUnavailable, SuperviseError
 from ._lifecycle import Shutdown
 from ._policy import Jitter
 from ._workflow import (
@@ -47,6 +47,7 @@ from ._workflow import (
     ContextT,
     DriverRegistry,
     RunnerSettings,
+    attempts_exhausted,
     describe_error,
     evaluate_item,
     failure_settlement,
@@ -511,6 +512,10 @@ class WorkflowRunner(Generic[ContextT]):
                 text = f"claim failed: {describe_error(error)}"
                 self._record_error(None, None, text)
                 self._emit(RunnerEventKind.CLAIM_FAILED, detail=text)
+                if isinstance(error, QueueFailed):
+                    # Permanent (read-only, gone, no permission): no backoff fixes it.
+                    logger.error("%s; giving up at once, no retry can fix this", text)
+                    return error
                 if self._claim_failures > settings.claim_retry.max_restarts:
                     logger.error("%s; giving up after %d attempts", text, self._claim_failures)
                     return error
@@ -612,7 +617,12 @@ class WorkflowRunner(Generic[ContextT]):
             entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested before evaluation")
         settlement: Settlement | None = None
         error: str | None = None
-        if entry.reason is None:
+        if entry.reason is None and (settlement := attempts_exhausted(item, settings)):
+            # Claimed too often (say, its worker killed mid-evaluation every time): dead.
+            self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
+            self._record_error(item.id, item.spec_id, str(settlement.error))
+            logger.warning("item %r (spec %r) is dead: %s", item.id, item.spec_id, settlement.error)
+        elif entry.reason is None:
             started = trio.current_time()
             with entry.scope:
                 try:

@@ -20,10 +20,9 @@ from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, overload
 import attrs
 import trio
 
-from . import _errors
 from ._clock import utc
 from ._convert import structure_config, unstructure
-from ._errors import DriverError, LeaseLost, QueueError, SchemaError, SuperviseError
+from ._errors import DriverError, LeaseLost, QueueError, QueueFailed, SuperviseError
 from ._policy import Jitter, RestartPolicy
 from .queues._protocol import (
     LeaseStatus,
@@ -379,7 +378,13 @@ class RunnerSettings:
     :param shutdown_grace: how long in-flight items may finish after shutdown begins.
     :param retry: backoff for failed items, keyed by item id and error count; None means the fixed
         ``requeue_delay``.
-    :param max_errors: an item is dead after this many consecutive errors; None means never.
+    :param max_errors: an item is dead after this many consecutive errors (default 20); None
+        means never.
+    :param max_attempts: an item claimed more than this many times since its last successful
+        evaluation is settled dead, without being evaluated, with the reason
+        ``exceeded max_attempts (N)`` (default 20); None means never. Claims count whether or
+        not an error was written, so this ends the loops ``max_errors`` cannot see: a worker
+        killed (or a lease lost) mid-evaluation every time.
     :param claim_retry: backoff between failed claims; past ``claim_retry.max_restarts``
         consecutive failures the runner drains and raises the queue's error.
     :param settle_batch: the most outcomes written in one ``settle_many`` call.
@@ -397,7 +402,8 @@ class RunnerSettings:
         default=None,
         validator=attrs.validators.optional(attrs.validators.instance_of(RestartPolicy)),
     )
-    max_errors: int | None = attrs.field(default=None, validator=_count(optional=True))
+    max_errors: int | None = attrs.field(default=20, validator=_count(optional=True))
+    max_attempts: int | None = attrs.field(default=20, validator=_count(optional=True))
     claim_retry: RestartPolicy = attrs.field(
         default=RestartPolicy(1.0, 30.0, max_restarts=10),
         validator=attrs.validators.instance_of(RestartPolicy),
@@ -435,10 +441,7 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-_PERMANENT_QUEUE_ERRORS: tuple[type[Exception], ...] = (
-    SchemaError,
-    *((_errors.QueueFailed,) if hasattr(_errors, "QueueFailed") else ()),
-)
+_PERMANENT_QUEUE_ERRORS: tuple[type[Exception], ...] = (QueueFailed,)
 """Queue errors no retry fixes (``QueueFailed`` and its ``SchemaError``): a write is not retried."""
 
 WRITE_RETRY_BOUND = 60.0
@@ -540,6 +543,19 @@ async def evaluate_item(
         plain = cast("WorkflowDriver[ContextT]", driver)
         outcome = await plain.evaluate(context, prepared)
     return outcome_settlement(outcome, item, driver_name=driver.name, requeue_delay=requeue_delay)
+
+
+def attempts_exhausted(item: WorkItem, settings: RunnerSettings) -> Settlement | None:
+    """A ``dead`` settlement if *item* was claimed more than ``max_attempts`` times, else None."""
+    limit = settings.max_attempts
+    if limit is None or item.attempt <= limit:
+        return None
+    return Settlement(
+        item_id=item.id,
+        lease_version=item.lease_version,
+        kind=SettleKind.DEAD,
+        error=f"exceeded max_attempts ({limit})",
+    )
 
 
 def failure_settlement(
@@ -692,7 +708,8 @@ async def run_due_pass(
     Outcomes: :class:`Continue` → ``release(requeue_delay)``; :class:`Reschedule` →
     ``reschedule``; :class:`Stop` → ``complete``; an error (an exception, no driver, a config that
     does not fit) → ``mark_error`` then ``release`` after ``requeue_delay`` (or the ``retry``
-    backoff), or a ``dead`` settlement once ``max_errors`` is reached. An item claimed with
+    backoff), or a ``dead`` settlement once ``max_errors`` is reached. An item claimed more than
+    ``max_attempts`` times is settled dead without evaluation. An item claimed with
     ``cancel_requested``, or whose renewal reports it, is settled as cancelled (not an error).
     A write that fails transiently is written again while the lease holds, the lease renewed
     meanwhile (:func:`write_retry_delay`). Refused (stale) writes are logged and change nothing.
@@ -757,6 +774,12 @@ async def _evaluate_claimed(
 
         if item.cancel_requested:
             await _write(queue, cancel, lease_left=lease_left, settings=settings, jitter=jitter)
+            return
+        exhausted = attempts_exhausted(item, settings)
+        if exhausted is not None:
+            failed += 1
+            logger.warning("item %r (spec %r) is dead: %s", item.id, item.spec_id, exhausted.error)
+            await _write(queue, exhausted, lease_left=lease_left, settings=settings, jitter=jitter)
             return
         scope = trio.CancelScope()
         renewal_error: str | None = None

@@ -27,6 +27,7 @@ from trio_supervise.queues import (
     WorkItem,
     WorkQueue,
 )
+from trio_supervise.queues._protocol import MAX_JSON_DEPTH, storable_text
 
 from .conftest import START, ManualClock
 
@@ -677,3 +678,180 @@ async def test_aclose_is_idempotent(queue: WorkQueue) -> None:
     """Closing twice is fine."""
     await queue.aclose()
     await queue.aclose()
+
+
+# -- unstorable values (issue 12, class 1) ---------------------------------------------------
+
+SURROGATE = "bad \udcff byte"
+
+
+def nested(depth: int) -> object:
+    """A config of *depth* nested lists and objects, alternating."""
+    value: object = 1
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+async def test_enqueue_refuses_what_no_backend_can_store(queue: WorkQueue) -> None:
+    """Lone surrogates, NULs and nesting past MAX_JSON_DEPTH are a ConfigError naming the field."""
+    bad_configs = [
+        ({"x": SURROGATE}, "config must not contain lone surrogates"),
+        ({SURROGATE: 1}, "config must not contain lone surrogates"),
+        (["\x00"], "config must not contain NUL"),
+        (nested(MAX_JSON_DEPTH + 1), "config is nested too deeply .more than 64 levels."),
+        (nested(50_000), "config is nested too deeply .more than 64 levels."),
+    ]
+    for config, message in bad_configs:
+        with pytest.raises(ConfigError, match=message):
+            await queue.enqueue("spec", config=config)
+    for field in ("tenant_id", "subject_id", "item_id", "idempotency_key"):
+        with pytest.raises(ConfigError, match=f"{field} must not contain lone surrogates"):
+            await queue.enqueue("spec", **{field: SURROGATE})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="spec_id must not contain lone surrogates"):
+        await queue.enqueue(SURROGATE)
+    assert await queue.counts() == {}
+    deepest = await queue.enqueue("spec", config=nested(MAX_JSON_DEPTH))
+    assert (await queue.get(deepest.id)).config == nested(MAX_JSON_DEPTH)
+
+
+async def test_reschedule_refuses_an_unstorable_config(queue: WorkQueue) -> None:
+    """A Reschedule's new config is checked like an enqueued one; the item keeps its lease."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    for config in ({"x": SURROGATE}, nested(MAX_JSON_DEPTH + 1)):
+        with pytest.raises(ConfigError, match="config"):
+            await queue.reschedule("x", item.lease_version, START, config)
+    assert (await queue.get("x")).state is ItemState.RUNNING
+
+
+async def test_error_text_is_stored_escaped_never_dropped(queue: WorkQueue) -> None:
+    """A NUL or a lone surrogate in an error is written as an escape, by every write."""
+    await queue.enqueue("spec", item_id="m")
+    await queue.enqueue("spec", item_id="s")
+    m, s = await queue.claim_due(["spec"], "w", 30, 2)
+    await queue.mark_error("m", m.lease_version, f"{SURROGATE} and \x00")
+    assert (await queue.get("m")).last_error == "bad \\udcff byte and \\x00"
+    [applied] = await queue.settle_many(
+        [
+            Settlement(
+                item_id="s", lease_version=s.lease_version, kind=SettleKind.DEAD, error="\udcff"
+            )
+        ]
+    )
+    assert applied
+    assert (await queue.get("s")).last_error == "\\udcff"
+    assert storable_text("plain ü") == "plain ü"
+
+
+async def test_a_poisoned_entry_never_takes_its_batch_down(queue: WorkQueue) -> None:
+    """One unstorable entry of settle_many goes dead, saying why; its batch-mates are settled."""
+    for n in range(4):
+        await queue.enqueue("spec", item_id=f"i{n}")
+    v = {i.id: i.lease_version for i in await queue.claim_due(["spec"], "w", 30, 4)}
+    results = await queue.settle_many(
+        [
+            Settlement(item_id="i0", lease_version=v["i0"], kind=SettleKind.COMPLETE),
+            Settlement(item_id="i1", lease_version=v["i1"], kind=SettleKind.RETRY, error=SURROGATE),
+            Settlement(
+                item_id="i2",
+                lease_version=v["i2"],
+                kind=SettleKind.RESCHEDULE,
+                at=START,
+                config={"x": SURROGATE},
+            ),
+            Settlement(item_id="i3", lease_version=v["i3"], kind=SettleKind.CONTINUE, delay=5),
+        ]
+    )
+    assert results == [True, True, True, True]
+    got = {i.id: i for i in await queue.list_items()}
+    assert got["i0"].state is ItemState.COMPLETED
+    assert (got["i1"].state, got["i1"].last_error) == (ItemState.QUEUED, "bad \\udcff byte")
+    assert got["i2"].state is ItemState.DEAD
+    assert got["i2"].last_error == (
+        "the reschedule outcome could not be stored: config must not contain lone surrogates "
+        "(such as '\\udcff') in its strings"
+    )
+    assert got["i2"].config == {}
+    assert (got["i3"].state, got["i3"].due_at) == (ItemState.QUEUED, START + 5 * S)
+    assert await queue.claim_due(["spec"], "w", 30, 10) == [await queue.get("i1")]
+
+
+def test_settlement_delays_are_bounded() -> None:
+    """A delay past MAX_DELAY (which no backend could add to now) is refused up front."""
+    with pytest.raises(ValueError, match="delay"):
+        Settlement(item_id="x", lease_version=1, kind=SettleKind.CONTINUE, delay=1e300)
+
+
+# -- attempts (class 2) ----------------------------------------------------------------------
+
+
+async def test_the_claim_counts_attempts(queue: WorkQueue, clock: ManualClock) -> None:
+    """Every claim adds one (a rescue too); a successful evaluation or retry sets it to zero."""
+    item = await queue.enqueue("spec", item_id="x")
+    assert item.attempt == 0
+    first = await claim_one(queue, lease=5)
+    assert first.attempt == 1
+    clock.advance(6)
+    second = await claim_one(queue, "w2")  # rescued: its worker died, no error written
+    assert second.attempt == 2
+    assert (await queue.get("x")).attempt == 2
+    await queue.release("x", second.lease_version, 0)  # handed back at shutdown: not counted
+    assert (await queue.get("x")).attempt == 1
+    third = await claim_one(queue)
+    await queue.mark_error("x", third.lease_version, "boom")
+    [ok] = await queue.settle_many(
+        [
+            Settlement(
+                item_id="x", lease_version=third.lease_version, kind=SettleKind.RETRY, error="e"
+            )
+        ]
+    )
+    assert ok
+    assert (await queue.get("x")).attempt == 2
+    fourth = await claim_one(queue)
+    assert fourth.attempt == 3
+    await queue.settle_many(
+        [Settlement(item_id="x", lease_version=fourth.lease_version, kind=SettleKind.CONTINUE)]
+    )
+    assert (await queue.get("x")).attempt == 0
+    fifth = await claim_one(queue)
+    await queue.settle_many(
+        [
+            Settlement(
+                item_id="x", lease_version=fifth.lease_version, kind=SettleKind.DEAD, error="e"
+            )
+        ]
+    )
+    assert (await queue.get("x")).attempt == 1
+    assert (await queue.retry("x")).attempt == 0
+
+
+# -- listing with a cursor (class 11) --------------------------------------------------------
+
+
+async def test_list_items_pages_with_a_cursor(queue: WorkQueue) -> None:
+    """Pages after an item's id cover the filtered list exactly once, in (due_at, id) order."""
+    for n in range(9):
+        await queue.enqueue("a" if n % 3 else "b", item_id=f"i{n}", due_at=START + (n % 4) * S)
+    [done] = await queue.claim_due(["a", "b"], "w", 30, 1)
+    await queue.complete(done.id, done.lease_version)
+    await queue.claim_due(["b"], "w", 30, 1)
+    for states, specs in [
+        (None, None),
+        ([ItemState.QUEUED], None),
+        ([ItemState.QUEUED, ItemState.COMPLETED], ["a"]),
+        (None, ["b"]),
+    ]:
+        everything = [i.id for i in await queue.list_items(states=states, spec_ids=specs)]
+        pages: list[str] = []
+        after = None
+        while True:
+            page = await queue.list_items(states=states, spec_ids=specs, limit=2, after=after)
+            if not page:
+                break
+            pages += [i.id for i in page]
+            after = page[-1].id
+        assert pages == everything
+    with pytest.raises(ItemNotFound):
+        await queue.list_items(after="nope")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,18 @@ import pytest
 import trio
 
 from trio_supervise import SchemaError
-from trio_supervise.queues import PostgresQueue, SQLiteQueue, _postgres, _sql, _sqlite, migrate
+from trio_supervise.queues import (
+    ItemState,
+    PostgresQueue,
+    SQLiteQueue,
+    WorkQueue,
+    _postgres,
+    _sql,
+    _sqlite,
+    migrate,
+)
 
-from .conftest import pg_schema
+from .conftest import ManualClock, pg_schema
 
 # -- the files -------------------------------------------------------------------------------
 
@@ -34,7 +44,12 @@ def test_sql_files_ship_in_the_package() -> None:
 
     root = resources.files("trio_supervise.queues").joinpath("sql")
     for backend in ("sqlite", "postgres"):
-        for name in ("schema.sql", "queries.sql", "migrations/0001_initial.sql"):
+        for name in (
+            "schema.sql",
+            "queries.sql",
+            "migrations/0001_initial.sql",
+            "migrations/0002_attempts_and_reads.sql",
+        ):
             assert root.joinpath(backend, name).is_file()
 
 
@@ -223,3 +238,75 @@ async def test_postgres_newer_schema_is_refused() -> None:
                 await PostgresQueue.connect(dsn, schema=schema, migrate=allow)
         with pytest.raises(SchemaError, match="newer"):
             await _postgres.migrate_dsn(dsn, schema=schema)
+
+
+# -- upgrading a version-1 database that holds work ------------------------------------------
+
+V1_ROWS = [
+    # id, state, due (s from the epoch), lease expiry (s), error count
+    ("queued", "queued", 10, None, 0),
+    ("running-live", "running", 10, 4_000_000_000, 0),
+    ("running-expired", "running", 10, 20, 1),
+    ("completed", "completed", 10, None, 0),
+    ("cancelled", "cancelled", 10, None, 0),
+    ("dead", "dead", 10, None, 3),
+]
+
+
+async def _check_upgraded(queue: WorkQueue) -> None:
+    """Every version-1 item is there as it was (attempt 0); the claimable ones are claimed."""
+    items = {item.id: item for item in await queue.list_items()}
+    assert sorted(items) == sorted(row[0] for row in V1_ROWS)
+    for item_id, state, _, _, errors in V1_ROWS:
+        assert (items[item_id].state, items[item_id].error_count) == (ItemState(state), errors)
+        assert items[item_id].attempt == 0
+    claimed = await queue.claim_due(["spec"], "w", 30, 10)
+    assert sorted(i.id for i in claimed) == ["queued", "running-expired"]
+    assert {i.attempt for i in claimed} == {1}
+    for finished in ("completed", "cancelled", "dead"):
+        assert (await queue.retry(finished)).state is ItemState.QUEUED
+    assert len(await queue.claim_due(["spec"], "w", 30, 10)) == 3
+
+
+async def test_sqlite_version_1_with_items_migrates_losing_nothing(tmp_path: Path) -> None:
+    """A version-1 file with items in every state migrates to the latest; all still claimable."""
+    path = tmp_path / "v1.db"
+    assert _sqlite_migrate(path, fresh=False, upto=1) == 1
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_owner, "
+            "lease_expires_at, lease_version, error_count, created_at, updated_at) "
+            "VALUES (?, 'spec', ?, ?, ?, ?, 1, ?, 0, 0)",
+            [
+                (i, s, due * 10**6, None if exp is None else "old", exp and exp * 10**6, e)
+                for i, s, due, exp, e in V1_ROWS
+            ],
+        )
+    clock = ManualClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
+    async with await SQLiteQueue.connect(path, clock=clock) as queue:
+        await _check_upgraded(queue)
+    assert _sqlite_shape(path)["versions"] == [(1,), (2,)]
+
+
+@pytest.mark.postgres
+async def test_postgres_version_1_with_items_migrates_losing_nothing() -> None:
+    """A version-1 schema with items in every state migrates to the latest; all still claimable."""
+    import psycopg
+
+    with pg_schema() as (dsn, schema):
+        with _postgres.open_connection(dsn, schema=schema) as conn:
+            assert _postgres.migrate_connection(conn, where=schema, schema=schema, upto=1) == 1
+        with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
+            for item_id, state, due, expires, errors in V1_ROWS:
+                conn.execute(
+                    "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_owner, "
+                    "lease_expires_at, lease_version, error_count, created_at, updated_at) "
+                    "VALUES (%s, 'spec', %s, to_timestamp(%s), %s, to_timestamp(%s), 1, %s, "
+                    "now(), now())",
+                    (item_id, state, due, expires and "old", expires, errors),
+                )
+        clock = ManualClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, clock=clock
+        ) as queue:
+            await _check_upgraded(queue)

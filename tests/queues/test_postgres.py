@@ -8,10 +8,19 @@ import logging
 import pytest
 import trio
 
-from trio_supervise import QueueError, QueueUnavailable, SchemaError
-from trio_supervise.queues import PostgresQueue, migrate, open_queue, redact_dsn
+from trio_supervise import QueueError, QueueFailed, QueueUnavailable, SchemaError
+from trio_supervise.queues import (
+    ItemState,
+    PostgresQueue,
+    SettleKind,
+    Settlement,
+    migrate,
+    open_queue,
+    redact_dsn,
+)
+from trio_supervise.queues import _sql as _queries
 
-from .conftest import ManualClock, pg_schema
+from .conftest import ManualClock, pg_schema, postgres_dsn
 
 pytestmark = pytest.mark.postgres
 
@@ -229,3 +238,85 @@ async def test_arguments_are_checked() -> None:
         await PostgresQueue.connect("postgresql://x/y", pool_size=0)
     with pytest.raises(ValueError, match="schema"):
         await PostgresQueue.connect("postgresql://x/y", schema="a; DROP")
+
+
+# -- issue 12: unstorable rows, indexed status reads, fault classes ---------------------------
+
+
+async def test_a_row_the_database_refuses_goes_dead_alone() -> None:
+    """A batch failing on one row's data is split: that row goes dead, saying why."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, clock=ManualClock()
+        ) as queue:
+            for item_id in ("a", "poison", "b"):
+                await queue.enqueue("spec", item_id=item_id)
+            v = {i.id: i.lease_version for i in await queue.claim_due(["spec"], "w", 30, 3)}
+            poison = (
+                "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "RAISE EXCEPTION 'poisoned row' USING ERRCODE = '22000'; END $$; "
+                "CREATE TRIGGER poison BEFORE UPDATE ON trio_supervise_items FOR EACH ROW "
+                "WHEN (NEW.id = 'poison' AND NEW.state = 'completed') EXECUTE FUNCTION poison()"
+            )
+            await trio.to_thread.run_sync(_sql, dsn, schema, poison)
+            done = [
+                Settlement(item_id=item_id, lease_version=v[item_id], kind=SettleKind.COMPLETE)
+                for item_id in ("a", "poison", "b")
+            ]
+            assert await queue.settle_many(done) == [True, True, True]
+            got = {i.id: i for i in await queue.list_items()}
+    assert got["a"].state is got["b"].state is ItemState.COMPLETED
+    assert got["poison"].state is ItemState.DEAD
+    assert (got["poison"].last_error or "").startswith(
+        "the complete outcome could not be stored: poisoned row"
+    )
+
+
+async def test_status_reads_are_served_by_indexes() -> None:
+    """Listing one state walks the (state, due_at, id) index in order, with no sort."""
+    with pg_schema() as (dsn, schema):
+        await migrate_schema(dsn, schema)
+        fill = (
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, created_at, updated_at)"
+            " SELECT 'i' || g, 's' || (g % 3), CASE WHEN g % 10 = 0 THEN 'queued' ELSE "
+            "'completed' END, now() - g * interval '1 second', now(), now() "
+            "FROM generate_series(1, 20000) AS g; ANALYZE trio_supervise_items"
+        )
+        await trio.to_thread.run_sync(_sql, dsn, schema, fill)
+        queries = _queries.load_queries("postgres")
+        for name, extra in (("list_state", ""), ("list_state_specs", "'{s1}'::text[]")):
+            query = (
+                queries[name]
+                .replace("%(state)s", "'completed'")
+                .replace("%(after_due)s", "'-infinity'")
+                .replace("%(after_id)s", "''")
+                .replace("%(limit)s", "50")
+                .replace("%(spec_ids)s::text[]", extra)
+            )
+            plan = await trio.to_thread.run_sync(_sql, dsn, schema, f"EXPLAIN {query}")
+            text = "\n".join(str(row[0]) for row in plan)
+            assert "trio_supervise_items_state_due_idx" in text
+            assert "Sort" not in text
+
+
+async def test_permanent_faults_are_queue_failed() -> None:
+    """A missing database and a read-only transaction are QueueFailed, not retried as transient."""
+    import psycopg
+
+    from trio_supervise.queues._postgres import map_error
+
+    dsn = postgres_dsn()
+    missing = _with_dbname(dsn, "trio_supervise_no_such_db")
+    with pytest.raises(QueueFailed, match="does not exist"):
+        await PostgresQueue.connect(missing, connect_timeout=3)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET default_transaction_read_only = on")
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("CREATE TEMP TABLE t (x int)")
+    assert isinstance(map_error(info.value, dsn), QueueFailed)
+
+
+def _with_dbname(dsn: str, dbname: str) -> str:
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(dsn, dbname=dbname)

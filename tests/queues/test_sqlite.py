@@ -7,11 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from trio_supervise import SchemaError
+from trio_supervise import QueueFailed, QueueUnavailable, SchemaError
 from trio_supervise.queues import (
     DEFAULT_DATABASE_URL,
+    ItemState,
     MemoryQueue,
+    SettleKind,
+    Settlement,
     SQLiteQueue,
+    _sql,
     migrate,
     open_queue,
     parse_queue_url,
@@ -100,3 +104,137 @@ def test_bad_url_errors_hide_passwords() -> None:
     with pytest.raises(ValueError, match="unknown queue URL scheme") as info:
         parse_queue_url("mysql://u:hunter22@h/db")
     assert "hunter22" not in str(info.value)
+
+
+# -- issue 12: unstorable rows, reads beside writes, deleted files, no-create opens ----------
+
+
+async def test_a_row_the_database_refuses_goes_dead_alone(tmp_path: Path) -> None:
+    """A batch failing on one row's data is split: that row goes dead, saying why."""
+    path = tmp_path / "q.db"
+    async with await SQLiteQueue.connect(path, clock=ManualClock()) as queue:
+        for item_id in ("a", "poison", "b"):
+            await queue.enqueue("spec", item_id=item_id)
+        v = {i.id: i.lease_version for i in await queue.claim_due(["spec"], "w", 30, 3)}
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                "CREATE TRIGGER poison BEFORE UPDATE OF state ON trio_supervise_items "
+                "WHEN NEW.id = 'poison' AND NEW.state = 'completed' "
+                "BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
+            )
+        done = [
+            Settlement(item_id=item_id, lease_version=v[item_id], kind=SettleKind.COMPLETE)
+            for item_id in ("a", "poison", "b")
+        ]
+        assert await queue.settle_many(done) == [True, True, True]
+        got = {i.id: i for i in await queue.list_items()}
+    assert got["a"].state is got["b"].state is ItemState.COMPLETED
+    assert got["poison"].state is ItemState.DEAD
+    assert got["poison"].last_error == "the complete outcome could not be stored: poisoned row"
+
+
+def _plan(path: Path, query: str, params: dict[str, object]) -> str:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(f"EXPLAIN QUERY PLAN {query}", params).fetchall()
+    return "\n".join(str(row[-1]) for row in rows)
+
+
+async def test_status_reads_are_served_by_indexes(tmp_path: Path) -> None:
+    """Listing walks the (state, due_at, id) index with no sort; counts read a covering index."""
+    path = tmp_path / "q.db"
+    await migrate(f"sqlite:///{path}")
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, 0, 0)",
+            [(f"i{n}", f"s{n % 3}", "completed" if n % 10 else "queued", n) for n in range(5000)],
+        )
+        conn.execute("ANALYZE")
+    params = {"state": "completed", "after_due": 0, "after_id": "", "limit": 50}
+    listing = _plan(path, _sql.load_queries("sqlite")["list_state"], params)
+    assert "trio_supervise_items_state_due_idx" in listing
+    assert "TEMP B-TREE" not in listing
+    by_spec = _plan(
+        path, _sql.load_queries("sqlite")["list_state_specs"], {**params, "spec_ids": '["s1"]'}
+    )
+    assert "trio_supervise_items_state_due_idx" in by_spec
+    assert "TEMP B-TREE" not in by_spec
+    counts = _plan(path, _sql.load_queries("sqlite")["counts"], {})
+    assert "COVERING INDEX trio_supervise_items_spec_state_idx" in counts
+
+
+async def test_a_deleted_database_fails_loudly(tmp_path: Path) -> None:
+    """Deleting (or replacing) the file under an open queue raises QueueFailed: no silent writes."""
+    for replace in (False, True):
+        path = tmp_path / f"q{replace}.db"
+        async with await SQLiteQueue.connect(path) as queue:
+            await queue.enqueue("spec", item_id="x")
+            path.unlink()
+            if replace:
+                path.write_bytes(b"")
+            with pytest.raises(QueueFailed, match="is gone"):
+                await queue.claim_due(["spec"], "w", 30, 1)
+            with pytest.raises(QueueFailed, match="is gone"):
+                await queue.counts()
+
+
+async def test_read_only_opens_never_create_a_database(tmp_path: Path) -> None:
+    """create=False on a missing file says how to create it and leaves no file behind."""
+    path = tmp_path / "typo.db"
+    with pytest.raises(
+        QueueFailed, match=r"no database at .*typo\.db; run `trio-supervise migrate`"
+    ):
+        async with open_queue(f"sqlite:///{path}", create=False):
+            pass
+    assert not path.exists()
+    await migrate(f"sqlite:///{path}")
+    async with open_queue(f"sqlite:///{path}", create=False) as queue:
+        assert await queue.counts() == {}
+
+
+async def test_permanent_and_transient_faults_are_told_apart(tmp_path: Path) -> None:
+    """A read-only file is QueueFailed; another process's exclusive lock is QueueUnavailable."""
+    path = tmp_path / "q.db"
+    await migrate(f"sqlite:///{path}")
+    async with await SQLiteQueue.connect(path, busy_timeout=0.2) as queue:
+        await queue.enqueue("spec", item_id="x")
+        blocker = sqlite3.connect(path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN EXCLUSIVE")
+            with pytest.raises(QueueUnavailable, match="locked"):
+                await queue.claim_due(["spec"], "w", 30, 1)
+        finally:
+            blocker.close()
+        assert len(await queue.claim_due(["spec"], "w", 30, 1)) == 1
+    uri = f"file:{path}?mode=ro"
+    async with await SQLiteQueue.connect(path) as queue:
+        queue._conn.close()  # swap in a read-only connection: as if the file were read-only
+        queue._conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        queue._conn.row_factory = sqlite3.Row
+        with pytest.raises(QueueFailed, match="readonly"):
+            await queue.enqueue("spec")
+
+
+async def test_a_full_disk_is_transient(tmp_path: Path) -> None:
+    """SQLITE_FULL ("database or disk is full") is QueueUnavailable: it may pass, so retry."""
+    path = tmp_path / "q.db"
+    async with await SQLiteQueue.connect(path) as queue:
+        await queue.enqueue("spec", item_id="x")
+        [[pages]] = queue._conn.execute("PRAGMA page_count").fetchall()
+        queue._conn.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(QueueUnavailable, match="full"):
+            await queue.enqueue("spec", config={"pad": "x" * 40_000})
+        queue._conn.execute("PRAGMA max_page_count = 1073741823")
+        await queue.enqueue("spec", item_id="y")
+
+
+async def test_changing_directory_is_not_a_deleted_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue opened by a relative path keeps working after the process changes directory."""
+    monkeypatch.chdir(tmp_path)
+    async with await SQLiteQueue.connect("q.db") as queue:
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        await queue.enqueue("spec", item_id="x")
+        assert (await queue.get("x")).id == "x"

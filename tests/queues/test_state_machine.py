@@ -54,6 +54,8 @@ KEYS = [None, None, "k1", "k2"]
 IDS = [None, None, None, "x1", "x2"]
 DURATIONS = [0.0, 0.5, 1.0, 2.5, 5.0]
 CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
+POISON = {"n": "\udcff"}
+POISON_REASON = "config must not contain lone surrogates (such as '\\udcff') in its strings"
 
 
 class Portal:
@@ -109,6 +111,7 @@ class Model:
     lease_owner: str | None = None
     lease_expires_at: dt.datetime | None = None
     lease_version: int = 0
+    attempt: int = 0
     old_versions: list[int] = attrs.field(factory=list)
 
     def claimable_at(self) -> dt.datetime | None:
@@ -143,6 +146,7 @@ class Model:
             self.lease_expires_at,
             self.lease_version,
             self.key,
+            self.attempt,
         )
 
 
@@ -160,6 +164,7 @@ def view(item: WorkItem) -> tuple[Any, ...]:
         item.lease_expires_at,
         item.lease_version,
         item.idempotency_key,
+        item.attempt,
     )
 
 
@@ -206,17 +211,26 @@ class QueueMachine(RuleBasedStateMachine):
         item = self.model.get(s.item_id)
         if item is None or not item.holds(s.lease_version):
             return False
+        if s.kind is SettleKind.RESCHEDULE and s.config == POISON:
+            # Unstorable in any backend: that entry alone goes dead, saying why.
+            s = Settlement(
+                item_id=s.item_id,
+                lease_version=s.lease_version,
+                kind=SettleKind.DEAD,
+                error=f"the reschedule outcome could not be stored: {POISON_REASON}",
+            )
         later = self.now() + dt.timedelta(seconds=s.delay)
         match s.kind:
             case SettleKind.CONTINUE:
                 item.requeue(later)
-                item.error_count = 0
+                item.error_count = item.attempt = 0
             case SettleKind.RELEASE:
                 item.requeue(later)
+                item.attempt = max(item.attempt - 1, 0)
             case SettleKind.RESCHEDULE:
                 assert s.at is not None
                 item.requeue(s.at)
-                item.config, item.error_count = s.config, 0
+                item.config, item.error_count, item.attempt = s.config, 0, 0
             case SettleKind.RETRY:
                 item.requeue(later)
                 item.error_count, item.last_error = item.error_count + 1, s.error
@@ -230,7 +244,14 @@ class QueueMachine(RuleBasedStateMachine):
         return True
 
     def settlement(
-        self, item: Model, which: str, kind: SettleKind, delay: float, offset: float, n: int
+        self,
+        item: Model,
+        which: str,
+        kind: SettleKind,
+        delay: float,
+        offset: float,
+        n: int,
+        poison: bool = False,
     ) -> Settlement:
         return Settlement(
             item_id=item.id,
@@ -238,7 +259,7 @@ class QueueMachine(RuleBasedStateMachine):
             kind=kind,
             delay=delay,
             at=self.now() + dt.timedelta(seconds=offset),
-            config={"n": n},
+            config=POISON if poison else {"n": n},
             error=f"error {n}",
         )
 
@@ -301,6 +322,7 @@ class QueueMachine(RuleBasedStateMachine):
             m.old_versions.append(m.lease_version)
             m.state, m.lease_owner, m.lease_version = ItemState.RUNNING, worker, item.lease_version
             m.lease_expires_at = now + dt.timedelta(seconds=lease)
+            m.attempt += 1
 
     @precondition(lambda self: self.model)
     @rule(
@@ -362,15 +384,16 @@ class QueueMachine(RuleBasedStateMachine):
                 st.integers(0, 99),
                 st.sampled_from(["fresh", "old", "future"]),
                 st.sampled_from(SettleKind),
+                st.sampled_from([False, False, False, True]),
             ),
             max_size=4,
         ),
         n=st.integers(0, 9),
     )
-    def settle_many(self, picks: list[tuple[int, str, SettleKind]], n: int) -> None:
+    def settle_many(self, picks: list[tuple[int, str, SettleKind, bool]], n: int) -> None:
         batch = [
-            self.settlement(self.pick(index), which, kind, 1.0, 5.0, n)
-            for index, which, kind in picks
+            self.settlement(self.pick(index), which, kind, 1.0, 5.0, n, poison)
+            for index, which, kind, poison in picks
         ]
         got = self.portal.run(self.queue.settle_many, batch)
         assert got == [self.apply(s) for s in batch]
@@ -415,9 +438,44 @@ class QueueMachine(RuleBasedStateMachine):
             assert got is ItemStateError
             return
         m.requeue(self.now() if at is None else at)
-        m.error_count, m.cancel_requested = 0, False
+        m.error_count, m.attempt, m.cancel_requested = 0, 0, False
         assert isinstance(got, WorkItem)
         assert view(got) == m.view()
+
+    @precondition(lambda self: self.model)
+    @rule(
+        index=st.integers(0, 99),
+        cursor=st.booleans(),
+        states=st.none() | st.lists(st.sampled_from(ItemState), unique=True, max_size=3),
+        specs=st.none() | st.lists(st.sampled_from(SPECS), unique=True, max_size=2),
+        limit=st.integers(0, 4),
+    )
+    def list_page(
+        self,
+        index: int,
+        cursor: bool,
+        states: list[ItemState] | None,
+        specs: list[str] | None,
+        limit: int,
+    ) -> None:
+        after = self.pick(index) if cursor else None
+
+        async def call() -> list[WorkItem]:
+            return await self.queue.list_items(
+                states=states, spec_ids=specs, limit=limit, after=after and after.id
+            )
+
+        expected = sorted(
+            (
+                m
+                for m in self.model.values()
+                if (states is None or m.state in states)
+                and (specs is None or m.spec_id in specs)
+                and (after is None or (m.due_at, m.id) > (after.due_at, after.id))
+            ),
+            key=lambda m: (m.due_at, m.id),
+        )[:limit]
+        assert [view(i) for i in self.portal.run(call)] == [m.view() for m in expected]
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.5, 5.0]))
     def advance(self, seconds: float) -> None:

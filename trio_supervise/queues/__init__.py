@@ -7,6 +7,7 @@ from ._factory import parse_queue_url as parse_queue_url
 from ._memory import MemoryQueue as MemoryQueue
 from ._memory import QueueEvent as QueueEvent
 from ._postgres import PostgresQueue as PostgresQueue
+from ._protocol import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from ._protocol import ItemState as ItemState
 from ._protocol import JSONValue as JSONValue
 from ._protocol import Lease as Lease
@@ -15,6 +16,8 @@ from ._protocol import SettleKind as SettleKind
 from ._protocol import Settlement as Settlement
 from ._protocol import WorkItem as WorkItem
 from ._protocol import WorkQueue as WorkQueue
+from ._protocol import check_json as check_json
+from ._protocol import storable_text as storable_text
 from ._sql import redact_dsn as redact_dsn
 from ._sqlite import DEFAULT_SQLITE_PATH as DEFAULT_SQLITE_PATH
 from ._sqlite import SQLiteQueue as SQLiteQueue
@@ -22,6 +25,7 @@ from ._sqlite import SQLiteQueue as SQLiteQueue
 __all__ = [
     "DEFAULT_DATABASE_URL",
     "DEFAULT_SQLITE_PATH",
+    "MAX_JSON_DEPTH",
     "ItemState",
     "JSONValue",
     "Lease",
@@ -34,8 +38,10 @@ __all__ = [
     "Settlement",
     "WorkItem",
     "WorkQueue",
+    "check_json",
     "migrate",
     "open_queue",
     "parse_queue_url",
     "redact_dsn",
+    "storable_text",
 ]

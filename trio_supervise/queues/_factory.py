@@ -62,6 +62,7 @@ async def open_queue(
     *,
     clock: Clock | None = None,
     migrate: bool | None = None,
+    create: bool = True,
 ) -> AsyncIterator[WorkQueue]:
     """Open the queue that *url* names, and close it on the way out.
 
@@ -71,6 +72,9 @@ async def open_queue(
         does so for SQLite, whose file belongs to the application, and not for PostgreSQL,
         where a shared database is migrated on purpose (``trio-supervise migrate``) and a
         missing schema raises :class:`SchemaError` saying so.
+    :param create: with ``False`` (commands that only read) a SQLite file that does not exist
+        raises :class:`QueueFailed` ("no database at PATH; run `trio-supervise migrate` to
+        create it") instead of being created.
     """
     backend, target = parse_queue_url(url)
     queue: WorkQueue
@@ -80,7 +84,7 @@ async def open_queue(
         from ._sqlite import SQLiteQueue
 
         queue = await SQLiteQueue.connect(
-            target, clock=clock, migrate=True if migrate is None else migrate
+            target, clock=clock, migrate=True if migrate is None else migrate, create=create
         )
     else:
         from ._postgres import PostgresQueue

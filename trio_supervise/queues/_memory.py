@@ -39,6 +39,8 @@ from ._protocol import (
     check_json,
     check_new_item,
     replace_trusted,
+    storable_text,
+    unstorable_outcome,
 )
 
 __all__ = ["MemoryQueue", "QueueEvent"]
@@ -250,12 +252,20 @@ class MemoryQueue(SingleWrites):
         now = self._now() if now is None else now
         match s.kind:
             case SettleKind.CONTINUE:
-                self._requeue(item, now + dt.timedelta(seconds=s.delay), now, error_count=0)
+                self._requeue(
+                    item, now + dt.timedelta(seconds=s.delay), now, error_count=0, attempt=0
+                )
             case SettleKind.RELEASE:
-                self._requeue(item, now + dt.timedelta(seconds=s.delay), now)
+                self._requeue(
+                    item,
+                    now + dt.timedelta(seconds=s.delay),
+                    now,
+                    attempt=max(item.attempt - 1, 0),
+                )
             case SettleKind.RESCHEDULE:
                 assert s.at is not None
-                self._requeue(item, s.at, now, config=check_json(s.config), error_count=0)
+                config = check_json(s.config)
+                self._requeue(item, s.at, now, config=config, error_count=0, attempt=0)
             case SettleKind.RETRY:
                 self._requeue(
                     item,
@@ -336,15 +346,18 @@ class MemoryQueue(SingleWrites):
         states: Sequence[ItemState] | None = None,
         spec_ids: Sequence[str] | None = None,
         limit: int = 100,
+        after: str | None = None,
     ) -> list[WorkItem]:
         await trio.lowlevel.checkpoint()
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
+        cursor = None if after is None else self._item(after)
         found = [
             item
             for item in self._items.values()
             if (states is None or item.state in states)
             and (spec_ids is None or item.spec_id in spec_ids)
+            and (cursor is None or (item.due_at, item.id) > (cursor.due_at, cursor.id))
         ]
         found.sort(key=lambda item: (item.due_at, item.id))
         return found[:limit]
@@ -379,6 +392,7 @@ class MemoryQueue(SingleWrites):
             now if at is None else utc(at),
             now,
             error_count=0,
+            attempt=0,
             cancel_requested=False,
         )
         self._log("retry", item_id)
@@ -427,6 +441,7 @@ class MemoryQueue(SingleWrites):
                 lease_owner=worker_id,
                 lease_expires_at=expires,
                 lease_version=next(self._versions),
+                attempt=item.attempt + 1,
             )
             self._log("claim", item.id, item.lease_version, at=now, worker_id=worker_id)
             claimed.append(item)
@@ -468,6 +483,7 @@ class MemoryQueue(SingleWrites):
     async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
         await trio.lowlevel.checkpoint()
         item = self._fenced("mark_error", item_id, lease_version)
+        error = storable_text(error)
         self._put(item, error_count=item.error_count + 1, last_error=error)
         self._log("mark_error", item_id, lease_version, error=error)
 
@@ -485,8 +501,11 @@ class MemoryQueue(SingleWrites):
                 self._apply(settlement, now)
             except LeaseLost:
                 results.append(False)
-            else:
-                results.append(True)
+                continue
+            except (ValueError, OverflowError) as error:
+                # Unstorable (see unstorable_outcome): dead, saying why; its batch-mates go on.
+                self._apply(unstorable_outcome(settlement, error), now)
+            results.append(True)
         if any(results):
             self._changed()
         return results

@@ -2,7 +2,9 @@
 
 Blocking psycopg calls run in threads (``trio.to_thread.run_sync``) on connections from a
 ``psycopg_pool.ConnectionPool``; a ``CapacityLimiter`` the size of the pool bounds how many run
-at once, so no thread ever waits inside the pool.
+at once, so no thread ever waits inside the pool. Status reads (``get``, ``list_items``,
+``counts``, ``next_due_at``) have a small pool of their own (``read_pool_size``), so however
+many status pages are open, claims, renewals and settlements always find a connection.
 
 - Claims are one statement: a CTE picks the first claimable ids in ``(due_at, id)`` order
   ``FOR UPDATE SKIP LOCKED`` (concurrent claimers skip each other's rows instead of waiting)
@@ -18,9 +20,10 @@ at once, so no thread ever waits inside the pool.
   reconnects when it drops (waking every waiter, since notifications may have been missed);
   the caller's poll interval is the fallback.
 
-Errors from psycopg become :class:`QueueUnavailable` (the server cannot be reached) or
-:class:`QueueError`, with the original chained. No password from the DSN reaches a message or a
-log line: see :func:`redact_dsn`.
+Errors from psycopg become :class:`QueueUnavailable` (the server cannot be reached: retry),
+:class:`QueueFailed` (authentication, permission, read-only, missing database or schema: no
+retry helps) or :class:`QueueError`, with the original chained. No password from the DSN
+reaches a message or a log line: see :func:`redact_dsn`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from .._errors import (
     ItemStateError,
     LeaseLost,
     QueueError,
+    QueueFailed,
     QueueUnavailable,
     SchemaError,
 )
@@ -63,6 +67,8 @@ from ._protocol import (
     WorkItem,
     check_json,
     check_new_item,
+    storable_text,
+    unstorable_outcome,
 )
 from ._sql import redact_dsn, scrub_dsn
 
@@ -99,6 +105,7 @@ def _item(row: Row) -> WorkItem:
         idempotency_key=row["idempotency_key"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        attempt=row["attempt"],
     )
 
 
@@ -107,9 +114,19 @@ _RECONNECT_WAIT = 2.0
 """Seconds a call whose connection died waits for a fresh one before reporting the outage."""
 
 
-def _storable_error(text: str | None) -> str | None:
-    """*text* as ``last_error`` can hold it: a NUL (say, from a driver's message) spelled out."""
-    return None if text is None else text.replace("\x00", "\\x00")
+_PERMANENT_STATES = {"28000", "28P01", "42501", "25006", "3D000", "3F000"}
+"""Authentication, privilege, read-only transaction, missing database or schema."""
+_PERMANENT_TEXT = ("authentication failed", "permission denied", "does not exist")
+"""The same, in libpq's words when the connection itself is refused (no SQLSTATE then)."""
+_MIN_TIME = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
+"""Before every stored time: the cursor of a first page."""
+
+
+def _data_errors() -> tuple[type[Exception], ...]:
+    """What one unstorable value raises: the entry is at fault, not the database."""
+    import psycopg
+
+    return (psycopg.DataError, psycopg.IntegrityError, ValueError, OverflowError)
 
 
 def map_error(error: Exception, dsn: str) -> QueueError:
@@ -126,6 +143,12 @@ def map_error(error: Exception, dsn: str) -> QueueError:
             "run `trio-supervise migrate` first"
         )
     sqlstate = getattr(error, "sqlstate", None)
+    if sqlstate in _PERMANENT_STATES or (
+        isinstance(error, psycopg.OperationalError)
+        and sqlstate is None
+        and any(words in str(error) for words in _PERMANENT_TEXT)
+    ):
+        return QueueFailed(f"PostgreSQL queue at {where}: {text}")
     if isinstance(
         error, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed | psycopg.InterfaceError
     ):
@@ -284,6 +307,8 @@ class PostgresQueue(SingleWrites):
     _schema: str | None = attrs.field(alias="schema")
     _listen: bool = attrs.field(alias="listen")
     _limiter: trio.CapacityLimiter = attrs.field(alias="limiter")
+    _read_pool: ConnectionPool[Any] = attrs.field(alias="read_pool", repr=False)
+    _read_limiter: trio.CapacityLimiter = attrs.field(alias="read_limiter")
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
@@ -299,6 +324,7 @@ class PostgresQueue(SingleWrites):
         schema: str | None = None,
         migrate: bool = False,
         pool_size: int = 10,
+        read_pool_size: int = 2,
         connect_timeout: float = 10.0,
         listen: bool = True,
     ) -> PostgresQueue:
@@ -310,16 +336,21 @@ class PostgresQueue(SingleWrites):
         :param migrate: bring a missing or older schema up to date; otherwise such a schema
             raises :class:`SchemaError`. A newer schema than this release knows always does.
         :param pool_size: connections in the pool, and blocking calls in flight at once.
+        :param read_pool_size: connections kept for status reads (``get``, ``list_items``,
+            ``counts``, ``next_due_at``) apart from the pool, so reads never take a connection
+            a renewal or settlement needs.
         :param connect_timeout: seconds to wait for a connection.
         :param listen: wake :meth:`wait_for_work` on ``NOTIFY`` (otherwise it polls).
         """
         if pool_size < 1:
             raise ValueError(f"pool_size must be at least 1, got {pool_size}")
+        if read_pool_size < 1:
+            raise ValueError(f"read_pool_size must be at least 1, got {read_pool_size}")
         if not (connect_timeout > 0) or connect_timeout == float("inf"):
             raise ValueError(f"connect_timeout must be a positive number, got {connect_timeout!r}")
         check_schema_name(schema)
 
-        def open_sync() -> ConnectionPool[Any]:
+        def open_sync() -> tuple[ConnectionPool[Any], ConnectionPool[Any]]:
             from psycopg_pool import ConnectionPool
 
             where = redact_dsn(dsn) if schema is None else f"{redact_dsn(dsn)} (schema {schema})"
@@ -334,23 +365,30 @@ class PostgresQueue(SingleWrites):
                     migrate_connection(conn, where=where, schema=schema)
             from psycopg.rows import dict_row
 
-            pool: ConnectionPool[Any] = ConnectionPool(
-                dsn,
-                kwargs={"row_factory": dict_row, **_connect_kwargs(schema, connect_timeout)},
-                min_size=1,
-                max_size=pool_size,
-                open=False,
-                name="trio_supervise",
-                timeout=connect_timeout,
+            def new_pool(name: str, size: int) -> ConnectionPool[Any]:
+                return ConnectionPool(
+                    dsn,
+                    kwargs={"row_factory": dict_row, **_connect_kwargs(schema, connect_timeout)},
+                    min_size=1,
+                    max_size=size,
+                    open=False,
+                    name=name,
+                    timeout=connect_timeout,
+                )
+
+            pool, read_pool = (
+                new_pool("trio_supervise", pool_size),
+                new_pool("trio_supervise-read", read_pool_size),
             )
             with contextlib.ExitStack() as on_failure:
-                on_failure.callback(pool.close)
-                pool.open(wait=True, timeout=connect_timeout)
+                for each in (pool, read_pool):
+                    on_failure.callback(each.close)
+                    each.open(wait=True, timeout=connect_timeout)
                 on_failure.pop_all()
-            return pool
+            return pool, read_pool
 
         try:
-            pool = await trio.to_thread.run_sync(open_sync)
+            pool, read_pool = await trio.to_thread.run_sync(open_sync)
         except Exception as error:
             if isinstance(error, QueueError):
                 raise
@@ -366,6 +404,8 @@ class PostgresQueue(SingleWrites):
             schema=schema,
             listen=listen,
             limiter=trio.CapacityLimiter(pool_size),
+            read_pool=read_pool,
+            read_limiter=trio.CapacityLimiter(read_pool_size),
         )
 
     @property
@@ -397,8 +437,14 @@ class PostgresQueue(SingleWrites):
     def _changed(self) -> None:
         self._changes.value += 1
 
-    async def _run(self, fn: Callable[[psycopg.Connection[Row]], T], *, retry: bool = True) -> T:
-        """Run *fn* on a pooled connection in a thread.
+    async def _run(
+        self,
+        fn: Callable[[psycopg.Connection[Row]], T],
+        *,
+        retry: bool = True,
+        read: bool = False,
+    ) -> T:
+        """Run *fn* on a pooled connection in a thread (from the read pool, with *read*).
 
         When the connection turns out to be dead (the server restarted, or an administrator
         terminated it while it sat in the pool), the pool's other idle connections are likely
@@ -413,21 +459,25 @@ class PostgresQueue(SingleWrites):
         if self._closed:
             raise QueueError(f"the PostgreSQL queue at {redact_dsn(self._dsn)} is closed")
 
+        pool, limiter = (
+            (self._read_pool, self._read_limiter) if read else (self._pool, self._limiter)
+        )
+
         def call() -> T:
             import psycopg
 
-            with self._pool.connection() as conn:
+            with pool.connection() as conn:
                 try:
                     return fn(conn)
                 except psycopg.OperationalError:
                     if not (retry and conn.broken):
                         raise
-            self._pool.check()
-            with self._pool.connection(timeout=_RECONNECT_WAIT) as conn:
+            pool.check()
+            with pool.connection(timeout=_RECONNECT_WAIT) as conn:
                 return fn(conn)
 
         try:
-            return await trio.to_thread.run_sync(call, limiter=self._limiter)
+            return await trio.to_thread.run_sync(call, limiter=limiter)
         except Exception as error:
             mapped = _map_any(error, self._dsn)
             if mapped is None:
@@ -501,7 +551,9 @@ class PostgresQueue(SingleWrites):
         return _item(row)
 
     async def get(self, item_id: str) -> WorkItem:
-        row = await self._run(lambda conn: conn.execute(_Q["get"], {"id": item_id}).fetchone())
+        row = await self._run(
+            lambda conn: conn.execute(_Q["get"], {"id": item_id}).fetchone(), read=True
+        )
         if row is None:
             raise ItemNotFound(item_id)
         return _item(row)
@@ -512,17 +564,20 @@ class PostgresQueue(SingleWrites):
         states: Sequence[ItemState] | None = None,
         spec_ids: Sequence[str] | None = None,
         limit: int = 100,
+        after: str | None = None,
     ) -> list[WorkItem]:
-        params = {
-            "states": None if states is None else [str(s) for s in states],
+        params: dict[str, Any] = {
             "spec_ids": None if spec_ids is None else list(spec_ids),
             "limit": _sql.check_limit(limit),
         }
-        rows = await self._run(lambda conn: conn.execute(_Q["list_items"], params).fetchall())
-        return [_item(row) for row in rows]
+
+        def run(conn: psycopg.Connection[Row]) -> list[Any]:
+            return _sql.list_page(conn, _Q, params, states=states, after=after, start=_MIN_TIME)
+
+        return [_item(row) for row in await self._run(run, read=True)]
 
     async def counts(self) -> Mapping[tuple[str, ItemState], int]:
-        rows = await self._run(lambda conn: conn.execute(_Q["counts"]).fetchall())
+        rows = await self._run(lambda conn: conn.execute(_Q["counts"]).fetchall(), read=True)
         return {(row["spec_id"], ItemState(row["state"])): row["n"] for row in rows}
 
     async def request_cancel(self, item_id: str) -> WorkItem:
@@ -611,7 +666,7 @@ class PostgresQueue(SingleWrites):
         params = {
             "id": item_id,
             "version": lease_version,
-            "error": _storable_error(error),
+            "error": storable_text(error),
             "now": self._now(),
         }
 
@@ -629,6 +684,29 @@ class PostgresQueue(SingleWrites):
     async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
         return await self._settle(settlements, why=False)
 
+    @staticmethod
+    def _settle_params(sent: Sequence[Settlement], now: dt.datetime | None) -> dict[str, Any]:
+        """The arrays of one ``settle_many`` statement; an unstorable entry becomes dead."""
+        checked = []
+        for s in sent:
+            try:
+                config = (
+                    json.dumps(check_json(s.config)) if s.kind is SettleKind.RESCHEDULE else None
+                )
+                checked.append((s, config))
+            except ValueError as error:
+                checked.append((unstorable_outcome(s, error), None))
+        return {
+            "ids": [s.item_id for s, _ in checked],
+            "versions": [s.lease_version for s, _ in checked],
+            "kinds": [str(s.kind) for s, _ in checked],
+            "delays_us": [_sql.duration_us("delay", s.delay) for s, _ in checked],
+            "ats": [s.at for s, _ in checked],
+            "configs": [config for _, config in checked],
+            "errors": [s.error for s, _ in checked],
+            "now": now,
+        }
+
     async def _settle(self, settlements: Sequence[Settlement], *, why: bool) -> list[bool]:
         # One statement cannot update a row twice, and a second write with the same
         # (id, version) would be stale after the first anyway: send each pair once.
@@ -639,21 +717,11 @@ class PostgresQueue(SingleWrites):
         if not sent:
             await trio.lowlevel.checkpoint()
             return []
-        params = {
-            "ids": [s.item_id for s in sent],
-            "versions": [s.lease_version for s in sent],
-            "kinds": [str(s.kind) for s in sent],
-            "delays_us": [_sql.duration_us("delay", s.delay) for s in sent],
-            "ats": [s.at for s in sent],
-            "configs": [
-                json.dumps(check_json(s.config)) if s.kind is SettleKind.RESCHEDULE else None
-                for s in sent
-            ],
-            "errors": [_storable_error(s.error) for s in sent],
-            "now": self._now(),
-        }
+        now = self._now()
+        params = self._settle_params(sent, now)
+        data_errors = _data_errors()
 
-        def run(conn: psycopg.Connection[Row]) -> set[int]:
+        def write(conn: psycopg.Connection[Row], params: dict[str, Any]) -> list[Row]:
             with conn.transaction():
                 rows = conn.execute(_Q["settle_many"], params).fetchall()
                 self._notify(
@@ -663,7 +731,25 @@ class PostgresQueue(SingleWrites):
                 if why and not rows:
                     s = sent[0]
                     raise LeaseLost(s.item_id, s.lease_version, self._why(conn, s.item_id))
-            return {row["ord"] - 1 for row in rows}
+            return rows
+
+        def run(conn: psycopg.Connection[Row]) -> set[int]:
+            try:
+                return {row["ord"] - 1 for row in write(conn, params)}
+            except data_errors:
+                if why:
+                    raise
+            # One entry holds a value the database refuses: write them one by one, so it alone
+            # becomes dead (unstorable_outcome) and its batch-mates are settled as asked.
+            applied = set()
+            for index, s in enumerate(sent):
+                try:
+                    rows = write(conn, self._settle_params([s], now))
+                except data_errors as error:
+                    rows = write(conn, self._settle_params([unstorable_outcome(s, error)], now))
+                if rows:
+                    applied.add(index)
+            return applied
 
         applied = await self._run(run)
         applied_ids = {(sent[i].item_id, sent[i].lease_version) for i in applied}
@@ -677,7 +763,9 @@ class PostgresQueue(SingleWrites):
 
     async def _next_due(self, spec_ids: Sequence[str]) -> tuple[dt.datetime | None, float]:
         params = {"spec_ids": list(spec_ids), "now": self._now()}
-        row = await self._run(lambda conn: conn.execute(_Q["next_due_at"], params).fetchone())
+        row = await self._run(
+            lambda conn: conn.execute(_Q["next_due_at"], params).fetchone(), read=True
+        )
         assert row is not None
         return row["at"], row["wait"]
 
@@ -719,12 +807,13 @@ class PostgresQueue(SingleWrites):
             return
         self._closed = True
         listener, self._listener = self._listener, None
-        pool = self._pool
+        pools = (self._pool, self._read_pool)
 
         def close() -> None:
             if listener is not None:
                 listener.close()
-            pool.close()
+            for pool in pools:
+                pool.close()
 
         await trio.to_thread.run_sync(close)
 

@@ -20,7 +20,21 @@ Errors and retries
     ``error_count`` counts consecutive failed evaluations: a ``retry``/``dead`` settlement or
     :meth:`WorkQueue.mark_error` adds one and records ``last_error``; a ``continue`` or
     ``reschedule`` settlement (a successful evaluation) sets it back to zero. ``release`` (a lease
-    handed back without an outcome) leaves it alone.
+    handed back without an outcome) leaves it alone. Text the library writes there is made
+    storable first (:func:`storable_text`): a NUL or a lone surrogate is escaped, never dropped.
+
+Attempts
+    ``attempt`` counts the claims since the last successful evaluation, and the claim statement
+    itself adds one, so a worker killed mid-evaluation still counts (like River's and Oban's
+    ``attempt``). A ``continue`` or ``reschedule`` settlement (a long-lived workflow evaluated
+    fine) sets it back to zero, and so does :meth:`WorkQueue.retry`; ``release`` (a lease handed
+    back at shutdown) takes its claim back (one less); every other outcome keeps it. A runner
+    settles an item claimed more than ``max_attempts`` times as ``dead`` without evaluating it.
+
+Unstorable values
+    ``enqueue`` and a reschedule's config refuse what a backend cannot store (see
+    :func:`check_json`), on every backend alike. A ``settle_many`` entry that still cannot be
+    written does not fail its batch: it becomes :func:`unstorable_outcome` (``dead``, saying why).
 
 Exact wake-ups (optional)
     A queue may define a boolean attribute ``exact_wakeups``. True promises that
@@ -50,6 +64,8 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 import attrs
 
 from .._clock import Clock, utc
+from .._convert import MAX_JSON_DEPTH as _MAX_JSON_DEPTH
+from .._convert import nested_too_deeply
 
 __all__ = [
     "ItemState",
@@ -60,8 +76,12 @@ __all__ = [
     "Settlement",
     "WorkItem",
     "WorkQueue",
+    "MAX_DELAY",
+    "MAX_JSON_DEPTH",
     "check_json",
     "check_new_item",
+    "storable_text",
+    "unstorable_outcome",
     "validate_spec_id",
 ]
 
@@ -69,32 +89,86 @@ JSONValue: TypeAlias = Any
 """A value that survives ``json.dumps``/``json.loads`` unchanged (dict, list, str, number, ...)."""
 
 
-def _has_nul(value: JSONValue) -> bool:
-    """Whether a JSON value holds a NUL character in any string (key or value)."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(key) or _has_nul(inner) for key, inner in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(inner) for inner in value)
-    return False
+MAX_JSON_DEPTH = _MAX_JSON_DEPTH
+"""The deepest nesting of lists and objects a config (or result) may have; deeper is refused
+(one number for the queues, the CLI and settings files: ``trio_supervise._convert``)."""
+
+MAX_DELAY = 1e10
+"""The longest delay (seconds, about 317 years) a settlement may ask for: far enough for any
+schedule, near enough that every backend can store ``now + delay``."""
+
+
+def _unstorable(text: str) -> str | None:
+    """Why a backend cannot store *text* (a NUL, a lone surrogate), or None if it can."""
+    if "\x00" in text:
+        return "NUL characters"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "lone surrogates (such as '\\udcff')"
+    return None
+
+
+def storable_text(text: str) -> str:
+    """*text* as every backend can store it: NULs and lone surrogates spelled as escapes.
+
+    For text the library writes itself (error messages, tracebacks), which must be kept, never
+    dropped: ``"\\x00"`` for a NUL, ``"\\udcff"`` for a lone surrogate. Other text is unchanged.
+    """
+    if text.isascii() and "\x00" not in text:
+        return text
+    text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _check_tree(value: JSONValue, what: str) -> None:
+    """Refuse a JSON tree nested deeper than MAX_JSON_DEPTH or holding unstorable strings."""
+    from .._errors import ConfigError
+
+    pending: list[tuple[JSONValue, int]] = [(value, 0)]
+    while pending:
+        node, depth = pending.pop()
+        if isinstance(node, str):
+            texts: list[str] = [node]
+        elif isinstance(node, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise ConfigError(nested_too_deeply(what))
+            if isinstance(node, dict):
+                texts = list(node)
+                pending.extend((inner, depth + 1) for inner in node.values())
+            else:
+                texts = []
+                pending.extend((inner, depth + 1) for inner in node)
+        else:
+            continue
+        for text in texts:
+            problem = _unstorable(text)
+            if problem is not None:
+                raise ConfigError(f"{what} must not contain {problem} in its strings")
 
 
 def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
     """Return a deep copy of *value* through JSON, or raise :class:`ConfigError` naming *what*.
 
-    Strings holding a NUL character are refused too: PostgreSQL cannot store them, and every
-    backend keeps one contract.
+    Refused, the same way on every backend: what JSON cannot hold, nesting deeper than
+    :data:`MAX_JSON_DEPTH`, and strings holding a NUL or a lone surrogate (PostgreSQL cannot
+    store either, SQLite's text cannot hold a surrogate).
     """
     from .._errors import ConfigError
 
     try:
         text = json.dumps(value, allow_nan=False)
+    except RecursionError:
+        raise ConfigError(nested_too_deeply(what)) from None
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{what} is not JSON-compatible: {error}") from error
     copy = json.loads(text)
-    if _has_nul(copy):
-        raise ConfigError(f"{what} must not contain NUL characters in its strings")
+    _check_tree(copy, what)
     return copy
 
 
@@ -116,9 +190,10 @@ def check_new_item(
 ) -> JSONValue:
     """Validate what ``enqueue`` was given, the same way on every backend; return the config.
 
-    Refuses an empty spec id or item id, a NUL character in any text field (PostgreSQL cannot
-    store one, and a spec id with one could never be claimed) and a config that is not JSON, each
-    naming the field. Nothing is written when this raises.
+    Refuses an empty spec id or item id, a NUL character or a lone surrogate in any text field
+    (PostgreSQL cannot store a NUL, no backend a surrogate, and a spec id with one could never be
+    claimed) and a config that :func:`check_json` refuses, each naming the field. Nothing is
+    written when this raises.
     """
     from .._errors import ConfigError
 
@@ -133,8 +208,9 @@ def check_new_item(
         "idempotency_key": idempotency_key,
     }
     for name, text in texts.items():
-        if text is not None and "\x00" in text:
-            raise ConfigError(f"{name} must not contain NUL characters")
+        problem = None if text is None else _unstorable(text)
+        if problem is not None:
+            raise ConfigError(f"{name} must not contain {problem}")
     return check_json({} if config is None else config)
 
 
@@ -175,6 +251,9 @@ class WorkItem:
     idempotency_key: str | None = None
     created_at: dt.datetime = attrs.field(converter=utc)
     updated_at: dt.datetime = attrs.field(converter=utc)
+    attempt: int = 0
+    """Claims since the last successful evaluation, counted by the claim itself (see the module
+    doc); a runner settles an item claimed more than ``max_attempts`` times as dead."""
 
     @property
     def lease(self) -> Lease:
@@ -217,6 +296,7 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     _set(new, "idempotency_key", get("idempotency_key", item.idempotency_key))
     _set(new, "created_at", get("created_at", item.created_at))
     _set(new, "updated_at", get("updated_at", item.updated_at))
+    _set(new, "attempt", get("attempt", item.attempt))
     return new
 
 
@@ -278,15 +358,36 @@ class Settlement:
     delay: float = 0.0
     at: dt.datetime | None = attrs.field(default=None, converter=attrs.converters.optional(utc))
     config: JSONValue = None
-    error: str | None = None
+    error: str | None = attrs.field(
+        default=None, converter=attrs.converters.optional(storable_text)
+    )
+    """Made storable on the way in (:func:`storable_text`): escaped, never dropped."""
 
     def __attrs_post_init__(self) -> None:
         if self.kind is SettleKind.RESCHEDULE and self.at is None:
             raise ValueError("a reschedule settlement needs 'at'")
         if self.kind in (SettleKind.RETRY, SettleKind.DEAD) and self.error is None:
             raise ValueError(f"a {self.kind} settlement needs 'error'")
-        if not (self.delay >= 0.0) or self.delay == float("inf"):
-            raise ValueError(f"delay must be a finite number >= 0, got {self.delay!r}")
+        if not (0.0 <= self.delay <= MAX_DELAY):
+            raise ValueError(
+                f"delay must be a number of seconds from 0 to {MAX_DELAY:g}, got {self.delay!r}"
+            )
+
+
+def unstorable_outcome(settlement: Settlement, error: Exception) -> Settlement:
+    """What a settlement the backend cannot store becomes: ``dead``, with the reason.
+
+    One entry of a ``settle_many`` batch that cannot be written (a rescheduled config no backend
+    can store, a value out of the database's range) must not take its batch-mates down, nor be
+    re-run for ever: it is settled ``dead`` (fenced as usual) with ``last_error`` saying why, and
+    ``trio-supervise items retry`` revives it once fixed.
+    """
+    return Settlement(
+        item_id=settlement.item_id,
+        lease_version=settlement.lease_version,
+        kind=SettleKind.DEAD,
+        error=f"the {settlement.kind} outcome could not be stored: {error}",
+    )
 
 
 class SingleWrites:
@@ -373,8 +474,14 @@ class WorkQueue(Protocol):
         states: Sequence[ItemState] | None = None,
         spec_ids: Sequence[str] | None = None,
         limit: int = 100,
+        after: str | None = None,
     ) -> list[WorkItem]:
-        """Items filtered by state and spec, ordered by ``due_at`` then ``id``."""
+        """Items filtered by state and spec, ordered by ``due_at`` then ``id``.
+
+        *after* is a cursor: the id of an item (the last one of the previous page); only items
+        after it in that order come back. An unknown id raises :class:`ItemNotFound`. Costs
+        O(rows shown) on the SQL backends (an index per state).
+        """
         ...
 
     async def counts(self) -> Mapping[tuple[str, ItemState], int]:

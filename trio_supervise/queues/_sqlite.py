@@ -1,11 +1,19 @@
 """The SQLite queue: the embedded default, one file and nothing to install.
 
-One connection per queue, used by one thread at a time: every blocking call goes through
-``trio.to_thread.run_sync`` with a ``CapacityLimiter(1)``. SQLite lets one writer in at a time
-anyway, so a pool of connections would only make this process's own calls queue on the file
-lock (and spin in the busy handler) instead of on the limiter; the limiter is fair and costs
-nothing. ``sqlite3`` connections may be used from different threads as long as it is one at a
-time (``check_same_thread=False``), which the limiter guarantees.
+Two connections per queue, each used by one thread at a time: every blocking call goes through
+``trio.to_thread.run_sync`` with the connection's own ``CapacityLimiter(1)``. The *writer*
+serves claims, renewals and settlements; the *reader* serves status reads (``get``,
+``list_items``, ``counts``, ``next_due_at``), so however many status pages are open, a renewal
+never queues behind a read: in WAL mode readers and the writer do not block each other. SQLite
+lets one writer in at a time anyway, so more writer connections would only make this process's
+own calls queue on the file lock (and spin in the busy handler) instead of on the limiter; the
+limiter is fair and costs nothing. ``sqlite3`` connections may be used from different threads as
+long as it is one at a time (``check_same_thread=False``), which the limiters guarantee.
+(``:memory:`` has one connection for both, since a second one would be another database.)
+
+Every call first checks, with one ``stat``, that the path still names the file that was opened:
+a database deleted or replaced under a running worker raises :class:`QueueFailed` instead of
+"settling" into a file nobody will ever read.
 
 Several processes on one machine can share one file: the database is in WAL mode, waits up to
 ``busy_timeout`` seconds for another process's write lock, and every write runs in a
@@ -24,6 +32,7 @@ import datetime as dt
 import json
 import os
 import sqlite3
+import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -40,6 +49,7 @@ from .._errors import (
     ItemStateError,
     LeaseLost,
     QueueError,
+    QueueFailed,
     QueueUnavailable,
     SchemaError,
 )
@@ -55,6 +65,8 @@ from ._protocol import (
     WorkItem,
     check_json,
     check_new_item,
+    storable_text,
+    unstorable_outcome,
 )
 
 __all__ = ["DEFAULT_SQLITE_PATH", "SQLiteQueue"]
@@ -76,6 +88,9 @@ def _from_us(value: int) -> dt.datetime:
     # The same exact integer arithmetic as timedelta(microseconds=value), in half the time.
     return _EPOCH + _US * value
 
+
+_MIN_US = -(2**63)
+"""Before every stored time: the cursor of a first page."""
 
 _STATES = {str(state): state for state in ItemState}
 """``ItemState(text)`` as a dict lookup (the enum call costs ten times as much per row)."""
@@ -106,6 +121,7 @@ def _item(row: sqlite3.Row) -> WorkItem:
         idempotency_key=row["idempotency_key"],
         created_at=_from_us(row["created_at"]),
         updated_at=_from_us(row["updated_at"]),
+        attempt=row["attempt"],
     )
 
 
@@ -186,10 +202,38 @@ def migrate_connection(
         return max(current, upto)
 
 
-def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
-    conn = sqlite3.connect(
-        path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
-    )
+def _connect(path: str, busy_timeout: float, *, mode: str = "rwc") -> sqlite3.Connection:
+    """Open *path*: ``rwc`` creates it if missing, ``rw`` and ``ro`` never do.
+
+    ``rw`` on a file this process may not write (say, read-only) opens it read-only, so reads
+    work and writes fail as :class:`QueueFailed`.
+    """
+    if mode == "rwc" or path == ":memory:":
+        conn = sqlite3.connect(
+            path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+        )
+    else:
+        if not os.path.exists(path):
+            raise QueueFailed(f"no database at {path}; run `trio-supervise migrate` to create it")
+        uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode="
+        try:
+            conn = sqlite3.connect(
+                uri + mode,
+                timeout=busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=True,
+            )
+        except sqlite3.OperationalError:
+            if mode != "rw":
+                raise
+            conn = sqlite3.connect(
+                uri + "ro",
+                timeout=busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=True,
+            )
     with contextlib.ExitStack() as on_failure:
         on_failure.callback(conn.close)
         conn.row_factory = sqlite3.Row
@@ -200,17 +244,38 @@ def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
     return conn
 
 
+_TRANSIENT = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR", "SQLITE_PROTOCOL"}
+"""Result codes that may pass: another process's lock, a full disk, an I/O hiccup."""
+_PERMANENT = {"SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH", "SQLITE_NOTADB"}
+"""Result codes no retry fixes: read-only, permission denied, file gone or not a database."""
+_DATA_ERRORS = (sqlite3.IntegrityError, sqlite3.DataError, ValueError, OverflowError)
+"""What one unstorable value raises: the entry is at fault, not the database."""
+
+
 def _map_error(error: sqlite3.Error, where: str) -> QueueError:
+    """Transient faults become :class:`QueueUnavailable`, permanent ones :class:`QueueFailed`."""
     text = str(error)
     if "no such table" in text:
         return SchemaError(
             f"{where} has no queue schema ({text}); run `trio-supervise migrate` first"
         )
-    if isinstance(error, sqlite3.OperationalError) and (
-        "locked" in text or "busy" in text or "unable to open" in text or "disk" in text
+    name = getattr(error, "sqlite_errorname", "") or ""
+    base = "_".join(name.split("_")[:2])  # SQLITE_READONLY_DIRECTORY -> SQLITE_READONLY
+    if name == "SQLITE_READONLY_DBMOVED" or base in _PERMANENT:
+        return QueueFailed(f"SQLite queue at {where}: {text}")
+    if base in _TRANSIENT or (
+        isinstance(error, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
     ):
         return QueueUnavailable(f"SQLite queue at {where}: {text}")
     return QueueError(f"SQLite queue at {where}: {text}")
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the file at *path*; None for ``:memory:``."""
+    if path == ":memory:":
+        return None
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -219,10 +284,25 @@ class SQLiteQueue(SingleWrites):
 
     _path: str = attrs.field(alias="path")
     _conn: sqlite3.Connection = attrs.field(alias="conn")
+    _reader: sqlite3.Connection = attrs.field(alias="reader")
     _clock: Clock = attrs.field(alias="clock")
+    _identity: tuple[int, int] | None = attrs.field(alias="identity")
+    _where: str = attrs.field(init=False)
+    """The absolute path, as opened: a later ``chdir`` must not look like a deleted file."""
+
+    @_where.default
+    def _absolute(self) -> str:
+        return self._path if self._path == ":memory:" else os.path.abspath(self._path)
+
     _limiter: trio.CapacityLimiter = attrs.field(
         init=False, factory=lambda: trio.CapacityLimiter(1)
     )
+    _read_limiter: trio.CapacityLimiter = attrs.field(init=False)
+
+    @_read_limiter.default
+    def _one_limiter(self) -> trio.CapacityLimiter:
+        return self._limiter if self._reader is self._conn else trio.CapacityLimiter(1)
+
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
@@ -236,6 +316,7 @@ class SQLiteQueue(SingleWrites):
         clock: Clock | None = None,
         migrate: bool = True,
         busy_timeout: float = 5.0,
+        create: bool = True,
     ) -> SQLiteQueue:
         """Open (creating if need be) the queue in the file at *path*.
 
@@ -244,6 +325,9 @@ class SQLiteQueue(SingleWrites):
             belongs to this application); with ``False`` such a schema raises
             :class:`SchemaError`. A schema newer than this release knows always raises it.
         :param busy_timeout: seconds to wait for another process's write lock.
+        :param create: with ``False`` a missing file raises :class:`QueueFailed` ("no database
+            at PATH; run `trio-supervise migrate` to create it") instead of being created, for
+            commands that only read.
         """
         path = os.fspath(path)
         if not path:
@@ -253,8 +337,8 @@ class SQLiteQueue(SingleWrites):
         clock = SystemClock() if clock is None else clock
         now_us = _to_us(clock.now())
 
-        def open_sync() -> sqlite3.Connection:
-            conn = _connect(path, busy_timeout)
+        def open_sync() -> tuple[sqlite3.Connection, sqlite3.Connection, tuple[int, int] | None]:
+            conn = _connect(path, busy_timeout, mode="rwc" if create else "rw")
             with contextlib.ExitStack() as on_failure:
                 on_failure.callback(conn.close)
                 found = _schema_version(conn)
@@ -265,14 +349,19 @@ class SQLiteQueue(SingleWrites):
                     if not migrate:
                         raise _sql.missing(found, "sqlite", path, f"sqlite:///{path}")
                     migrate_connection(conn, now_us, where=path)
+                reader = conn
+                if path != ":memory:":
+                    reader = _connect(path, busy_timeout, mode="ro")
+                    on_failure.callback(reader.close)
+                identity = _identity(path)
                 on_failure.pop_all()
-            return conn
+            return conn, reader, identity
 
         try:
-            conn = await trio.to_thread.run_sync(open_sync)
+            conn, reader, identity = await trio.to_thread.run_sync(open_sync)
         except sqlite3.Error as error:
             raise _map_error(error, path) from error
-        return cls(path=path, conn=conn, clock=clock)
+        return cls(path=path, conn=conn, reader=reader, clock=clock, identity=identity)
 
     @property
     def clock(self) -> Clock:
@@ -302,11 +391,33 @@ class SQLiteQueue(SingleWrites):
     def _changed(self) -> None:
         self._changes.value += 1
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _check_file(self) -> None:
+        """Raise :class:`QueueFailed` if the path no longer names the file that was opened."""
+        try:
+            found = _identity(self._where)
+        except OSError as error:
+            found = None
+            reason = f"{error.strerror or error}"
+        else:
+            reason = "replaced by another file"
+        if found != self._identity:
+            raise QueueFailed(
+                f"the SQLite database at {self._path} is gone ({reason}) while the queue had it "
+                "open: nothing written since is stored anywhere"
+            )
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T], *, read: bool = False) -> T:
+        """Run *fn* on the writer connection (or, with *read*, the reader) in its thread."""
         if self._closed:
             raise QueueError(f"the SQLite queue at {self._path} is closed")
+        conn, limiter = (self._reader, self._read_limiter) if read else (self._conn, self._limiter)
+
+        def checked(conn: sqlite3.Connection) -> T:
+            self._check_file()
+            return fn(conn)
+
         try:
-            return await trio.to_thread.run_sync(fn, self._conn, limiter=self._limiter)
+            return await trio.to_thread.run_sync(checked, conn, limiter=limiter)
         except sqlite3.Error as error:
             raise _map_error(error, self._path) from error
 
@@ -370,7 +481,9 @@ class SQLiteQueue(SingleWrites):
         return _item(row)
 
     async def get(self, item_id: str) -> WorkItem:
-        row = await self._call(lambda conn: conn.execute(_Q["get"], {"id": item_id}).fetchone())
+        row = await self._call(
+            lambda conn: conn.execute(_Q["get"], {"id": item_id}).fetchone(), read=True
+        )
         if row is None:
             raise ItemNotFound(item_id)
         return _item(row)
@@ -381,17 +494,20 @@ class SQLiteQueue(SingleWrites):
         states: Sequence[ItemState] | None = None,
         spec_ids: Sequence[str] | None = None,
         limit: int = 100,
+        after: str | None = None,
     ) -> list[WorkItem]:
-        params = {
-            "states": None if states is None else json.dumps([str(s) for s in states]),
+        params: dict[str, Any] = {
             "spec_ids": None if spec_ids is None else json.dumps(list(spec_ids)),
             "limit": _sql.check_limit(limit),
         }
-        rows = await self._call(lambda conn: conn.execute(_Q["list_items"], params).fetchall())
-        return [_item(row) for row in rows]
+
+        def run(conn: sqlite3.Connection) -> list[Any]:
+            return _sql.list_page(conn, _Q, params, states=states, after=after, start=_MIN_US)
+
+        return [_item(row) for row in await self._call(run, read=True)]
 
     async def counts(self) -> Mapping[tuple[str, ItemState], int]:
-        rows = await self._call(lambda conn: conn.execute(_Q["counts"]).fetchall())
+        rows = await self._call(lambda conn: conn.execute(_Q["counts"]).fetchall(), read=True)
         return {(row["spec_id"], ItemState(row["state"])): row["n"] for row in rows}
 
     async def request_cancel(self, item_id: str) -> WorkItem:
@@ -489,7 +605,12 @@ class SQLiteQueue(SingleWrites):
         return await self._call(run)
 
     async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
-        params = {"id": item_id, "version": lease_version, "error": error, "now": self._now_us()}
+        params = {
+            "id": item_id,
+            "version": lease_version,
+            "error": storable_text(error),
+            "now": self._now_us(),
+        }
 
         def run(conn: sqlite3.Connection) -> None:
             with _Transaction(conn):
@@ -527,14 +648,37 @@ class SQLiteQueue(SingleWrites):
 
     async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
         now = self._now_us()
-        batch = [self._settle_params(s, now) for s in settlements]
+        batch = []
+        for s in settlements:
+            try:
+                batch.append(self._settle_params(s, now))
+            except (ValueError, OverflowError) as error:
+                batch.append(self._settle_params(unstorable_outcome(s, error), now))
         if not batch:
             await trio.lowlevel.checkpoint()
             return []
 
+        def settle(conn: sqlite3.Connection, params: dict[str, Any]) -> bool:
+            return conn.execute(_Q["settle"], params).fetchone() is not None
+
         def run(conn: sqlite3.Connection) -> list[bool]:
-            with _Transaction(conn):
-                return [conn.execute(_Q["settle"], p).fetchone() is not None for p in batch]
+            try:
+                with _Transaction(conn):
+                    return [settle(conn, p) for p in batch]
+            except _DATA_ERRORS:
+                pass
+            # One entry holds a value the database refuses: write them one by one, so it alone
+            # becomes dead (unstorable_outcome) and its batch-mates are settled as asked.
+            results = []
+            for s, params in zip(settlements, batch, strict=True):
+                try:
+                    with _Transaction(conn):
+                        results.append(settle(conn, params))
+                except _DATA_ERRORS as error:
+                    dead = self._settle_params(unstorable_outcome(s, error), params["now"])
+                    with _Transaction(conn):
+                        results.append(settle(conn, dead))
+            return results
 
         results = await self._call(run)
         if any(results):
@@ -543,7 +687,9 @@ class SQLiteQueue(SingleWrites):
 
     async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
         params = {"spec_ids": json.dumps(list(spec_ids))}
-        row = await self._call(lambda conn: conn.execute(_Q["next_due_at"], params).fetchone())
+        row = await self._call(
+            lambda conn: conn.execute(_Q["next_due_at"], params).fetchone(), read=True
+        )
         return None if row["at"] is None else _from_us(row["at"])
 
     async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
@@ -562,6 +708,10 @@ class SQLiteQueue(SingleWrites):
             await trio.lowlevel.checkpoint()
             return
         self._closed = True
+        # The reader first: the writer, closing last, checkpoints the WAL and removes it.
+        if self._reader is not self._conn:
+            async with self._read_limiter:
+                await trio.to_thread.run_sync(self._reader.close)
         async with self._limiter:
             await trio.to_thread.run_sync(self._conn.close)
 

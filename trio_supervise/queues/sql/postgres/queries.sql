@@ -42,10 +42,20 @@ SELECT * FROM trio_supervise_items WHERE idempotency_key = %(idempotency_key)s;
 -- name: get
 SELECT * FROM trio_supervise_items WHERE id = %(id)s;
 
--- name: list_items
+-- name: list_state
+-- One page of one state, after the cursor (due_at, id): a range of the state index, so it
+-- costs the rows shown. list_items runs one per state and merges them.
 SELECT * FROM trio_supervise_items
-WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
-  AND (%(spec_ids)s::text[] IS NULL OR spec_id = ANY(%(spec_ids)s::text[]))
+WHERE state = %(state)s
+  AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+ORDER BY due_at, id
+LIMIT %(limit)s;
+
+-- name: list_state_specs
+SELECT * FROM trio_supervise_items
+WHERE state = %(state)s
+  AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+  AND spec_id = ANY(%(spec_ids)s::text[])
 ORDER BY due_at, id
 LIMIT %(limit)s;
 
@@ -72,6 +82,7 @@ UPDATE trio_supervise_items SET
     lease_owner = NULL,
     lease_expires_at = NULL,
     error_count = 0,
+    attempt = 0,
     cancel_requested = false,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s AND state <> 'running'
@@ -80,6 +91,7 @@ RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 -- name: claim_due
 -- One statement: lock the first claimable rows in (due_at, id) order, skipping rows another
 -- claimer holds, and lease them. Running rows whose lease has expired are rescued here too.
+-- The claim counts the attempt.
 WITH due AS (
     SELECT id FROM trio_supervise_items
     WHERE state IN ('queued', 'running')
@@ -96,6 +108,7 @@ UPDATE trio_supervise_items AS i SET
     lease_expires_at = coalesce(%(now)s::timestamptz, now())
         + %(lease_us)s::bigint * interval '1 microsecond',
     lease_version = i.lease_version + 1,
+    attempt = i.attempt + 1,
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM due
 WHERE i.id = due.id
@@ -143,6 +156,11 @@ UPDATE trio_supervise_items AS i SET
         ELSE i.error_count
     END,
     last_error = CASE WHEN s.kind IN ('retry', 'dead') THEN s.error ELSE i.last_error END,
+    attempt = CASE
+        WHEN s.kind IN ('continue', 'reschedule') THEN 0
+        WHEN s.kind = 'release' THEN greatest(i.attempt - 1, 0)
+        ELSE i.attempt
+    END,
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())

@@ -20,6 +20,7 @@ CREATE TABLE trio_supervise_items (
     idempotency_key  text        UNIQUE,
     created_at       timestamptz NOT NULL,
     updated_at       timestamptz NOT NULL,
+    attempt          integer     NOT NULL DEFAULT 0,
     CONSTRAINT trio_supervise_items_lease_check
         CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
@@ -32,3 +33,7 @@ CREATE INDEX trio_supervise_items_claim_idx
 -- Serves counts, listing and inspection by spec.
 CREATE INDEX trio_supervise_items_spec_state_idx
     ON trio_supervise_items (spec_id, state);
+
+-- Serves listing: one range per state in (due_at, id) order, so a page costs the rows shown.
+CREATE INDEX trio_supervise_items_state_due_idx
+    ON trio_supervise_items (state, due_at, id);

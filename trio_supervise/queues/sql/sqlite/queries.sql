@@ -36,10 +36,18 @@ SELECT * FROM trio_supervise_items WHERE idempotency_key = :idempotency_key;
 -- name: get
 SELECT * FROM trio_supervise_items WHERE id = :id;
 
--- name: list_items
+-- name: list_state
+-- One page of one state, after the cursor (due_at, id): a range of the state index, so it
+-- costs the rows shown. list_items runs one per state and merges them.
 SELECT * FROM trio_supervise_items
-WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
-  AND (:spec_ids IS NULL OR spec_id IN (SELECT value FROM json_each(:spec_ids)))
+WHERE state = :state AND (due_at, id) > (:after_due, :after_id)
+ORDER BY due_at, id
+LIMIT :limit;
+
+-- name: list_state_specs
+SELECT * FROM trio_supervise_items
+WHERE state = :state AND (due_at, id) > (:after_due, :after_id)
+  AND spec_id IN (SELECT value FROM json_each(:spec_ids))
 ORDER BY due_at, id
 LIMIT :limit;
 
@@ -65,6 +73,7 @@ UPDATE trio_supervise_items SET
     lease_owner = NULL,
     lease_expires_at = NULL,
     error_count = 0,
+    attempt = 0,
     cancel_requested = 0,
     updated_at = :now
 WHERE id = :id AND state <> 'running'
@@ -72,12 +81,13 @@ RETURNING *;
 
 -- name: claim_due
 -- Claimable rows in (due_at, id) order, leased in one statement inside BEGIN IMMEDIATE.
--- Running rows whose lease has expired are rescued here too.
+-- Running rows whose lease has expired are rescued here too. The claim counts the attempt.
 UPDATE trio_supervise_items SET
     state = 'running',
     lease_owner = :worker_id,
     lease_expires_at = :now + :lease_us,
     lease_version = lease_version + 1,
+    attempt = attempt + 1,
     updated_at = :now
 WHERE id IN (
     SELECT id FROM trio_supervise_items
@@ -125,6 +135,11 @@ UPDATE trio_supervise_items SET
         ELSE error_count
     END,
     last_error = CASE WHEN :kind IN ('retry', 'dead') THEN :error ELSE last_error END,
+    attempt = CASE
+        WHEN :kind IN ('continue', 'reschedule') THEN 0
+        WHEN :kind = 'release' THEN max(attempt - 1, 0)
+        ELSE attempt
+    END,
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = :now

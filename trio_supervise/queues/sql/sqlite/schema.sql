@@ -21,6 +21,7 @@ CREATE TABLE trio_supervise_items (
     idempotency_key  TEXT    UNIQUE,
     created_at       INTEGER NOT NULL,
     updated_at       INTEGER NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 0,
     CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
 
@@ -32,3 +33,7 @@ CREATE INDEX trio_supervise_items_claim_idx
 -- Serves counts, listing and inspection by spec.
 CREATE INDEX trio_supervise_items_spec_state_idx
     ON trio_supervise_items (spec_id, state);
+
+-- Serves listing: one range per state in (due_at, id) order, so a page costs the rows shown.
+CREATE INDEX trio_supervise_items_state_due_idx
+    ON trio_supervise_items (state, due_at, id);
