@@ -20,7 +20,7 @@ from ._common import (
     PROG,
     USER_ERRORS,
     Subparsers,
-    UserError,
+    exit_code,
     leaves,
     report,
     unexpected,
@@ -63,14 +63,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except USER_ERRORS as error:
         report(error, dsn())
-        return error.exit_code if isinstance(error, UserError) else EXIT_ERROR
+        return exit_code(error)
     except BaseExceptionGroup as group:
         matched, rest = group.split(Exception)
         if rest is not None or matched is None:
             raise
-        for leaf in leaves(matched):
-            report(leaf if isinstance(leaf, USER_ERRORS) else unexpected(leaf), dsn())
-        return EXIT_ERROR
+        reported = [
+            leaf if isinstance(leaf, USER_ERRORS) else unexpected(leaf) for leaf in leaves(matched)
+        ]
+        for leaf in reported:
+            report(leaf, dsn())
+        codes = {exit_code(leaf) for leaf in reported}
+        return codes.pop() if len(codes) == 1 else EXIT_ERROR
     except Exception as error:  # a bug, or a library's error we did not foresee: still one line
         report(unexpected(error), dsn())
         return EXIT_ERROR

@@ -19,7 +19,7 @@ from typing import Any, TextIO, TypeAlias
 import trio
 
 from .._convert import unstructure
-from .._errors import SuperviseError
+from .._errors import ItemNotFound, SuperviseError
 from .._settings import MAX_COUNT, MAX_SECONDS, Settings, load_settings
 from ..queues import WorkItem, WorkQueue
 from ..queues._factory import open_queue
@@ -254,6 +254,15 @@ def report(error: BaseException, dsn: str = "") -> None:
     """One line on stderr; the password of the DSN in use scrubbed from it, however quoted."""
     message = one_line(scrub_dsn(str(error), dsn)) or type(error).__name__
     print(f"{PROG}: error: {message}", file=sys.stderr)
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit code an error reported by :func:`report` ends the command with."""
+    if isinstance(error, UserError):
+        return error.exit_code
+    if isinstance(error, ItemNotFound):
+        return EXIT_NOT_FOUND
+    return EXIT_ERROR
 
 
 def unexpected(error: BaseException) -> Exception:

@@ -14,6 +14,7 @@ from ..queues import ItemState, WorkItem, WorkQueue
 from ._common import (
     AS_JSON,
     DATABASE,
+    EXIT_OK,
     Subparsers,
     UserError,
     item_json,
@@ -62,13 +63,29 @@ def register(commands: Subparsers) -> None:
     enqueue.add_argument("--key", help="idempotency key")
     enqueue.set_defaults(handler=_cmd_enqueue)
 
-    cancel = actions.add_parser("cancel", parents=[DATABASE, AS_JSON], help="cancel an item")
+    cancel = actions.add_parser(
+        "cancel",
+        parents=[DATABASE, AS_JSON],
+        help="cancel an item",
+        description="Cancel a queued item at once, or ask a running item's worker to stop it. "
+        "A completed or dead item has nothing to cancel (exit 1); an already cancelled one "
+        "is left as it is (exit 0).",
+    )
     cancel.add_argument("item_id", metavar="ID")
     cancel.set_defaults(handler=_cmd_cancel)
 
-    retry = actions.add_parser("retry", parents=[DATABASE, AS_JSON], help="requeue an item")
+    retry = actions.add_parser(
+        "retry",
+        parents=[DATABASE, AS_JSON],
+        help="requeue an item",
+        description="Requeue a failed, dead, cancelled or completed item, due now (or --at), "
+        "its error count and attempts reset. A queued item already has a due time: moving it "
+        "needs --now or --at. A running item must be cancelled first.",
+    )
     retry.add_argument("item_id", metavar="ID")
-    retry.add_argument("--at", help="ISO 8601 datetime with a timezone, or +SECONDS")
+    moment = retry.add_mutually_exclusive_group()
+    moment.add_argument("--at", help="ISO 8601 datetime with a timezone, or +SECONDS")
+    moment.add_argument("--now", action="store_true", help="a queued item too: make it due now")
     retry.set_defaults(handler=_cmd_retry)
 
 
@@ -158,21 +175,38 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    item: WorkItem = with_queue(args, lambda queue: queue.request_cancel(args.item_id))
+    async def body(queue: WorkQueue) -> tuple[WorkItem, WorkItem]:
+        before = await queue.get(args.item_id)
+        if before.state.finished:
+            return before, before
+        return before, await queue.request_cancel(args.item_id)
+
+    before, item = with_queue(args, body)
+    name = printable(item.id)
+    if item.state in (ItemState.COMPLETED, ItemState.DEAD):
+        raise UserError(f"{name} is {item.state}; nothing to cancel")
     if args.json:
         print_item(item, True)
+    elif before.state is ItemState.CANCELLED:
+        print(f"{name} is already cancelled")
     elif item.state is ItemState.CANCELLED:
-        print(f"cancelled {printable(item.id)}")
+        print(f"cancelled {name}")
+    elif before.cancel_requested:
+        print(f"cancellation of {name} was already requested; its worker will stop it")
     else:
-        print(
-            f"cancellation requested for {printable(item.id)} ({item.state}); "
-            "its worker will stop it"
-        )
-    return 0
+        print(f"cancellation requested for {name} ({item.state}); its worker will stop it")
+    return EXIT_OK
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:
     async def body(queue: WorkQueue) -> WorkItem:
+        if args.at is None and not args.now:
+            current = await queue.get(args.item_id)
+            if current.state is ItemState.QUEUED:
+                raise UserError(
+                    f"{printable(current.id)} is queued (due {stamp(current.due_at)} UTC); "
+                    "pass --now to run it now, or --at to move it"
+                )
         return await queue.retry(args.item_id, at=when(args.at, queue.clock.now()))
 
     item: WorkItem = with_queue(args, body)
@@ -180,4 +214,4 @@ def _cmd_retry(args: argparse.Namespace) -> int:
         print_item(item, True)
     else:
         print(f"requeued {printable(item.id)}, due {stamp(item.due_at)} UTC")
-    return 0
+    return EXIT_OK

@@ -23,7 +23,7 @@ from ..queues._sql import redact_dsn
 from ._common import (
     AS_JSON,
     DATABASE,
-    EXIT_USAGE,
+    EXIT_UNREACHABLE,
     PROG,
     SETTINGS,
     Subparsers,
@@ -196,7 +196,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
         print(f"{PROG}: {printable(url)} is unreachable: {one_line(reason)}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_UNREACHABLE
     try:
         document = json.loads(body)
         healthy = bool(document["healthy"])
@@ -205,7 +205,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(
             f"{PROG}: {printable(url)} answered {code} without a health document", file=sys.stderr
         )
-        return EXIT_USAGE
+        return EXIT_UNREACHABLE
     if args.json:
         print(json.dumps(document, indent=2))
     else:
