@@ -259,6 +259,31 @@ def test_cancelling_a_running_item_asks_its_worker_once(
     assert again.out == "cancellation of r-1 was already requested; its worker will stop it\n"
 
 
+def test_a_stored_traceback_is_shown_below_its_error(
+    cli: Callable[..., Result], database_url: str
+) -> None:
+    """`items show` prints a stored traceback indented under "last error"; `list` its summary."""
+    cli("migrate")
+    cli("items", "enqueue", "job", "--id", "tb-1")
+    stored = 'OSError: down\nTraceback (most recent call last):\n  File "d.py", line 3, in go'
+
+    async def fail() -> None:
+        async with open_queue(database_url) as queue:
+            [claimed] = await queue.claim_due(["job"], "w", 30.0, 1)
+            await queue.mark_error(claimed.id, claimed.lease_version, stored)
+
+    trio.run(fail)
+    shown = cli("items", "show", "tb-1").out.splitlines()
+    at = shown.index("last error   OSError: down")
+    assert shown[at + 1 : at + 3] == [
+        "             Traceback (most recent call last):",
+        '               File "d.py", line 3, in go',
+    ]
+    listed = cli("items", "list").out
+    assert "OSError: down" in listed
+    assert "Traceback" not in listed
+
+
 def test_retrying_a_queued_item_needs_now(cli: Callable[..., Result]) -> None:
     """`items retry` refuses to pull a queued item's future due time to now unless --now."""
     cli("migrate")

@@ -272,18 +272,22 @@ async def test_sigterm_drains_releases_leases_and_exits_zero(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-async def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
-    """A second SIGTERM during a long drain cancels everything: exit 128 + SIGTERM."""
+async def test_a_second_signal_releases_leases_and_stops_at_once(tmp_path: Path) -> None:
+    """A second SIGTERM during a long drain hands the in-flight lease back, exits 128 + SIGTERM."""
     env = _env(tmp_path, TRIO_SUPERVISE_RUNNER__SHUTDOWN_GRACE="600")
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            process, _ = await _start_with_running_item(tmp_path, env, nursery)
+            process, url = await _start_with_running_item(tmp_path, env, nursery)
             process.send_signal(signal.SIGTERM)
             await trio.sleep(0.5)
             assert process.returncode is None  # still draining
             process.send_signal(signal.SIGTERM)
             code = await process.wait()
+        async with open_queue(url) as queue:
+            item = await queue.get("slow-1")
     assert code == 128 + signal.SIGTERM
+    # Released, not left running until its 30 s lease expires.
+    assert (item.state, item.lease_owner) == (ItemState.QUEUED, None)
 
 
 @pytest.mark.slow

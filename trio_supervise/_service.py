@@ -26,7 +26,7 @@ from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
 from ._lifecycle import Shutdown
 from ._logging import configure_logging
 from ._policy import Jitter
-from ._runner import RunnerEvent, RunnerState, WorkflowRunner
+from ._runner import FORCED_RELEASE_BOUND, RunnerEvent, RunnerState, WorkflowRunner
 from ._settings import Settings, load_settings
 from ._supervisor import (
     AutoShutdown,
@@ -80,8 +80,10 @@ class Service:
         returning it, an ``async def``, or one returning an async context manager (entered at
         the runner's start, exited when it stops, so a client or pool is closed).
     :param name: the top-level supervisor's name and the status page title.
-    :param handle_signals: SIGTERM/SIGINT begin graceful shutdown, a second one cancels at once.
-        Only possible in the main thread; off elsewhere.
+    :param handle_signals: SIGTERM/SIGINT begin graceful shutdown; a second one cancels every
+        evaluation, hands the in-flight leases back (waiting at most ``FORCED_RELEASE_BOUND``,
+        2 s) and stops at once, exit code 128 + the signal. Only possible in the main thread;
+        off elsewhere.
     :param on_event: passed to the :class:`WorkflowRunner`: called with every
         :class:`RunnerEvent` (claims, outcomes, settlements); it must not block.
     :param shutdown_order: how the top-level supervisor stops its children (see
@@ -330,8 +332,18 @@ class Service:
                     logger.warning("%s received: draining (send it again to stop at once)", name)
                     self.shutdown.begin(name)
                     continue
-                logger.warning("%s received again: stopping now", name)
+                runner = self.runner
+                held = 0 if runner is None else len(runner.in_flight)
+                logger.warning(
+                    "%s received again: stopping now, handing %d in-flight leases back first "
+                    "(at most %g s)",
+                    name,
+                    held,
+                    FORCED_RELEASE_BOUND,
+                )
                 self._forced_by = signum
+                if runner is not None and held:
+                    await runner.release_in_flight(FORCED_RELEASE_BOUND)
                 scope.cancel()
                 return
 

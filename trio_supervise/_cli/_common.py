@@ -237,7 +237,11 @@ def print_item(item: WorkItem, as_json: bool) -> None:
     ]
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
-        print(f"{name.ljust(width)}  {printable(value)}")
+        # A stored error's traceback (its lines after the first) is shown indented below it.
+        first, *more = str(value).split("\n") if value else [""]
+        print(f"{name.ljust(width)}  {printable(first)}")
+        for line in more:
+            print(f"{'':{width}}  {printable(line)}")
 
 
 # -- errors -------------------------------------------------------------------------------------

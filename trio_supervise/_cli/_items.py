@@ -10,6 +10,7 @@ from typing import Any
 from .._convert import nested_too_deeply, nesting_exceeds
 from .._errors import ConfigError
 from .._settings import MAX_COUNT
+from .._workflow import first_line
 from ..queues import ItemState, WorkItem, WorkQueue
 from ._common import (
     AS_JSON,
@@ -122,7 +123,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
             str(item.error_count),
             short(item.tenant_id, 16),
             short(item.subject_id, 16),
-            short(item.last_error, 40),
+            short(first_line(item.last_error), 40),  # its summary, not its traceback
         ]
         for item in items
     ]
