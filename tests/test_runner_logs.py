@@ -16,7 +16,7 @@ import trio.testing
 import trio_supervise as ts
 from trio_supervise._logging import STRUCTURED_FIELDS
 from trio_supervise._workflow import MAX_TRACEBACK_FRAMES, describe_failure, first_line
-from trio_supervise.queues import WorkItem
+from trio_supervise.queues import Lease, LeaseStatus, WorkItem
 
 from .test_runner import no_context, running
 
@@ -248,3 +248,52 @@ async def test_release_in_flight_hands_every_lease_back_within_its_bound(
         item = await queue.get(f"long-{n}")
         assert (item.state, item.lease_owner) == (ts.ItemState.QUEUED, None)
     assert "stopping now: cancelling 3 evaluations and handing their leases back" in caplog.text
+
+
+async def test_a_due_pass_logs_failures_the_same_way(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """run_due_pass's failure record: the same message, fields and traceback as the runner's."""
+    caplog.set_level(logging.INFO, logger="trio_supervise")
+    queue = ts.MemoryQueue()
+    await queue.enqueue("read", item_id="probe-1", config={"fail": True})
+    registry: ts.DriverRegistry[None] = ts.DriverRegistry()
+    registry.register(Driver())
+    settings = ts.RunnerSettings(worker_id="pass-1", requeue_delay=7.0, max_errors=5)
+    assert await ts.run_due_pass(queue, registry, settings, no_context) == ts.PassStats(1, 1)
+    [record] = [r for r in caplog.records if r.name == "trio_supervise.workflow"]
+    assert record.getMessage() == (
+        "item 'probe-1' (spec 'read') failed on attempt 1: OSError: sensor unplugged; "
+        "retrying in 7 s (error 1 of 5)"
+    )
+    assert (record.worker, record.item_id, record.backoff_s) == ("pass-1", "probe-1", 7.0)  # type: ignore[attr-defined]
+    assert record.exc_info is not None
+    assert first_line((await queue.get("probe-1")).last_error) == "OSError: sensor unplugged"
+
+
+async def test_a_lost_lease_is_logged_with_what_happens_next(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal refused: one WARNING naming item, spec, version and what happens next."""
+    caplog.set_level(logging.INFO, logger="trio_supervise")
+
+    @attrs.define(eq=False)
+    class Refusing(ts.MemoryQueue):
+        async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
+            await trio.lowlevel.checkpoint()
+            return {each.item_id: LeaseStatus.LOST for each in leases}
+
+    queue = Refusing()
+    await queue.enqueue("read", item_id="stolen", config={"sleep": 1000})
+    async with running(make_runner(queue, lease=30.0)):
+        await trio.sleep(25)
+    [record] = [r for r in runner_records(caplog) if "lost its lease" in r.getMessage()]
+    assert record.getMessage() == (
+        "item 'stolen' (spec 'read') lost its lease v1 (renewal refused); its evaluation is "
+        "cancelled and nothing is written (another worker may run it)"
+    )
+    assert (record.item_id, record.lease_version, record.error) == (  # type: ignore[attr-defined]
+        "stolen",
+        1,
+        "lease lost: renewal refused",
+    )
