@@ -33,6 +33,36 @@ def test_version_flag_prints_the_version(capsys: pytest.CaptureFixture[str]) -> 
     assert __version__ in capsys.readouterr().out
 
 
+def test_help_states_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help lists the exit codes the CLI's common module defines, one meaning each."""
+    from trio_supervise._cli import _common
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    codes = (
+        _common.EXIT_OK,
+        _common.EXIT_ERROR,
+        _common.EXIT_USAGE,
+        _common.EXIT_NOT_FOUND,
+        _common.EXIT_UNREACHABLE,
+    )
+    assert codes == (0, 1, 2, 3, 4)
+    assert (
+        "exit codes: 0 ok, 1 a user or runtime error, 2 a malformed command line, 3 not found, "
+        "4 the service is unreachable"
+    ) in text
+
+
+def test_retry_help_says_a_queued_item_needs_now(capsys: pytest.CaptureFixture[str]) -> None:
+    """`items retry --help` says what the command refuses, as the docs do."""
+    with pytest.raises(SystemExit):
+        main(["items", "retry", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "moving it needs --now or --at" in text
+    assert "[--at WHEN | --now]" in text
+
+
 def test_module_entry_point_runs() -> None:
     """python -m trio_supervise --version works as the console script does."""
     result = subprocess.run(

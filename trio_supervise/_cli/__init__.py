@@ -38,7 +38,10 @@ GROUPS: tuple[Callable[[Subparsers], None], ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Run and inspect trio_supervise services."
+        prog=PROG,
+        description="Run and inspect trio_supervise services.",
+        epilog="exit codes: 0 ok, 1 a user or runtime error, 2 a malformed command line, "
+        "3 not found, 4 the service is unreachable (run: 128+N after a second signal N)",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

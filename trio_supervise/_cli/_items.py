@@ -85,7 +85,9 @@ def register(commands: Subparsers) -> None:
     )
     retry.add_argument("item_id", metavar="ID")
     moment = retry.add_mutually_exclusive_group()
-    moment.add_argument("--at", help="ISO 8601 datetime with a timezone, or +SECONDS")
+    moment.add_argument(
+        "--at", metavar="WHEN", help="ISO 8601 datetime with a timezone, or +SECONDS"
+    )
     moment.add_argument("--now", action="store_true", help="a queued item too: make it due now")
     retry.set_defaults(handler=_cmd_retry)
 
