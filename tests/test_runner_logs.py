@@ -4,6 +4,7 @@ a drain reports its progress, each item leaving, and a summary."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -297,3 +298,28 @@ async def test_a_lost_lease_is_logged_with_what_happens_next(
         1,
         "lease lost: renewal refused",
     )
+
+
+async def test_a_failure_as_a_json_line_has_every_field_and_the_traceback(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through the JSON formatter, a failure record is one object with the fields and traceback."""
+    caplog.set_level(logging.INFO, logger="trio_supervise")
+    queue = ts.MemoryQueue()
+    await queue.enqueue("read", item_id="probe-1", config={"fail": True})
+    async with running(make_runner(queue, max_errors=5)):
+        await trio.sleep(1)
+    [record] = [r for r in runner_records(caplog) if r.levelno == logging.WARNING]
+    line = ts.JsonFormatter().format(record)
+    assert "\n" not in line
+    document = json.loads(line)
+    assert {key: document[key] for key in STRUCTURED_FIELDS} == {
+        "worker": "w-1",
+        "item_id": "probe-1",
+        "spec_id": "read",
+        "lease_version": 1,
+        "attempt": 1,
+        "backoff_s": 7.0,
+        "error": "OSError: sensor unplugged",
+    }
+    assert document["exception"].endswith("OSError: sensor unplugged")
