@@ -23,6 +23,17 @@ from .test_runner import no_context, running
 
 RUNNER = "trio_supervise.runner"
 
+FIRST_FAILURE = {
+    "worker": "w-1",
+    "item_id": "probe-1",
+    "spec_id": "read",
+    "lease_version": 1,
+    "attempt": 1,
+    "backoff_s": 7.0,
+    "error": "OSError: sensor unplugged",
+}
+"""The structured fields of the first failure of item probe-1 (requeue delay 7 s)."""
+
 
 def _fail_deep(depth: int) -> None:
     if depth:
@@ -79,15 +90,7 @@ async def test_a_driver_failure_says_what_failed_why_and_what_comes_next(
         "retrying in 7 s (error 1 of 5)"
     )
     fields = {name: getattr(failure, name) for name in STRUCTURED_FIELDS}
-    assert fields == {
-        "worker": "w-1",
-        "item_id": "probe-1",
-        "spec_id": "read",
-        "lease_version": 1,
-        "attempt": 1,
-        "backoff_s": 7.0,
-        "error": "OSError: sensor unplugged",
-    }
+    assert fields == FIRST_FAILURE
 
 
 async def test_the_last_failure_says_the_item_is_dead_and_how_to_requeue_it(
@@ -313,13 +316,5 @@ async def test_a_failure_as_a_json_line_has_every_field_and_the_traceback(
     line = ts.JsonFormatter().format(record)
     assert "\n" not in line
     document = json.loads(line)
-    assert {key: document[key] for key in STRUCTURED_FIELDS} == {
-        "worker": "w-1",
-        "item_id": "probe-1",
-        "spec_id": "read",
-        "lease_version": 1,
-        "attempt": 1,
-        "backoff_s": 7.0,
-        "error": "OSError: sensor unplugged",
-    }
+    assert {key: document[key] for key in STRUCTURED_FIELDS} == FIRST_FAILURE
     assert document["exception"].endswith("OSError: sensor unplugged")
