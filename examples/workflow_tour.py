@@ -118,7 +118,8 @@ async def tour(days: int = 7) -> list[str]:
         await trio.sleep(days * 86_400)
         runner.shutdown.begin()
     for item in await queue.list_items():
-        outbox.lines.append(f"{item.id}: {item.state}, {item.last_error or 'no error'}")
+        error = item.last_error.splitlines()[0] if item.last_error else "no error"
+        outbox.lines.append(f"{item.id}: {item.state}, {error}")
     return outbox.lines
 
 

@@ -17,9 +17,12 @@ from pathlib import Path
 
 import attrs
 import pytest
+import trio
 
 from trio_supervise import __version__
 from trio_supervise._cli import main
+from trio_supervise.queues import SettleKind, Settlement
+from trio_supervise.queues._factory import open_queue
 
 
 def test_version_flag_prints_the_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -28,6 +31,36 @@ def test_version_flag_prints_the_version(capsys: pytest.CaptureFixture[str]) -> 
         main(["--version"])
     assert exit_info.value.code == 0
     assert __version__ in capsys.readouterr().out
+
+
+def test_help_states_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help lists the exit codes the CLI's common module defines, one meaning each."""
+    from trio_supervise._cli import _common
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    codes = (
+        _common.EXIT_OK,
+        _common.EXIT_ERROR,
+        _common.EXIT_USAGE,
+        _common.EXIT_NOT_FOUND,
+        _common.EXIT_UNREACHABLE,
+    )
+    assert codes == (0, 1, 2, 3, 4)
+    assert (
+        "exit codes: 0 ok, 1 a user or runtime error, 2 a malformed command line, 3 not found, "
+        "4 the service is unreachable"
+    ) in text
+
+
+def test_retry_help_says_a_queued_item_needs_now(capsys: pytest.CaptureFixture[str]) -> None:
+    """`items retry --help` says what the command refuses, as the docs do."""
+    with pytest.raises(SystemExit):
+        main(["items", "retry", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "moving it needs --now or --at" in text
+    assert "[--at WHEN | --now]" in text
 
 
 def test_module_entry_point_runs() -> None:
@@ -163,8 +196,6 @@ def test_items_enqueue_list_show_cancel_retry(cli: Callable[..., Result]) -> Non
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("items", "show", "nope"), "no item with id 'nope'"),
-        (("items", "cancel", "nope"), "no item with id 'nope'"),
         (("items", "enqueue", "x", "{bad"), "CONFIG_JSON is not JSON"),
         (("items", "enqueue", "x", "--due", "tomorrow"), "expected an ISO 8601 datetime"),
         (("items", "enqueue", "x", "--due", "2030-01-01T00:00"), "needs a timezone"),
@@ -187,6 +218,125 @@ def test_user_errors_are_one_line_and_exit_1(
     assert result.err.startswith("trio-supervise: error: ")
     assert message in result.err
     assert "Traceback" not in result.err
+
+
+@pytest.mark.parametrize("verb", ["show", "cancel", "retry"])
+def test_an_unknown_item_exits_3(cli: Callable[..., Result], verb: str) -> None:
+    """An item that does not exist is "not found": exit 3 and one line naming it."""
+    cli("migrate")
+    result = cli("items", verb, "nope")
+    assert result.code == 3
+    assert result.err == "trio-supervise: error: no item with id 'nope'\n"
+
+
+def _settle(url: str, item_id: str, kind: SettleKind) -> None:
+    """Claim *item_id* and settle it as *kind*, as a runner would."""
+
+    async def body() -> None:
+        async with open_queue(url) as queue:
+            [claimed] = await queue.claim_due(["job"], "w", 30.0, 1)
+            assert claimed.id == item_id
+            error = "boom" if kind is SettleKind.DEAD else None
+            settlement = Settlement(
+                item_id=item_id, lease_version=claimed.lease_version, kind=kind, error=error
+            )
+            assert await queue.settle_many([settlement]) == [True]
+
+    trio.run(body)
+
+
+@pytest.mark.parametrize(
+    ("kind", "state"), [(SettleKind.COMPLETE, "completed"), (SettleKind.DEAD, "dead")]
+)
+def test_cancelling_a_finished_item_says_there_is_nothing_to_cancel(
+    cli: Callable[..., Result], database_url: str, kind: SettleKind, state: str
+) -> None:
+    """`items cancel` on a completed or dead item: "X is STATE; nothing to cancel", exit 1."""
+    cli("migrate")
+    cli("items", "enqueue", "job", "--id", "done-1")
+    _settle(database_url, "done-1", kind)
+    result = cli("items", "cancel", "done-1")
+    assert (result.code, result.out) == (1, "")
+    assert result.err == f"trio-supervise: error: done-1 is {state}; nothing to cancel\n"
+    assert json.loads(cli("items", "show", "done-1", "--json").out)["state"] == state
+
+
+def test_cancelling_twice_says_it_is_already_cancelled(cli: Callable[..., Result]) -> None:
+    """A second `items cancel` says the item is already cancelled and exits 0."""
+    cli("migrate")
+    cli("items", "enqueue", "job", "--id", "c-1")
+    assert cli("items", "cancel", "c-1") == Result(0, "cancelled c-1\n", "")
+    assert cli("items", "cancel", "c-1") == Result(0, "c-1 is already cancelled\n", "")
+
+
+def test_cancelling_a_running_item_asks_its_worker_once(
+    cli: Callable[..., Result], database_url: str
+) -> None:
+    """`items cancel` on a running item requests it; a second request says it was requested."""
+    cli("migrate")
+    cli("items", "enqueue", "job", "--id", "r-1")
+
+    async def claim() -> None:
+        async with open_queue(database_url) as queue:
+            await queue.claim_due(["job"], "w", 300.0, 1)
+
+    trio.run(claim)
+    first = cli("items", "cancel", "r-1")
+    assert first == Result(
+        0, "cancellation requested for r-1 (running); its worker will stop it\n", ""
+    )
+    again = cli("items", "cancel", "r-1")
+    assert again.out == "cancellation of r-1 was already requested; its worker will stop it\n"
+
+
+def test_a_stored_traceback_is_shown_below_its_error(
+    cli: Callable[..., Result], database_url: str
+) -> None:
+    """`items show` prints a stored traceback indented under "last error"; `list` its summary."""
+    cli("migrate")
+    cli("items", "enqueue", "job", "--id", "tb-1")
+    stored = 'OSError: down\nTraceback (most recent call last):\n  File "d.py", line 3, in go'
+
+    async def fail() -> None:
+        async with open_queue(database_url) as queue:
+            [claimed] = await queue.claim_due(["job"], "w", 30.0, 1)
+            await queue.mark_error(claimed.id, claimed.lease_version, stored)
+
+    trio.run(fail)
+    shown = cli("items", "show", "tb-1").out.splitlines()
+    at = shown.index("last error   OSError: down")
+    assert shown[at + 1 : at + 3] == [
+        "             Traceback (most recent call last):",
+        '               File "d.py", line 3, in go',
+    ]
+    listed = cli("items", "list").out
+    assert "OSError: down" in listed
+    assert "Traceback" not in listed
+
+
+def test_retrying_a_queued_item_needs_now(cli: Callable[..., Result]) -> None:
+    """`items retry` refuses to pull a queued item's future due time to now unless --now."""
+    cli("migrate")
+    cli("items", "enqueue", "job", "--id", "daily", "--due", "2100-01-01T00:00:00+00:00")
+    refused = cli("items", "retry", "daily")
+    assert refused.code == 1
+    assert refused.err == (
+        "trio-supervise: error: daily is queued (due 2100-01-01 00:00:00 UTC); "
+        "pass --now to run it now, or --at to move it\n"
+    )
+    assert json.loads(cli("items", "show", "daily", "--json").out)["due_at"].startswith("2100")
+    moved = cli("items", "retry", "daily", "--at", "2099-01-01T00:00:00+00:00")
+    assert moved == Result(0, "requeued daily, due 2099-01-01 00:00:00 UTC\n", "")
+    pulled = cli("items", "retry", "daily", "--now")
+    assert pulled.code == 0, pulled.err
+    assert not json.loads(cli("items", "show", "daily", "--json").out)["due_at"].startswith("2099")
+
+
+def test_retry_now_and_at_together_is_a_usage_error(cli: Callable[..., Result]) -> None:
+    """--now and --at exclude each other: argparse's usage error, exit 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli("items", "retry", "x", "--now", "--at", "+5")
+    assert exit_info.value.code == 2
 
 
 def test_config_prints_effective_settings_with_secrets_redacted(
@@ -218,13 +368,13 @@ def test_config_reports_a_bad_setting_in_one_line(
     )
 
 
-def test_status_of_an_unreachable_service_exits_2(cli: Callable[..., Result]) -> None:
-    """Nothing listening: exit 2, saying so."""
+def test_status_of_an_unreachable_service_exits_4(cli: Callable[..., Result]) -> None:
+    """Nothing listening: exit 4 (unreachable, never a usage error's 2), saying so."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     result = cli("status", "--url", f"http://127.0.0.1:{port}/healthz", "--timeout", "2")
-    assert result.code == 2
+    assert result.code == 4
     assert "is unreachable" in result.err
 
 
@@ -374,4 +524,4 @@ def test_run_serves_a_service_until_sigterm(cli: Callable[..., Result], tmp_path
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr
-    assert cli("status", "--url", url, "--timeout", "1").code == 2
+    assert cli("status", "--url", url, "--timeout", "1").code == 4

@@ -516,3 +516,92 @@ async def test_a_port_in_use_is_one_clear_error() -> None:
             )
     finally:
         holder.insecure_sockets[0].close()
+
+
+# -- queue series: zeros for known pairs, and the lag --------------------------------------------
+
+
+def _sample(body: bytes, name: str, **labels: str) -> float | None:
+    """The value of the series *name*{*labels*} in an exposition, or None if absent."""
+    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    prefix = f"{name}{{{wanted}}} " if labels else f"{name} "
+    for line in body.decode().splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    return None
+
+
+async def test_queue_items_reports_zero_for_known_pairs(autojump_clock: trio.abc.Clock) -> None:
+    """Every state of a spec seen once is exported, 0 when empty, even after its items go."""
+    queue = MemoryQueue()
+    item = await queue.enqueue("report")
+    app = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    _, body = await asgi_get(app, "/metrics")
+    assert {
+        state.value: _sample(body, "trio_supervise_queue_items", spec="report", state=state.value)
+        for state in ItemState
+    } == {"queued": 1.0, "running": 0.0, "completed": 0.0, "cancelled": 0.0, "dead": 0.0}
+    await queue.request_cancel(item.id)  # queued -> cancelled: the queued series stays, at 0
+    await trio.sleep(SCRAPE_CACHE_SECONDS)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_queue_items", spec="report", state="queued") == 0.0
+    assert _sample(body, "trio_supervise_queue_items", spec="report", state="cancelled") == 1.0
+
+
+@attrs.define
+class DueCountingQueue(MemoryQueue):
+    """A memory queue that counts its ``next_due_at`` calls."""
+
+    due_calls: int = 0
+
+    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
+        self.due_calls += 1
+        return await super().next_due_at(spec_ids)
+
+
+async def test_queue_lag_is_the_age_of_the_oldest_due_unclaimed_item(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """queue_lag_seconds{spec}: 0 while nothing is overdue, then how long the oldest waited."""
+    queue = DueCountingQueue()
+    now = queue.clock.now()
+    await queue.enqueue("report", due_at=now + dt.timedelta(seconds=10))
+    await queue.enqueue("email", due_at=now + dt.timedelta(seconds=30))
+    app = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_queue_lag_seconds", spec="report") == 0.0
+    await trio.sleep(25)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_queue_lag_seconds", spec="report") == 15.0
+    assert _sample(body, "trio_supervise_queue_lag_seconds", spec="email") == 0.0
+    assert len(await queue.claim_due(["report"], "w", 60.0, 1)) == 1  # no longer waiting
+    await trio.sleep(SCRAPE_CACHE_SECONDS)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_queue_lag_seconds", spec="report") == 0.0
+    # Scrapes within one cache window share one read of the lag too: one call per spec.
+    await trio.sleep(SCRAPE_CACHE_SECONDS)
+    before = queue.due_calls
+    for _ in range(5):
+        await asgi_get(app, "/metrics")
+    assert queue.due_calls - before == 2
+
+
+async def test_a_queue_that_cannot_answer_exports_no_zeros(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the queue down, only queue_up 0 is exported: zeros would claim an empty queue."""
+    queue = MemoryQueue()
+    await queue.enqueue("report")
+    app = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    await asgi_get(app, "/metrics")
+
+    async def broken(self: MemoryQueue) -> Mapping[tuple[str, ItemState], int]:
+        await trio.lowlevel.checkpoint()
+        raise QueueUnavailable("down")
+
+    monkeypatch.setattr(MemoryQueue, "counts", broken)
+    await trio.sleep(SCRAPE_CACHE_SECONDS)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_queue_up") == 0.0
+    assert b"trio_supervise_queue_items{" not in body
+    assert b"trio_supervise_queue_lag_seconds{" not in body

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from trio_supervise import ItemState, MemoryQueue, RestartPolicy, Shutdown
-from trio_supervise._service import EXIT_FAILED, EXIT_OK, Service
+from trio_supervise._service import EXIT_FAILED, EXIT_OK, Service, ServiceHandle, _takes_service
 from trio_supervise._settings import HttpSettings, Settings
 from trio_supervise._supervisor import ChildSpec, WorkerState
 from trio_supervise._workflow import Continue, Outcome, RunnerSettings, Stop
@@ -171,6 +171,65 @@ async def test_http_can_be_disabled() -> None:
             service.stop()
 
 
+# -- handles for the service's own workers --------------------------------------------------------
+
+
+async def test_a_worker_reaches_the_services_queue_and_shutdown(tmp_path: Path) -> None:
+    """A worker taking ``service=`` enqueues into the queue the service opened from its URL,
+    waits for the runner to finish the work, then stops the whole service: exit 0."""
+    seen: list[ServiceHandle] = []
+
+    async def feeder(*, service: ServiceHandle) -> None:
+        seen.append(service)
+        for n in range(3):
+            await service.queue.enqueue("job", item_id=f"fed-{n}", config={"stop": True})
+        while (await service.queue.counts()).get(("job", ItemState.COMPLETED), 0) < 3:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+        service.shutdown.begin("the feeder is done")
+        await service.shutdown.wait()  # draining with the rest
+
+    url = f"sqlite:///{tmp_path / 'fed.db'}"
+    service = Service(
+        drivers=[Finisher()],
+        workers=[
+            ChildSpec("feeder", feeder),
+            ChildSpec("plain", trio.sleep_forever, shutdown_grace=0),
+        ],
+        settings=attrs.evolve(settings(), http=HttpSettings(enabled=False)),
+        queue_url=url,
+        name="fed",
+        handle_signals=False,
+    )
+    with trio.fail_after(20):
+        assert await service.run() == EXIT_OK
+    [handle] = seen
+    assert (handle.name, handle.shutdown, handle.settings) == (
+        "fed",
+        service.shutdown,
+        service.settings,
+    )
+    assert service.shutdown.reason == "the feeder is done"
+    async with open_queue(url) as queue:
+        states = {item.id: item.state for item in await queue.list_items()}
+    assert states == {f"fed-{n}": ItemState.COMPLETED for n in range(3)}
+
+
+def test_only_a_target_taking_service_gets_the_handle() -> None:
+    """A ``service`` keyword (or keyword-only) parameter opts in; anything else is left alone."""
+
+    async def keyword(*, service: ServiceHandle) -> None: ...
+    async def positional(service: ServiceHandle) -> None: ...
+    async def other(queue: object = None) -> None: ...
+    async def only_positional(service: object, /) -> None: ...
+
+    assert _takes_service(keyword)
+    assert _takes_service(positional)
+    assert _takes_service(partial(keyword))
+    assert not _takes_service(other)
+    assert not _takes_service(only_positional)
+    assert not _takes_service(print)
+
+
 # -- as a process ---------------------------------------------------------------------------------
 
 SERVICE_MODULE = """
@@ -272,18 +331,22 @@ async def test_sigterm_drains_releases_leases_and_exits_zero(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-async def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
-    """A second SIGTERM during a long drain cancels everything: exit 128 + SIGTERM."""
+async def test_a_second_signal_releases_leases_and_stops_at_once(tmp_path: Path) -> None:
+    """A second SIGTERM during a long drain hands the in-flight lease back, exits 128 + SIGTERM."""
     env = _env(tmp_path, TRIO_SUPERVISE_RUNNER__SHUTDOWN_GRACE="600")
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            process, _ = await _start_with_running_item(tmp_path, env, nursery)
+            process, url = await _start_with_running_item(tmp_path, env, nursery)
             process.send_signal(signal.SIGTERM)
             await trio.sleep(0.5)
             assert process.returncode is None  # still draining
             process.send_signal(signal.SIGTERM)
             code = await process.wait()
+        async with open_queue(url) as queue:
+            item = await queue.get("slow-1")
     assert code == 128 + signal.SIGTERM
+    # Released, not left running until its 30 s lease expires.
+    assert (item.state, item.lease_owner) == (ItemState.QUEUED, None)
 
 
 @pytest.mark.slow

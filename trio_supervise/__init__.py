@@ -36,6 +36,7 @@ from ._runner import RunnerMetrics as RunnerMetrics
 from ._runner import RunnerState as RunnerState
 from ._runner import WorkflowRunner as WorkflowRunner
 from ._service import Service as Service
+from ._service import ServiceHandle as ServiceHandle
 from ._service import run_service as run_service
 from ._settings import HttpSettings as HttpSettings
 from ._settings import LogLevel as LogLevel
@@ -122,6 +123,7 @@ __all__ = [
     "RunnerState",
     "SchemaError",
     "Service",
+    "ServiceHandle",
     "Settings",
     "SettingsError",
     "SettleKind",

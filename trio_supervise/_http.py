@@ -175,12 +175,20 @@ def _label(text: str) -> str:
 
 @attrs.define(eq=False)
 class QueueDepthCollector:
-    """Exports the queue's counts by spec and state, as last read by :meth:`refresh`.
+    """Exports the queue's counts by spec and state, and each spec's lag, as last read by
+    :meth:`refresh`.
 
     A collector is called synchronously during exposition, so it cannot ask the queue itself;
     the ``/metrics`` handler awaits :meth:`refresh` just before rendering. The counts come from
-    a :class:`SharedRead` (the status page shares it), so scrapes never read more than once a
-    :data:`SCRAPE_CACHE_SECONDS`.
+    a :class:`SharedRead` (the status page shares it), the lags from another, so scrapes never
+    read more than once a :data:`SCRAPE_CACHE_SECONDS`.
+
+    Every spec the queue has shown once stays known: its ``queue_items`` series report 0 for
+    each state it has no items in (rather than vanishing, which alerting reads as "no data"),
+    and its ``queue_lag_seconds`` is how long the oldest due, unclaimed item has been waiting
+    (from ``next_due_at([spec])``: a queued item past its due time, or an expired lease
+    waiting for rescue), 0 when nothing is overdue. While the queue does not answer, only
+    ``queue_up 0`` is exported: zeros would claim an empty queue.
     """
 
     _queue: WorkQueue = attrs.field(alias="queue")
@@ -189,13 +197,25 @@ class QueueDepthCollector:
     )
     _counts: Mapping[tuple[str, ItemState], int] = attrs.field(init=False, factory=dict)
     _up: bool = attrs.field(init=False, default=False)
+    _specs: set[str] = attrs.field(init=False, factory=set)
+    _lag_source: SharedRead[Mapping[str, float]] = attrs.field(init=False)
+    _lags: Mapping[str, float] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         if self._source is None:
             self._source = SharedRead(self._counts_now, what="queue counts")
+        self._lag_source = SharedRead(self._lags_now, what="queue lag")
 
     async def _counts_now(self) -> Mapping[tuple[str, ItemState], int]:
         return dict(await self._queue.counts())
+
+    async def _lags_now(self) -> Mapping[str, float]:
+        lags: dict[str, float] = {}
+        for spec_id in sorted(self._specs):
+            due = await self._queue.next_due_at([spec_id])
+            now = self._queue.clock.now()
+            lags[spec_id] = 0.0 if due is None else max(0.0, (now - due).total_seconds())
+        return lags
 
     @property
     def source(self) -> SharedRead[Mapping[tuple[str, ItemState], int]]:
@@ -206,8 +226,11 @@ class QueueDepthCollector:
     async def refresh(self) -> Mapping[tuple[str, ItemState], int]:
         """The counts, read at most once per cache window; on failure report the queue down."""
         read = await self.source.get()
-        self._up = read.value is not None
         self._counts = read.value or {}
+        self._specs.update(spec_id for spec_id, _ in self._counts)
+        lags = await self._lag_source.get() if read.value is not None else None
+        self._up = read.value is not None and lags is not None and lags.value is not None
+        self._lags = {} if lags is None else lags.value or {}
         return self._counts
 
     def collect(self) -> Iterable[Metric]:
@@ -216,13 +239,23 @@ class QueueDepthCollector:
             "Work items in the queue by spec and state, read at scrape time.",
             labels=["spec", "state"],
         )
-        for (spec_id, state), count in sorted(self._counts.items()):
-            items.add_metric([_label(spec_id), str(state)], count)
+        lag = GaugeMetricFamily(
+            "trio_supervise_queue_lag_seconds",
+            "Seconds the oldest due, unclaimed item of the spec has waited (0: none overdue).",
+            labels=["spec"],
+        )
+        if self._up:
+            for spec_id in sorted(self._specs):
+                for state in ItemState:
+                    count = self._counts.get((spec_id, state), 0)
+                    items.add_metric([_label(spec_id), str(state)], count)
+                if spec_id in self._lags:
+                    lag.add_metric([_label(spec_id)], self._lags[spec_id])
         up = GaugeMetricFamily(
             "trio_supervise_queue_up", "1 if the queue answered the last scrape, else 0."
         )
         up.add_metric([], 1 if self._up else 0)
-        return [items, up]
+        return [items, lag, up]
 
 
 # -- the page --------------------------------------------------------------------------------------

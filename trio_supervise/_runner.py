@@ -49,8 +49,13 @@ from ._workflow import (
     RunnerSettings,
     attempts_exhausted,
     describe_error,
+    describe_failure,
     evaluate_item,
     failure_settlement,
+    first_line,
+    log_dead,
+    log_failure,
+    log_fields,
     open_context,
     raise_specific,
     write_retry_delay,
@@ -278,6 +283,9 @@ class _InFlight:
     write_failures: int = 0
     """Failed attempts at writing the outcome so far."""
     first_write_failure: float | None = None
+    claimed_at: float = attrs.field(
+        init=False, default=attrs.Factory(lambda self: self.renewed_at, takes_self=True)
+    )
 
     @property
     def key(self) -> tuple[str, int]:
@@ -288,6 +296,36 @@ class _InFlight:
             self.reason = reason
             self.detail = detail
         self.scope.cancel()
+
+
+DRAIN_REPORT_INTERVAL = 5.0
+"""Seconds between the "draining: N in flight" lines while a runner drains."""
+FORCED_RELEASE_BOUND = 2.0
+"""Seconds :meth:`WorkflowRunner.release_in_flight` waits at most for leases to be handed back."""
+
+
+@attrs.define(eq=False)
+class _DrainLog:
+    """What a drain did, for its per-item lines and its summary."""
+
+    started: float
+    outcomes: collections.Counter[str] = attrs.Factory(collections.Counter)
+
+    def summary(self, now: float) -> str:
+        finished = sum(
+            n for kind, n in self.outcomes.items() if kind not in ("release", "not written")
+        )
+        kinds = ", ".join(
+            f"{kind} {n}"
+            for kind, n in sorted(self.outcomes.items())
+            if kind not in ("release", "not written")
+        )
+        return (
+            f"drained in {now - self.started:.3g} s: {finished} finished"
+            + (f" ({kinds})" if kinds else "")
+            + f", {self.outcomes['release']} handed back"
+            + f", {self.outcomes['not written']} not written; the runner stops"
+        )
 
 
 _Written = Callable[[_InFlight, Settlement, bool, Exception | None], float | None]
@@ -397,6 +435,7 @@ class WorkflowRunner(Generic[ContextT]):
     _claim_failures: int = attrs.field(init=False, default=0)
     _running: bool = attrs.field(init=False, default=False)
     _wait_scope: trio.CancelScope | None = attrs.field(init=False, default=None)
+    _drain_log: _DrainLog = attrs.field(init=False, factory=lambda: _DrainLog(0.0))
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry
@@ -474,6 +513,7 @@ class WorkflowRunner(Generic[ContextT]):
                         # Every item's task has ended; the outcomes they handed over are written
                         # (or fail) before the settler stops.
                         await self._count.wait_value(0)
+                        self._log(logging.INFO, "%s", self._drain_log.summary(trio.current_time()))
                         services.cancel_scope.cancel()
                 except BaseExceptionGroup as group:
                     raise_specific(group)
@@ -514,15 +554,35 @@ class WorkflowRunner(Generic[ContextT]):
                 self._emit(RunnerEventKind.CLAIM_FAILED, detail=text)
                 if isinstance(error, QueueFailed):
                     # Permanent (read-only, gone, no permission): no backoff fixes it.
-                    logger.error("%s; giving up at once, no retry can fix this", text)
+                    self._log(
+                        logging.ERROR,
+                        "%s; giving up at once (no retry can fix this): the runner stops",
+                        text,
+                        error=text,
+                    )
                     return error
                 if self._claim_failures > settings.claim_retry.max_restarts:
-                    logger.error("%s; giving up after %d attempts", text, self._claim_failures)
+                    self._log(
+                        logging.ERROR,
+                        "%s; giving up after %d attempts: the runner stops",
+                        text,
+                        self._claim_failures,
+                        error=text,
+                    )
                     return error
                 delay = settings.claim_retry.backoff(
                     self._claim_failures, key=f"claim:{settings.worker_id}", jitter=self._jitter
                 )
-                logger.warning("%s; retrying in %.3g s", text, delay)
+                self._log(
+                    logging.WARNING,
+                    "%s; claiming again in %.3g s (failure %d of at most %d)",
+                    text,
+                    delay,
+                    self._claim_failures,
+                    settings.claim_retry.max_restarts,
+                    error=text,
+                    backoff_s=delay,
+                )
                 self._state = RunnerState.BACKING_OFF
                 await self._shutdown.sleep(delay)
                 continue
@@ -563,7 +623,13 @@ class WorkflowRunner(Generic[ContextT]):
                     await self._queue.wait_for_work(spec_ids)
                 except Exception as error:
                     # The next claim reports the queue's trouble; here, just don't spin.
-                    logger.debug("wait_for_work failed: %s", describe_error(error))
+                    text = describe_error(error)
+                    self._log(
+                        logging.DEBUG,
+                        "wait_for_work failed: %s; the next claim will tell",
+                        text,
+                        error=text,
+                    )
                 else:
                     return
                 await trio.sleep_forever()
@@ -587,10 +653,74 @@ class WorkflowRunner(Generic[ContextT]):
     async def _drain(self) -> None:
         self._state = RunnerState.DRAINING
         self._emit(RunnerEventKind.DRAINING, detail=f"{len(self._in_flight)} in flight")
-        with trio.move_on_after(self._settings.shutdown_grace):
-            await self._count.wait_value(0)
+        grace = self._settings.shutdown_grace
+        self._drain_log = _DrainLog(started=trio.current_time())
+        self._log(
+            logging.INFO,
+            "draining: %d in flight; they get %g s to finish, then their leases are handed back",
+            len(self._in_flight),
+            grace,
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._report_drain, trio.current_time() + grace)
+            with trio.move_on_after(grace):
+                await self._count.wait_value(0)
+            nursery.cancel_scope.cancel()
         for entry in list(self._in_flight.values()):
             entry.stop(_Reason.SHUTDOWN, "shutdown grace elapsed")
+
+    async def _report_drain(self, deadline: float) -> None:
+        """Every ``DRAIN_REPORT_INTERVAL``: how many are in flight, and the longest running."""
+        while True:
+            await trio.sleep(DRAIN_REPORT_INTERVAL)
+            entries = [e for e in self._in_flight.values() if not e.settling]
+            if not entries:
+                continue
+            now = trio.current_time()
+            longest = min(entries, key=lambda e: e.claimed_at)
+            self._log(
+                logging.INFO,
+                "draining: %d in flight (longest: item %r, %.0f s); the rest are handed back "
+                "in %.0f s",
+                len(entries),
+                longest.item.id,
+                now - longest.claimed_at,
+                max(0.0, deadline - now),
+                item=longest.item,
+            )
+
+    async def release_in_flight(self, bound: float = FORCED_RELEASE_BOUND) -> int:
+        """Cancel every evaluation now and hand its lease back, waiting at most *bound* seconds.
+
+        Best effort, for a service told to stop at once (a second signal): an evaluation that
+        does not end when cancelled, or a write that fails, keeps its lease until it expires.
+        Returns how many leases are still held after the wait.
+        """
+        entries = list(self._in_flight.values())
+        if not entries:
+            return 0
+        self._log(
+            logging.WARNING,
+            "stopping now: cancelling %d evaluations and handing their leases back "
+            "(waiting at most %g s)",
+            len(entries),
+            bound,
+        )
+        for entry in entries:
+            entry.stop(_Reason.SHUTDOWN, "stopping now")
+        with trio.move_on_after(bound):
+            await self._count.wait_value(0)
+        held = [entry.item.id for entry in self._in_flight.values()]
+        if held:
+            self._log(
+                logging.WARNING,
+                "stopping now: %d leases still held (%s); they expire within %g s and another "
+                "worker runs those items",
+                len(held),
+                ", ".join(repr(item_id) for item_id in held[:10]),
+                self._settings.lease,
+            )
+        return len(held)
 
     # -- one item ------------------------------------------------------------------------------
 
@@ -617,11 +747,12 @@ class WorkflowRunner(Generic[ContextT]):
             entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested before evaluation")
         settlement: Settlement | None = None
         error: str | None = None
+        failure: Exception | None = None
         if entry.reason is None and (settlement := attempts_exhausted(item, settings)):
             # Claimed too often (say, its worker killed mid-evaluation every time): dead.
             self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
             self._record_error(item.id, item.spec_id, str(settlement.error))
-            logger.warning("item %r (spec %r) is dead: %s", item.id, item.spec_id, settlement.error)
+            log_dead(logger, settings.worker_id, item, str(settlement.error))
         elif entry.reason is None:
             started = trio.current_time()
             with entry.scope:
@@ -633,7 +764,7 @@ class WorkflowRunner(Generic[ContextT]):
                         requeue_delay=settings.requeue_delay,
                     )
                 except Exception as exc:
-                    error = describe_error(exc)
+                    error, failure = describe_failure(exc), exc
             self._metrics.for_spec(self._metrics.evaluation_seconds, item.spec_id).observe(
                 trio.current_time() - started
             )
@@ -649,7 +780,7 @@ class WorkflowRunner(Generic[ContextT]):
                     item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL
                 )
             case _Reason.RENEWAL_FAILED:
-                error = f"lease renewal failed: {entry.detail}"
+                error, failure = f"lease renewal failed: {entry.detail}", None
             case _Reason.SHUTDOWN if settlement is None:
                 # Cancelled (or failed while being cancelled) by shutdown: hand it back at once.
                 error = None
@@ -659,12 +790,12 @@ class WorkflowRunner(Generic[ContextT]):
         if error is not None or settlement is None:
             error = error or "evaluation was cancelled"
             self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
-            self._record_error(item.id, item.spec_id, error)
-            logger.warning("item %r (spec %r) failed: %s", item.id, item.spec_id, error)
+            self._record_error(item.id, item.spec_id, first_line(error))
             settlement = failure_settlement(item, error, settings, self._jitter)
+            log_failure(logger, settings, item, settlement, failure)
         detail = str(settlement.kind)
         if settlement.error is not None:
-            detail = f"{detail}: {settlement.error}"
+            detail = f"{detail}: {first_line(settlement.error)}"
         self._emit(RunnerEventKind.OUTCOME, item, detail=detail)
         return settlement
 
@@ -694,34 +825,83 @@ class WorkflowRunner(Generic[ContextT]):
             delay = self._write_retry_delay(entry, error)
             if delay is not None:
                 self._emit(RunnerEventKind.SETTLE_FAILED, item, detail=f"{text}; retrying")
-                logger.warning(
-                    "item %r: %s; writing it again in %.3g s (attempt %d, the lease is held)",
+                self._log(
+                    logging.WARNING,
+                    "item %r (spec %r): %s; writing it again in %.3g s (attempt %d, the lease "
+                    "is held)",
                     item.id,
+                    item.spec_id,
                     text,
                     delay,
                     entry.write_failures + 1,
+                    item=item,
+                    error=text,
+                    backoff_s=delay,
                 )
                 return delay
             if entry.write_failures > 1:
                 text = f"{text} ({entry.write_failures} attempts)"
             self._metrics.for_spec(self._metrics.settlements_abandoned, item.spec_id).inc()
+            self._drained(entry, "not written")
             self._record_error(item.id, item.spec_id, text)
             self._emit(RunnerEventKind.SETTLE_FAILED, item, detail=text)
-            logger.error("item %r: %s; giving up, its lease will expire", item.id, text)
+            self._log(
+                logging.ERROR,
+                "item %r (spec %r): %s; giving up: its lease will expire and another claim "
+                "runs it again",
+                item.id,
+                item.spec_id,
+                text,
+                item=item,
+                error=text,
+            )
             return None
         self._queue_answered()
         if applied:
             self._metrics.count_settled(settlement.kind, item.spec_id)
+            self._drained(entry, str(settlement.kind))
             self._emit(RunnerEventKind.SETTLED, item, detail=str(settlement.kind))
             return None
         self._metrics.for_spec(self._metrics.settlements_refused, item.spec_id).inc()
+        self._drained(entry, "not written")
         text = f"{settlement.kind} refused: the lease was lost (another worker may run the item)"
         if entry.write_failures:
             text = f"{text}; after {entry.write_failures} failed attempts, one may have landed"
         self._record_error(item.id, item.spec_id, text)
         self._emit(RunnerEventKind.SETTLE_REFUSED, item, detail=str(settlement.kind))
-        logger.warning("item %r (spec %r): %s", item.id, item.spec_id, text)
+        self._log(
+            logging.WARNING,
+            "item %r (spec %r): %s; nothing was written",
+            item.id,
+            item.spec_id,
+            text,
+            item=item,
+            error=text,
+        )
         return None
+
+    def _drained(self, entry: _InFlight, outcome: str) -> None:
+        """While draining, log each item once as it leaves, and count it for the summary."""
+        if self._state is not RunnerState.DRAINING:
+            return
+        self._drain_log.outcomes[outcome] += 1
+        item = entry.item
+        ran = trio.current_time() - entry.claimed_at
+        if outcome == "release":
+            what = "handed back (lease released, due again at once)"
+        elif outcome == "not written":
+            what = "left without its outcome written (see above)"
+        else:
+            what = f"finished ({outcome})"
+        self._log(
+            logging.INFO,
+            "draining: item %r (spec %r) %s after %.3g s",
+            item.id,
+            item.spec_id,
+            what,
+            ran,
+            item=item,
+        )
 
     def _write_retry_delay(self, entry: _InFlight, error: Exception) -> float | None:
         """How long to wait before writing *entry*'s outcome again, or None to give up (see
@@ -786,7 +966,15 @@ class WorkflowRunner(Generic[ContextT]):
             statuses = await self._queue.renew_many(leases, settings.lease)
         except Exception as error:
             text = describe_error(error)
-            logger.warning("renewing %d leases failed: %s", len(leases), text)
+            self._log(
+                logging.WARNING,
+                "renewing %d leases failed: %s; evaluations go on while their leases last, "
+                "renewing again in %.3g s",
+                len(leases),
+                text,
+                interval,
+                error=text,
+            )
             self._queue_unreachable(error)
             for entry in due.values():
                 self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
@@ -847,7 +1035,7 @@ class WorkflowRunner(Generic[ContextT]):
             warning = lease_risk(entries, woke=woke, lag=lag, lease=settings.lease)
             if warning is not None:
                 self._record_error(None, None, warning)
-                logger.warning("%s", warning)
+                self._log(logging.WARNING, "%s", warning, error=warning)
 
     def _queue_unreachable(self, error: Exception) -> None:
         """A renewal or write found the queue unreachable: show it until a call succeeds."""
@@ -859,11 +1047,42 @@ class WorkflowRunner(Generic[ContextT]):
             self._state = RunnerState.RUNNING
 
     def _lose(self, entry: _InFlight, detail: str) -> None:
+        item = entry.item
+        self._log(
+            logging.WARNING,
+            "item %r (spec %r) lost its lease v%d (%s); its evaluation is cancelled and "
+            "nothing is written (another worker may run it)",
+            item.id,
+            item.spec_id,
+            item.lease_version,
+            detail,
+            item=item,
+            error=f"lease lost: {detail}",
+        )
         self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
         self._emit(RunnerEventKind.LEASE_LOST, entry.item, detail=detail)
         entry.stop(_Reason.LOST, detail)
 
     # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _log(
+        self,
+        level: int,
+        message: str,
+        *args: object,
+        item: WorkItem | None = None,
+        error: str | None = None,
+        backoff_s: float | None = None,
+    ) -> None:
+        """One runner log record: the message says what happened and what comes next; ``extra``
+        carries the structured fields (see :func:`log_fields`)."""
+        logger.log(
+            level,
+            message,
+            *args,
+            stacklevel=2,
+            extra=log_fields(self._settings.worker_id, item, error=error, backoff_s=backoff_s),
+        )
 
     def _record_error(self, item_id: str | None, spec_id: str | None, error: str) -> None:
         self._errors.append(
@@ -885,4 +1104,8 @@ class WorkflowRunner(Generic[ContextT]):
         try:
             self._on_event(event)
         except Exception:
-            logger.exception("on_event callback failed for %s", event)
+            logger.exception(
+                "on_event callback failed for %s; the runner goes on",
+                event,
+                extra=log_fields(self._settings.worker_id, item),
+            )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import signal
 import sys
@@ -26,7 +27,7 @@ from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
 from ._lifecycle import Shutdown
 from ._logging import configure_logging
 from ._policy import Jitter
-from ._runner import RunnerEvent, RunnerState, WorkflowRunner
+from ._runner import FORCED_RELEASE_BOUND, RunnerEvent, RunnerState, WorkflowRunner
 from ._settings import Settings, load_settings
 from ._supervisor import (
     AutoShutdown,
@@ -40,7 +41,7 @@ from ._workflow import AnyWorkflowDriver, ContextFactory, DriverRegistry
 from .queues import WorkQueue
 from .queues._factory import open_queue
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "Service", "run_service"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "Service", "ServiceHandle", "run_service"]
 
 logger = logging.getLogger("trio_supervise.service")
 
@@ -66,12 +67,51 @@ def _workers(value: Iterable[ChildSpec | Supervisor]) -> tuple[ChildSpec | Super
     return tuple(value)
 
 
+@attrs.frozen(kw_only=True)
+class ServiceHandle:
+    """What a service's own worker can reach of the service it runs in.
+
+    A :class:`ChildSpec` among :attr:`Service.workers` whose target takes a keyword parameter
+    named ``service`` is called with ``service=`` one of these: its worker can then enqueue into
+    the service's open queue (the one ``trio-supervise run`` opened from the settings) and
+    watch or begin the service's shutdown, without building either itself.
+    """
+
+    name: str
+    """The service's name."""
+    queue: WorkQueue
+    """The service's open queue (closed when the service stops)."""
+    shutdown: Shutdown
+    """The service's shutdown: ``await handle.shutdown.wait()`` to drain with it,
+    ``handle.shutdown.begin(reason)`` to stop the whole service (what SIGTERM does)."""
+    settings: Settings
+    """The service's effective settings (an application's own settings class included)."""
+
+
+def _takes_service(target: Callable[..., Any]) -> bool:
+    """Whether *target* takes a keyword parameter named ``service``."""
+    try:
+        parameter = inspect.signature(target).parameters.get("service")
+    except (TypeError, ValueError):  # no signature to read: call it as before
+        return False
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return parameter is not None and parameter.kind in keyword
+
+
+def _with_handle(worker: ChildSpec | Supervisor, handle: ServiceHandle) -> ChildSpec | Supervisor:
+    if isinstance(worker, ChildSpec) and _takes_service(worker.target):
+        return attrs.evolve(worker, target=functools.partial(worker.target, service=handle))
+    return worker
+
+
 @attrs.define(eq=False, kw_only=True)
 class Service:
     """Turns drivers, workers and a queue into one running, observable service.
 
     :param drivers: workflow drivers; with any, a :class:`WorkflowRunner` child claims their specs.
     :param workers: extra long-lived children (:class:`ChildSpec` or nested :class:`Supervisor`).
+        A child whose target takes a keyword parameter ``service`` is called with
+        ``service=`` a :class:`ServiceHandle`: the service's open queue, shutdown and settings.
     :param settings: everything read from the environment; loaded with :func:`load_settings`
         when ``None``.
     :param queue_url: overrides ``settings.database_url``.
@@ -80,8 +120,10 @@ class Service:
         returning it, an ``async def``, or one returning an async context manager (entered at
         the runner's start, exited when it stops, so a client or pool is closed).
     :param name: the top-level supervisor's name and the status page title.
-    :param handle_signals: SIGTERM/SIGINT begin graceful shutdown, a second one cancels at once.
-        Only possible in the main thread; off elsewhere.
+    :param handle_signals: SIGTERM/SIGINT begin graceful shutdown; a second one cancels every
+        evaluation, hands the in-flight leases back (waiting at most ``FORCED_RELEASE_BOUND``,
+        2 s) and stops at once, exit code 128 + the signal. Only possible in the main thread;
+        off elsewhere.
     :param on_event: passed to the :class:`WorkflowRunner`: called with every
         :class:`RunnerEvent` (claims, outcomes, settlements); it must not block.
     :param shutdown_order: how the top-level supervisor stops its children (see
@@ -237,7 +279,10 @@ class Service:
                     shutdown_grace=settings.runner.shutdown_grace + _SETTLE_MARGIN,
                 )
             )
-        children.extend(self.workers)
+        handle = ServiceHandle(
+            name=self.name, queue=queue, shutdown=self.shutdown, settings=settings
+        )
+        children.extend(_with_handle(worker, handle) for worker in self.workers)
         self.supervisor = Supervisor(
             name=self.name,
             children=children,
@@ -330,8 +375,18 @@ class Service:
                     logger.warning("%s received: draining (send it again to stop at once)", name)
                     self.shutdown.begin(name)
                     continue
-                logger.warning("%s received again: stopping now", name)
+                runner = self.runner
+                held = 0 if runner is None else len(runner.in_flight)
+                logger.warning(
+                    "%s received again: stopping now, handing %d in-flight leases back first "
+                    "(at most %g s)",
+                    name,
+                    held,
+                    FORCED_RELEASE_BOUND,
+                )
                 self._forced_by = signum
+                if runner is not None and held:
+                    await runner.release_in_flight(FORCED_RELEASE_BOUND)
                 scope.cancel()
                 return
 

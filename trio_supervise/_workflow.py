@@ -13,6 +13,8 @@ import contextlib
 import datetime as dt
 import inspect
 import logging
+import os
+import traceback
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, overload
@@ -441,6 +443,72 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+MAX_TRACEBACK_FRAMES = 8
+"""Frames of a driver's traceback kept with the item's error (the innermost ones)."""
+MAX_TRACEBACK_CHARS = 4000
+"""Characters of traceback kept with the item's error at most (the end of it)."""
+
+_LIBRARY_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def describe_failure(error: BaseException) -> str:
+    """What ``last_error`` keeps of an evaluation's *error*: :func:`describe_error`'s line, then
+    the traceback trimmed to the application's frames (the library's own left out, at most the
+    innermost ``MAX_TRACEBACK_FRAMES``, ``MAX_TRACEBACK_CHARS``), or the line alone when every
+    frame is the library's (a config that does not fit, no driver). The first line is always
+    :func:`describe_error`'s, so ``last_error.partition("\\n")[0]`` is the one-line summary."""
+    line = describe_error(error)
+    frames = _application_frames(error)
+    if not frames:
+        return line
+    kept = frames[-MAX_TRACEBACK_FRAMES:]
+    header = "Traceback (most recent call last; trio_supervise's frames left out"
+    header += f", {len(frames) - len(kept)} more above):" if len(kept) < len(frames) else "):"
+    text = "".join(traceback.format_list(kept)).rstrip("\n")
+    if len(text) > MAX_TRACEBACK_CHARS:
+        text = "  ...\n" + text[-MAX_TRACEBACK_CHARS:]
+    return f"{line}\n{header}\n{text}"
+
+
+def _application_frames(error: BaseException) -> list[traceback.FrameSummary]:
+    """*error*'s traceback frames outside the library (a driver's, an application's)."""
+    return [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not os.path.abspath(frame.filename).startswith(_LIBRARY_DIR)
+    ]
+
+
+def first_line(error: str | None) -> str:
+    """The one-line summary of a stored error (see :func:`describe_failure`); "" for None."""
+    return "" if error is None else error.partition("\n")[0]
+
+
+def log_fields(worker: str, item: WorkItem | None = None, **more: object) -> dict[str, object]:
+    """The ``extra`` of a runner's log record: ``worker``, the item's ``item_id``, ``spec_id``,
+    ``lease_version`` and ``attempt``, then *more* (``backoff_s``, ``error``, or the item's
+    fields when there is no *item*) where not None."""
+    fields: dict[str, object] = {"worker": worker}
+    if item is not None:
+        fields.update(
+            item_id=item.id,
+            spec_id=item.spec_id,
+            lease_version=item.lease_version,
+            attempt=item.attempt,
+        )
+    fields.update((name, value) for name, value in more.items() if value is not None)
+    return fields
+
+
+def next_step(item: WorkItem, settlement: Settlement, settings: RunnerSettings) -> str:
+    """What comes next for a failed *item*, in words, for the log line that reports it."""
+    errors = item.error_count + 1
+    of = "" if settings.max_errors is None else f" of {settings.max_errors}"
+    if settlement.kind is SettleKind.DEAD:
+        return f"dead after {errors} errors; `trio-supervise items retry {item.id}` requeues it"
+    return f"retrying in {settlement.delay:.3g} s (error {errors}{of})"
+
+
 _PERMANENT_QUEUE_ERRORS: tuple[type[Exception], ...] = (QueueFailed,)
 """Queue errors no retry fixes (``QueueFailed`` and its ``SchemaError``): a write is not retried."""
 
@@ -673,17 +741,31 @@ async def _write(
                     settings=settings,
                     jitter=jitter,
                 )
+                fields = log_fields(
+                    settings.worker_id,
+                    item_id=item_id,
+                    lease_version=version,
+                    error=text,
+                    backoff_s=delay,
+                )
                 if delay is None:
                     logger.warning(
-                        "writing %s for item %r failed: %s", settlement.kind, item_id, text
+                        "writing %s for item %r failed: %s; giving up, its lease will expire "
+                        "and another claim runs it again",
+                        settlement.kind,
+                        item_id,
+                        text,
+                        extra=fields,
                     )
                     return
                 logger.warning(
-                    "writing %s for item %r failed: %s; writing it again in %.3g s",
+                    "writing %s for item %r failed (attempt %d): %s; writing it again in %.3g s",
                     settlement.kind,
                     item_id,
+                    attempt,
                     text,
                     delay,
+                    extra=fields,
                 )
                 await trio.sleep(delay)
 
@@ -726,7 +808,9 @@ async def run_due_pass(
         try:
             context = await stack.enter_async_context(open_context(build_context))
         except Exception as error:
-            await _release_unbuilt(queue, items, describe_error(error), settings.requeue_delay)
+            await _release_unbuilt(
+                queue, items, describe_error(error), settings.requeue_delay, settings.worker_id
+            )
             raise
         return await _evaluate_claimed(
             queue, registry, settings, jitter, context, items, claimed_at=claimed_at
@@ -734,19 +818,77 @@ async def run_due_pass(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def log_failure(
+    log: logging.Logger,
+    settings: RunnerSettings,
+    item: WorkItem,
+    settlement: Settlement,
+    failure: Exception | None,
+) -> None:
+    """Log an item's failure once on *log*: what failed, why, what comes next, and *failure*'s
+    traceback when the application's code raised it (the stored error holds it trimmed); an
+    error of the library's own making (a config that does not fit) is its message alone."""
+    error = first_line(str(settlement.error))
+    if failure is not None and not _application_frames(failure):
+        failure = None
+    log.warning(
+        "item %r (spec %r) failed on attempt %d: %s; %s",
+        item.id,
+        item.spec_id,
+        item.attempt,
+        error,
+        next_step(item, settlement, settings),
+        exc_info=failure,
+        stacklevel=2,
+        extra=log_fields(
+            settings.worker_id,
+            item,
+            error=error,
+            backoff_s=settlement.delay if settlement.kind is SettleKind.RETRY else None,
+        ),
+    )
+
+
+def log_dead(log: logging.Logger, worker: str, item: WorkItem, error: str) -> None:
+    """Log that *item* went dead without evaluation (say, it exceeded ``max_attempts``)."""
+    log.warning(
+        "item %r (spec %r) is dead without evaluation: %s; `trio-supervise items retry %s` "
+        "requeues it",
+        item.id,
+        item.spec_id,
+        error,
+        item.id,
+        stacklevel=2,
+        extra=log_fields(worker, item, error=error),
+    )
+
+
 async def _release_unbuilt(
-    queue: WorkQueue, items: Sequence[WorkItem], text: str, requeue_delay: float
+    queue: WorkQueue, items: Sequence[WorkItem], text: str, requeue_delay: float, worker: str
 ) -> None:
     """The context failed to build: every claimed item gets the error and is released."""
+
+    def failed(what: str, item: WorkItem, error: Exception) -> None:
+        reason = describe_error(error)
+        logger.warning(
+            "the context failed to build, and %s of item %r (spec %r) failed too: %s; "
+            "its lease will expire and another claim runs it",
+            what,
+            item.id,
+            item.spec_id,
+            reason,
+            extra=log_fields(worker, item, error=reason),
+        )
+
     for item in items:
         try:
             await queue.mark_error(item.id, item.lease_version, text)
         except Exception as write_error:
-            logger.warning("mark_error of %r failed: %s", item.id, describe_error(write_error))
+            failed("mark_error", item, write_error)
         try:
             await queue.release(item.id, item.lease_version, requeue_delay)
         except Exception as write_error:
-            logger.warning("release of %r failed: %s", item.id, describe_error(write_error))
+            failed("release", item, write_error)
 
 
 async def _evaluate_claimed(
@@ -778,7 +920,7 @@ async def _evaluate_claimed(
         exhausted = attempts_exhausted(item, settings)
         if exhausted is not None:
             failed += 1
-            logger.warning("item %r (spec %r) is dead: %s", item.id, item.spec_id, exhausted.error)
+            log_dead(logger, settings.worker_id, item, str(exhausted.error))
             await _write(queue, exhausted, lease_left=lease_left, settings=settings, jitter=jitter)
             return
         scope = trio.CancelScope()
@@ -812,6 +954,7 @@ async def _evaluate_claimed(
 
         settlement: Settlement | None = None
         error: str | None = None
+        failure: Exception | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(renew)
             with scope:
@@ -823,18 +966,18 @@ async def _evaluate_claimed(
                         requeue_delay=settings.requeue_delay,
                     )
                 except Exception as exc:
-                    error = describe_error(exc)
+                    error, failure = describe_failure(exc), exc
             writing = True
             if cancel_requested:
                 settlement = cancel
             else:
                 if renewal_error is not None:
-                    error = renewal_error
+                    error, failure = renewal_error, None
                 if error is not None or settlement is None:
                     failed += 1
                     error = error or "evaluation was cancelled"
-                    logger.warning("item %r (spec %r) failed: %s", item.id, item.spec_id, error)
                     settlement = failure_settlement(item, error, settings, jitter)
+                    log_failure(logger, settings, item, settlement, failure)
             await _write(queue, settlement, lease_left=lease_left, settings=settings, jitter=jitter)
             nursery.cancel_scope.cancel()
 

@@ -63,5 +63,5 @@ def test_items_list_pages_with_after_and_says_how_many(
     code, out, _ = run(capsys, "items", "list", "--after", "i4", "--database-url", url)
     assert (code, out.strip()) == (0, "no items after i4 (5 in all)")
     code, _, err = run(capsys, "items", "list", "--after", "nope", "--database-url", url)
-    assert code == 1
+    assert code == 3  # not found
     assert "no item with id 'nope'" in err

@@ -1,0 +1,220 @@
+"""``items list|show|enqueue|cancel|retry``: inspect and change work items."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .._convert import nested_too_deeply, nesting_exceeds
+from .._errors import ConfigError
+from .._settings import MAX_COUNT
+from .._workflow import first_line
+from ..queues import ItemState, WorkItem, WorkQueue
+from ._common import (
+    AS_JSON,
+    DATABASE,
+    EXIT_OK,
+    Subparsers,
+    UserError,
+    item_json,
+    limit,
+    print_item,
+    printable,
+    short,
+    stamp,
+    table,
+    when,
+    with_queue,
+)
+
+
+def register(commands: Subparsers) -> None:
+    """Add the ``items`` group and its actions to *commands*."""
+    items = commands.add_parser("items", help="inspect and change work items")
+    actions = items.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", parents=[DATABASE, AS_JSON], help="list items")
+    listing.add_argument(
+        "--state",
+        action="append",
+        choices=[state.value for state in ItemState],
+        help="only items in this state (repeatable)",
+    )
+    listing.add_argument("--spec", action="append", help="only items of this spec (repeatable)")
+    listing.add_argument(
+        "--limit", type=limit, default=50, help=f"at most N, 1..{MAX_COUNT} (default 50)"
+    )
+    listing.add_argument(
+        "--after", metavar="ID", help="the page after this item (the last id of the previous page)"
+    )
+    listing.set_defaults(handler=_cmd_list)
+
+    show = actions.add_parser("show", parents=[DATABASE, AS_JSON], help="show one item")
+    show.add_argument("item_id", metavar="ID")
+    show.set_defaults(handler=_cmd_show)
+
+    enqueue = actions.add_parser("enqueue", parents=[DATABASE, AS_JSON], help="add an item")
+    enqueue.add_argument("spec_id", metavar="SPEC")
+    enqueue.add_argument("item_config", metavar="CONFIG_JSON", nargs="?", default=None)
+    enqueue.add_argument("--id", dest="item_id", help="the item's id (default: generated)")
+    enqueue.add_argument("--tenant", default="", help="tenant id")
+    enqueue.add_argument("--subject", default="", help="subject id")
+    enqueue.add_argument("--due", help="ISO 8601 datetime with a timezone, or +SECONDS")
+    enqueue.add_argument("--key", help="idempotency key")
+    enqueue.set_defaults(handler=_cmd_enqueue)
+
+    cancel = actions.add_parser(
+        "cancel",
+        parents=[DATABASE, AS_JSON],
+        help="cancel an item",
+        description="Cancel a queued item at once, or ask a running item's worker to stop it. "
+        "A completed or dead item has nothing to cancel (exit 1); an already cancelled one "
+        "is left as it is (exit 0).",
+    )
+    cancel.add_argument("item_id", metavar="ID")
+    cancel.set_defaults(handler=_cmd_cancel)
+
+    retry = actions.add_parser(
+        "retry",
+        parents=[DATABASE, AS_JSON],
+        help="requeue an item",
+        description="Requeue a failed, dead, cancelled or completed item, due now (or --at), "
+        "its error count and attempts reset. A queued item already has a due time: moving it "
+        "needs --now or --at. A running item must be cancelled first.",
+    )
+    retry.add_argument("item_id", metavar="ID")
+    moment = retry.add_mutually_exclusive_group()
+    moment.add_argument(
+        "--at", metavar="WHEN", help="ISO 8601 datetime with a timezone, or +SECONDS"
+    )
+    moment.add_argument("--now", action="store_true", help="a queued item too: make it due now")
+    retry.set_defaults(handler=_cmd_retry)
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    states = [ItemState(s) for s in args.state] if args.state else None
+
+    async def body(queue: WorkQueue) -> tuple[list[WorkItem], int]:
+        items = await queue.list_items(
+            states=states, spec_ids=args.spec, limit=args.limit, after=args.after
+        )
+        counts = await queue.counts()
+        total = sum(
+            n
+            for (spec_id, state), n in counts.items()
+            if (states is None or state in states) and (args.spec is None or spec_id in args.spec)
+        )
+        return items, total
+
+    items, total = with_queue(args, body)
+    if args.json:
+        print(json.dumps([item_json(item) for item in items], indent=2, sort_keys=True))
+        return 0
+    if not items:
+        print(
+            "no items" if args.after is None else f"no items after {args.after} ({total:,} in all)"
+        )
+        return 0
+    rows = [
+        [
+            item.id,
+            item.spec_id,
+            str(item.state) + ("*" if item.cancel_requested else ""),
+            stamp(item.due_at),
+            str(item.error_count),
+            short(item.tenant_id, 16),
+            short(item.subject_id, 16),
+            short(first_line(item.last_error), 40),  # its summary, not its traceback
+        ]
+        for item in items
+    ]
+    table(
+        rows,
+        ["id", "spec", "state", "due (utc)", "errors", "tenant", "subject", "last error"],
+        sys.stdout,
+    )
+    if any(item.cancel_requested for item in items):
+        print("* cancel requested")
+    more = f"; next page: --after {items[-1].id}" if len(items) == args.limit else ""
+    print(f"{len(items):,} of {total:,}{' after ' + args.after if args.after else ''}{more}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    item: WorkItem = with_queue(args, lambda queue: queue.get(args.item_id))
+    print_item(item, args.json)
+    return 0
+
+
+def _cmd_enqueue(args: argparse.Namespace) -> int:
+    config: Any = None
+    if args.item_config is not None:
+        if nesting_exceeds(args.item_config):
+            raise ConfigError(nested_too_deeply("config"))
+        try:
+            config = json.loads(args.item_config)
+        except ValueError as error:
+            raise UserError(f"CONFIG_JSON is not JSON: {error}") from None
+
+    async def body(queue: WorkQueue) -> WorkItem:
+        return await queue.enqueue(
+            args.spec_id,
+            config=config,
+            tenant_id=args.tenant,
+            subject_id=args.subject,
+            due_at=when(args.due, queue.clock.now()),
+            item_id=args.item_id,
+            idempotency_key=args.key,
+        )
+
+    item: WorkItem = with_queue(args, body, create=True)
+    if args.json:
+        print_item(item, True)
+    else:
+        spec = printable(item.spec_id)
+        print(f"enqueued {printable(item.id)} ({spec}), due {stamp(item.due_at)} UTC")
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    async def body(queue: WorkQueue) -> tuple[WorkItem, WorkItem]:
+        before = await queue.get(args.item_id)
+        if before.state.finished:
+            return before, before
+        return before, await queue.request_cancel(args.item_id)
+
+    before, item = with_queue(args, body)
+    name = printable(item.id)
+    if item.state in (ItemState.COMPLETED, ItemState.DEAD):
+        raise UserError(f"{name} is {item.state}; nothing to cancel")
+    if args.json:
+        print_item(item, True)
+    elif before.state is ItemState.CANCELLED:
+        print(f"{name} is already cancelled")
+    elif item.state is ItemState.CANCELLED:
+        print(f"cancelled {name}")
+    elif before.cancel_requested:
+        print(f"cancellation of {name} was already requested; its worker will stop it")
+    else:
+        print(f"cancellation requested for {name} ({item.state}); its worker will stop it")
+    return EXIT_OK
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    async def body(queue: WorkQueue) -> WorkItem:
+        if args.at is None and not args.now:
+            current = await queue.get(args.item_id)
+            if current.state is ItemState.QUEUED:
+                raise UserError(
+                    f"{printable(current.id)} is queued (due {stamp(current.due_at)} UTC); "
+                    "pass --now to run it now, or --at to move it"
+                )
+        return await queue.retry(args.item_id, at=when(args.at, queue.clock.now()))
+
+    item: WorkItem = with_queue(args, body)
+    if args.json:
+        print_item(item, True)
+    else:
+        print(f"requeued {printable(item.id)}, due {stamp(item.due_at)} UTC")
+    return EXIT_OK
