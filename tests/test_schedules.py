@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
+import uuid
 import zoneinfo
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -22,6 +24,7 @@ from trio_supervise import (
     Stop,
     TrioClock,
 )
+from trio_supervise._cli import main
 from trio_supervise._maintenance import MAINTENANCE_RESTART, maintenance_children
 from trio_supervise.queues import MemoryQueue, PostgresQueue, SQLiteQueue, WorkItem, WorkQueue
 
@@ -385,3 +388,115 @@ async def test_a_service_runs_its_schedules_as_a_supervised_child(
     assert [item.id for item in await items_of(harness.queue)] == [
         "schedule:daily:2030-01-01T09:00:00Z"
     ]
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+APP = """
+from trio_supervise import Schedule, Service, Stop
+
+
+class Reports:
+    name = "reports"
+    spec_ids = ("report",)
+
+    def validate_specs(self):
+        pass
+
+    async def evaluate(self, context, item):
+        return Stop()
+
+
+def build(settings):
+    return Service(
+        drivers=[Reports()],
+        settings=settings,
+        schedules=[
+            Schedule(name="morning", spec_id="report", cron="0 9 * * MON-FRI",
+                     timezone="Europe/Paris"),
+            Schedule(name="night", spec_id="report", cron="30 2 * * *",
+                     timezone="Europe/Paris", missed="latest"),
+        ],
+    )
+
+
+service = build(None)
+empty = Service()
+broken = 42
+"""
+
+
+@pytest.fixture
+def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module of an application with two schedules, importable from the working directory."""
+    name = f"schedapp_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def test_schedules_list_shows_the_next_fires(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``schedules list`` prints each schedule with its next fires in its zone and in UTC,
+    across the spring-forward night (02:30 Paris becomes 03:00 CEST)."""
+    code = main(["schedules", "list", f"{app}:service", "--at", "2030-03-29T12:00:00Z"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.splitlines() == [
+        "NAME     SPEC    CRON             TIMEZONE      MISSED  NEXT (LOCAL)"
+        "               NEXT (UTC)",
+        "morning  report  0 9 * * MON-FRI  Europe/Paris  skip    2030-04-01 09:00:00 +0200"
+        "  2030-04-01T07:00:00Z",
+        "                                                        2030-04-02 09:00:00 +0200"
+        "  2030-04-02T07:00:00Z",
+        "                                                        2030-04-03 09:00:00 +0200"
+        "  2030-04-03T07:00:00Z",
+        "night    report  30 2 * * *       Europe/Paris  latest  2030-03-30 02:30:00 +0100"
+        "  2030-03-30T01:30:00Z",
+        "                                                        2030-03-31 03:00:00 +0200"
+        "  2030-03-31T01:00:00Z",
+        "                                                        2030-04-01 02:30:00 +0200"
+        "  2030-04-01T00:30:00Z",
+    ]
+
+
+def test_schedules_list_json_from_a_factory(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A factory target is called with settings, as ``run`` does; ``--json`` prints UTC fires."""
+    code = main(
+        ["schedules", "list", f"{app}:build", "--json", "--count", "1", "--at", "2030-01-01T00:00Z"]
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert [(s["name"], s["next"]) for s in document] == [
+        ("morning", ["2030-01-01T08:00:00Z"]),
+        ("night", ["2030-01-01T01:30:00Z"]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["{app}:empty"], 0, ""),
+        (["{app}:broken"], 1, "is not a Service, nor a callable returning one"),
+        (["{app}:missing"], 1, "has no attribute 'missing'"),
+        (["nosuchmodule_k15:service"], 1, "cannot import module 'nosuchmodule_k15'"),
+        (["{app}:service", "--at", "tomorrow"], 1, "expected an ISO 8601 datetime"),
+        (["{app}:service", "--count", "0"], 2, "--count: must be 1..100"),
+    ],
+)
+def test_schedules_list_errors_are_one_line(
+    app: str, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
+) -> None:
+    """Bad targets and options exit 1 (usage errors 2) with one line naming the problem."""
+    args = [arg.replace("{app}", app) for arg in argv]
+    if code == 2:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["schedules", "list", *args])
+        assert exit_info.value.code == 2
+    else:
+        assert main(["schedules", "list", *args]) == code
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert "Traceback" not in captured.err
+    if code == 0:
+        assert captured.out == "service 'trio_supervise' has no schedules\n"

@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "config", parents=[settings, as_json], help="print the effective settings (redacted)"
     )
     config.set_defaults(handler=_cmd_config)
+    importlib.import_module(f"{__package__}._cli_schedules").register(commands)
     return parser
 
 

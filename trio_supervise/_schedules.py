@@ -137,7 +137,11 @@ class Schedule:
         if not isinstance(missed, MissedFires):
             choices = ", ".join(m.value for m in MissedFires)
             raise ValueError(f"{where}: missed must be one of {choices}, got {missed!r}")
-        object.__setattr__(self, "config", check_json(self.config, what=f"{where} config"))
+        object.__setattr__(
+            self,
+            "config",
+            check_json({} if self.config is None else self.config, what=f"{where} config"),
+        )
         window: object = self.catch_up_window
         if isinstance(window, bool) or not isinstance(window, int | float):
             raise ValueError(f"{where}: catch_up_window must be seconds, got {window!r}")
