@@ -18,6 +18,7 @@ from trio_supervise import (
     ItemState,
     MaintenanceTask,
     MissedFires,
+    QueueUnavailable,
     Schedule,
     Scheduler,
     Service,
@@ -285,6 +286,52 @@ async def test_a_new_schedule_does_not_backfill(autojump_clock: object) -> None:
         await start_scheduler(nursery, queue, _daily(missed="all"))
         nursery.cancel_scope.cancel()
     assert await items_of(queue) == []
+
+
+# -- outages ------------------------------------------------------------------------------------
+
+
+class FlakyQueue(MemoryQueue):
+    """A memory queue whose enqueues fail as unreachable in the virtual-time span ``down``."""
+
+    down: tuple[float, float] = (0.0, 0.0)
+
+    async def enqueue(self, spec_id: str, **kwargs: Any) -> WorkItem:
+        if self.down[0] <= trio.current_time() < self.down[1]:
+            raise QueueUnavailable("connection refused")
+        return await super().enqueue(spec_id, **kwargs)
+
+
+async def test_a_fire_is_retried_until_the_database_is_back(
+    autojump_clock: object, nursery: trio.Nursery
+) -> None:
+    """An enqueue refused as unavailable is retried after 1, 2, 4, 8 s: the fire's item lands
+    once the database answers, still due at the fire instant."""
+    queue = FlakyQueue(clock=TrioClock(epoch=EPOCH))
+    fire = dt.datetime(2030, 1, 1, 9, tzinfo=UTC)
+    queue.down = (_at(fire), _at(fire) + 10)
+    await start_scheduler(nursery, queue, _daily())
+    await trio.sleep_until(_at(fire) + 60)
+    [item] = await items_of(queue)
+    assert item.due_at == fire
+    assert item.created_at == fire + dt.timedelta(seconds=1 + 2 + 4 + 8)
+
+
+@pytest.mark.parametrize(
+    ("missed", "expected"),
+    [("skip", ["10:00", "13:00"]), ("latest", ["10:00", "12:00", "13:00"])],
+)
+async def test_fires_passed_during_an_outage_follow_the_policy(
+    autojump_clock: object, nursery: trio.Nursery, missed: str, expected: list[str]
+) -> None:
+    """Fires that pass while a held-up fire is retried count as missed: the policy decides."""
+    queue = FlakyQueue(clock=TrioClock(epoch=EPOCH))
+    queue.down = (_at(dt.datetime(2030, 1, 1, 9, 30, tzinfo=UTC)), _at(_jan(1)[0]) + 3.5 * 3600)
+    await trio.sleep_until(_at(dt.datetime(2030, 1, 1, 8, 30, tzinfo=UTC)))
+    await start_scheduler(nursery, queue, _daily(cron="0 * * * *", missed=missed))
+    await trio.sleep_until(_at(dt.datetime(2030, 1, 1, 13, 30, tzinfo=UTC)))
+    fired = [item.due_at.strftime("%H:%M") for item in await items_of(queue)]
+    assert fired == ["09:00", *expected]
 
 
 # -- exactly once across processes --------------------------------------------------------------
