@@ -5,6 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import subprocess
+import sys
+import time
 import uuid
 import zoneinfo
 from collections.abc import AsyncIterator, Sequence
@@ -31,6 +34,7 @@ from trio_supervise.queues import MemoryQueue, PostgresQueue, SQLiteQueue, WorkI
 
 from .queues.conftest import pg_schema
 
+WORKER = Path(__file__).with_name("_schedule_worker.py")
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
 UTC = dt.UTC
 EPOCH = dt.datetime(2030, 1, 1, tzinfo=UTC)  # the harness's clock at virtual time 0 (a Tuesday)
@@ -401,6 +405,60 @@ async def test_several_schedulers_on_postgres_enqueue_each_fire_once() -> None:
                 for _ in range(4)
             ]
         )
+
+
+def _run_service_processes(args: list[str], out_dir: Path, processes: int = 3) -> None:
+    """Start *processes* scheduler processes on one queue and let them race one fire."""
+    procs = [
+        subprocess.Popen([sys.executable, str(WORKER), *args, f"p{n}", str(out_dir)])
+        for n in range(processes)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(out_dir.glob("ready-*"))) < processes:
+            assert time.monotonic() < deadline, "the processes did not start"
+            assert all(p.poll() is None for p in procs), "a process died while starting"
+            time.sleep(0.02)
+        (out_dir / "go.tmp").write_text(repr(time.time() + 1.0))
+        (out_dir / "go.tmp").rename(out_dir / "go")
+        for proc in procs:
+            assert proc.wait(timeout=60) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+async def _seed_and_check(queue: WorkQueue, run: list[str], out_dir: Path) -> None:
+    """Seed the fire three minutes before the boundary, run the processes, expect 4 fires."""
+    schedule = _daily(name="minutely", cron="* * * * *")
+    known = BOUNDARY - dt.timedelta(minutes=3)
+    async with queue:
+        await queue.enqueue("report", due_at=known, item_id=schedule.item_id(known))
+        await trio.to_thread.run_sync(_run_service_processes, run, out_dir)
+        items = await items_of(queue)
+    assert [item.id for item in items] == [
+        schedule.item_id(known + dt.timedelta(minutes=n)) for n in range(4)
+    ]
+
+
+@pytest.mark.slow
+async def test_service_processes_on_one_sqlite_file_enqueue_each_fire_once(
+    tmp_path: Path,
+) -> None:
+    """Three OS processes scheduling on one SQLite file catch up and fire: one item per fire."""
+    path = tmp_path / "queue.db"
+    await _seed_and_check(await SQLiteQueue.connect(path), ["sqlite", str(path)], tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+async def test_service_processes_on_postgres_enqueue_each_fire_once(tmp_path: Path) -> None:
+    """Three OS processes scheduling on one PostgreSQL schema: one item per fire."""
+    with pg_schema() as (dsn, schema):
+        queue = await PostgresQueue.connect(dsn, schema=schema, migrate=True, pool_size=2)
+        await _seed_and_check(queue, ["postgres", dsn, schema], tmp_path)
 
 
 # -- the maintenance contract -------------------------------------------------------------------
