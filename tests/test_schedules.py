@@ -300,10 +300,17 @@ class FlakyQueue(MemoryQueue):
 
     down: tuple[float, float] = (0.0, 0.0)
 
-    async def enqueue(self, spec_id: str, **kwargs: Any) -> WorkItem:
+    def _check_up(self) -> None:
         if self.down[0] <= trio.current_time() < self.down[1]:
             raise QueueUnavailable("connection refused")
+
+    async def enqueue(self, spec_id: str, **kwargs: Any) -> WorkItem:
+        self._check_up()
         return await super().enqueue(spec_id, **kwargs)
+
+    async def get(self, item_id: str) -> WorkItem:
+        self._check_up()
+        return await super().get(item_id)
 
 
 async def test_a_fire_is_retried_until_the_database_is_back(
@@ -319,6 +326,22 @@ async def test_a_fire_is_retried_until_the_database_is_back(
     [item] = await items_of(queue)
     assert item.due_at == fire
     assert item.created_at == fire + dt.timedelta(seconds=1 + 2 + 4 + 8)
+
+
+async def test_catching_up_waits_for_the_database(autojump_clock: object) -> None:
+    """A scheduler starting while the database is down retries its look-back, then catches up."""
+    queue = FlakyQueue(clock=TrioClock(epoch=EPOCH))
+    schedule = _daily(missed="latest")
+    first = dt.datetime(2030, 1, 1, 9, tzinfo=UTC)
+    await queue.enqueue("report", due_at=first, item_id=schedule.item_id(first))
+    await trio.sleep_until(_at(dt.datetime(2030, 1, 3, 12, tzinfo=UTC)))
+    queue.down = (trio.current_time(), trio.current_time() + 5)
+    async with trio.open_nursery() as nursery:
+        await start_scheduler(nursery, queue, schedule)
+        ready_at = trio.current_time()
+        nursery.cancel_scope.cancel()
+    assert ready_at == _at(dt.datetime(2030, 1, 3, 12, tzinfo=UTC)) + 1 + 2 + 4
+    assert [item.due_at for item in await items_of(queue)] == _jan(1, 3)
 
 
 @pytest.mark.parametrize(

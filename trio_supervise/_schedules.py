@@ -22,13 +22,14 @@ A schedule with no item in that window is taken as new, and nothing is caught up
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import enum
 import logging
 import math
 import zoneinfo
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -53,6 +54,7 @@ _MAX_NAP = 60.0
 a wall-clock step (NTP, a suspended laptop) is noticed within a minute."""
 _RETRY_MIN, _RETRY_MAX = 1.0, 60.0
 _TICK = dt.timedelta(microseconds=1)
+_T = TypeVar("_T")
 
 
 class MissedFires(enum.StrEnum):
@@ -276,38 +278,49 @@ class Scheduler:
                 after = now - _TICK
 
     async def _catch_up(self, queue: WorkQueue, schedule: Schedule, now: dt.datetime) -> None:
-        for fire in await missed_fires(queue, schedule, now):
+        missed = await _retrying(schedule, "looking for missed fires", missed_fires, queue, now)
+        for fire in missed:
             logger.info("schedule %r: catching up the fire of %s", schedule.name, fire)
             await self._enqueue(queue, schedule, fire)
 
     async def _enqueue(self, queue: WorkQueue, schedule: Schedule, fire: dt.datetime) -> None:
         key = schedule.item_id(fire)
-        delay = _RETRY_MIN
-        while True:
-            try:
-                await queue.enqueue(
-                    schedule.spec_id,
-                    config=schedule.config,
-                    due_at=fire,
-                    item_id=key,
-                    idempotency_key=key,
-                )
-            except DuplicateItem:
-                pass  # another process enqueued this fire first: exactly once all the same
-            except QueueUnavailable as error:
-                logger.warning(
-                    "schedule %r: enqueueing %s failed, retrying in %g s: %s",
-                    schedule.name,
-                    key,
-                    delay,
-                    error,
-                    extra={"backoff_s": delay, "error": str(error), "spec_id": schedule.spec_id},
-                )
-                await trio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MAX)
-                continue
-            logger.debug("schedule %r fired: %s", schedule.name, key, extra={"item_id": key})
-            return
+        await _retrying(schedule, f"enqueueing {key}", _enqueue_fire, queue, fire)
+        logger.debug("schedule %r fired: %s", schedule.name, key, extra={"item_id": key})
+
+
+async def _retrying(
+    schedule: Schedule,
+    what: str,
+    call: Callable[[WorkQueue, Schedule, dt.datetime], Awaitable[_T]],
+    queue: WorkQueue,
+    instant: dt.datetime,
+) -> _T:
+    """``await call(queue, schedule, instant)``, retried while the queue is unavailable (from
+    1 s, doubling to a minute); every read and write of a scheduler is safe to repeat."""
+    delay = _RETRY_MIN
+    while True:
+        try:
+            return await call(queue, schedule, instant)
+        except QueueUnavailable as error:
+            logger.warning(
+                "schedule %r: %s failed, retrying in %g s: %s",
+                schedule.name,
+                what,
+                delay,
+                error,
+                extra={"backoff_s": delay, "error": str(error), "spec_id": schedule.spec_id},
+            )
+        await trio.sleep(delay)
+        delay = min(delay * 2, _RETRY_MAX)
+
+
+async def _enqueue_fire(queue: WorkQueue, schedule: Schedule, fire: dt.datetime) -> None:
+    key = schedule.item_id(fire)
+    with contextlib.suppress(DuplicateItem):  # another process was first: once all the same
+        await queue.enqueue(
+            schedule.spec_id, config=schedule.config, due_at=fire, item_id=key, idempotency_key=key
+        )
 
 
 async def _exists(queue: WorkQueue, item_id: str) -> bool:
