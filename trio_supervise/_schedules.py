@@ -262,20 +262,19 @@ class Scheduler:
         now = queue.clock.now()
         await self._catch_up(queue, schedule, now)
         task_status.started()
-        after = now - _TICK  # a fire at exactly "now" is still to come
-        while True:
-            fire = schedule.next_fire(after)
-            if fire is None:
-                logger.info("schedule %r has no more fires", schedule.name)
-                await trio.sleep_forever()
+        fires = schedule.fires_after(now - _TICK)  # a fire at exactly "now" is still to come
+        fire = next(fires, None)
+        while fire is not None:
             await sleep_until_instant(queue.clock, fire)
             await self._enqueue(queue, schedule, fire)
-            after = fire
+            fire = next(fires, None)
             now = queue.clock.now()
-            upcoming = schedule.next_fire(after)
-            if upcoming is not None and upcoming < now:  # held up past the next fire(s)
+            if fire is not None and fire < now:  # held up past the next fire(s): missed
                 await self._catch_up(queue, schedule, now)
-                after = now - _TICK
+                fires = schedule.fires_after(now - _TICK)
+                fire = next(fires, None)
+        logger.info("schedule %r has no more fires", schedule.name)
+        await trio.sleep_forever()
 
     async def _catch_up(self, queue: WorkQueue, schedule: Schedule, now: dt.datetime) -> None:
         missed = await _retrying(schedule, "looking for missed fires", missed_fires, queue, now)
