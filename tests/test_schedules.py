@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trio_supervise import (
     ItemState,
@@ -30,6 +32,7 @@ from trio_supervise import (
 )
 from trio_supervise._cli import main
 from trio_supervise._maintenance import MAINTENANCE_RESTART, maintenance_children
+from trio_supervise._schedules import missed_fires
 from trio_supervise.queues import MemoryQueue, PostgresQueue, SQLiteQueue, WorkItem, WorkQueue
 
 from .queues.conftest import pg_schema
@@ -290,6 +293,48 @@ async def test_a_new_schedule_does_not_backfill(autojump_clock: object) -> None:
         await start_scheduler(nursery, queue, _daily(missed="all"))
         nursery.cancel_scope.cancel()
     assert await items_of(queue) == []
+
+
+@settings(deadline=None)
+@given(
+    existing=st.sets(st.integers(0, 47)),
+    window_hours=st.integers(1, 60),
+    minutes_past=st.integers(0, 59),
+    missed=st.sampled_from(list(MissedFires)),
+    max_catch_up=st.integers(1, 50),
+)
+def test_missed_fires_are_the_ones_after_the_latest_enqueued(
+    existing: set[int], window_hours: int, minutes_past: int, missed: MissedFires, max_catch_up: int
+) -> None:
+    """Whatever fires have items, the missed fires are those after the newest one with an item
+    (within the window), oldest first, cut down by the policy; with none in the window, none."""
+    schedule = _daily(
+        cron="0 * * * *",
+        missed=missed,
+        catch_up_window=window_hours * 3600.0,
+        max_catch_up=max_catch_up,
+    )
+    now = EPOCH + dt.timedelta(hours=48, minutes=minutes_past, seconds=1)
+    fires = [EPOCH + dt.timedelta(hours=n) for n in range(49)]  # hour 48 is before *now* too
+    window = [f for f in fires if now - dt.timedelta(hours=window_hours) <= f < now]
+
+    async def run() -> list[dt.datetime]:
+        queue = MemoryQueue(clock=TrioClock(epoch=now))
+        for n in existing:
+            await queue.enqueue("report", item_id=schedule.item_id(fires[n]))
+        return await missed_fires(queue, schedule, now)
+
+    result = trio.run(run)
+    enqueued = [f for n, f in enumerate(fires) if n in existing and f in window]
+    if not enqueued or missed is MissedFires.SKIP:
+        assert result == []
+        return
+    after = [f for f in window if f > max(enqueued)]
+    expected = {
+        MissedFires.LATEST: after[-1:],
+        MissedFires.ALL: after[-max_catch_up:],
+    }[missed]
+    assert result == expected
 
 
 # -- outages ------------------------------------------------------------------------------------
