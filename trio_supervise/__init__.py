@@ -26,6 +26,8 @@ from ._lifecycle import Shutdown as Shutdown
 from ._logging import JsonFormatter as JsonFormatter
 from ._logging import LogFormat as LogFormat
 from ._logging import configure_logging as configure_logging
+from ._maintenance import MAINTENANCE_RESTART as MAINTENANCE_RESTART
+from ._maintenance import MaintenanceTask as MaintenanceTask
 from ._policy import Jitter as Jitter
 from ._policy import JitterMode as JitterMode
 from ._policy import RestartPolicy as RestartPolicy
@@ -35,6 +37,9 @@ from ._runner import RunnerEventKind as RunnerEventKind
 from ._runner import RunnerMetrics as RunnerMetrics
 from ._runner import RunnerState as RunnerState
 from ._runner import WorkflowRunner as WorkflowRunner
+from ._schedules import MissedFires as MissedFires
+from ._schedules import Schedule as Schedule
+from ._schedules import Scheduler as Scheduler
 from ._service import Service as Service
 from ._service import ServiceHandle as ServiceHandle
 from ._service import run_service as run_service
@@ -105,7 +110,10 @@ __all__ = [
     "LogFormat",
     "LogLevel",
     "LogSettings",
+    "MAINTENANCE_RESTART",
+    "MaintenanceTask",
     "MemoryQueue",
+    "MissedFires",
     "OperationsApp",
     "Outcome",
     "PassStats",
@@ -121,6 +129,8 @@ __all__ = [
     "RunnerMetrics",
     "RunnerSettings",
     "RunnerState",
+    "Schedule",
+    "Scheduler",
     "SchemaError",
     "Service",
     "ServiceHandle",

@@ -26,8 +26,10 @@ from ._group import to_auto_shutdown, to_shutdown_order
 from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
 from ._lifecycle import Shutdown
 from ._logging import configure_logging
+from ._maintenance import MaintenanceTask, maintenance_children
 from ._policy import Jitter
 from ._runner import FORCED_RELEASE_BOUND, RunnerEvent, RunnerState, WorkflowRunner
+from ._schedules import Schedule, Scheduler, check_schedules
 from ._settings import Settings, load_settings
 from ._supervisor import (
     AutoShutdown,
@@ -131,6 +133,11 @@ class Service:
         by default they stop in reverse, so the HTTP server answers through the whole drain.
     :param auto_shutdown: see :class:`AutoShutdown`: with a *significant* worker among *workers*,
         its normal end drains and stops the service with exit code 0.
+    :param schedules: periodic :class:`Schedule` s, enqueued by a :class:`Scheduler` child
+        (``maintenance-schedules``). Checked here: with drivers, each schedule's spec must be one
+        of theirs (a service without drivers may enqueue for another's runner).
+    :param maintenance: more :class:`MaintenanceTask` s, each run as the supervised child
+        ``maintenance-<name>`` on the service's queue, started last (so stopped first).
     """
 
     drivers: Sequence[AnyWorkflowDriver[Any]] = attrs.field(default=(), converter=_drivers)
@@ -148,6 +155,8 @@ class Service:
     auto_shutdown: AutoShutdown = attrs.field(
         default=AutoShutdown.NEVER, converter=to_auto_shutdown
     )
+    schedules: Sequence[Schedule] = attrs.field(default=(), converter=tuple)
+    maintenance: Sequence[MaintenanceTask] = attrs.field(default=(), converter=tuple)
 
     shutdown: Shutdown = attrs.field(init=False, factory=Shutdown)
     """Begin it to drain and stop the service (what SIGTERM does)."""
@@ -159,6 +168,10 @@ class Service:
     """The bound HTTP port once the server is up (useful with port 0)."""
     _http_sockets: Any = attrs.field(init=False, default=None, repr=False)
     _forced_by: int | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        specs = [spec for driver in self.drivers for spec in driver.spec_ids]
+        check_schedules(self.schedules, specs if self.drivers else None)
 
     # -- what the HTTP surface reads (StatusSource) --------------------------------------------
 
@@ -283,6 +296,7 @@ class Service:
             name=self.name, queue=queue, shutdown=self.shutdown, settings=settings
         )
         children.extend(_with_handle(worker, handle) for worker in self.workers)
+        children.extend(maintenance_children(self._maintenance_tasks(), queue))
         self.supervisor = Supervisor(
             name=self.name,
             children=children,
@@ -293,6 +307,10 @@ class Service:
             auto_shutdown=self.auto_shutdown,
         )
         return self.supervisor
+
+    def _maintenance_tasks(self) -> list[MaintenanceTask]:
+        tasks: list[MaintenanceTask] = [Scheduler(self.schedules)] if self.schedules else []
+        return tasks + list(self.maintenance)
 
     async def _serve_http(
         self,

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _items, _service
+from . import _items, _schedules, _service
 from ._common import (
     EXIT_ERROR,
     EXIT_USAGE,
@@ -32,6 +32,7 @@ GROUPS: tuple[Callable[[Subparsers], None], ...] = (
     _service.register,
     _items.register,
     _service.register_inspection,
+    _schedules.register,
 )
 """The verb groups, in the order ``--help`` lists them."""
 

@@ -12,7 +12,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -20,6 +20,10 @@ import trio
 from .._settings import HttpSettings, Settings, check_host, load_settings
 from ..queues._factory import migrate
 from ..queues._sql import redact_dsn
+
+if TYPE_CHECKING:
+    from .._service import Service
+
 from ._common import (
     AS_JSON,
     DATABASE,
@@ -75,7 +79,7 @@ def register_inspection(commands: Subparsers) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .._service import Service, run_service
+    from .._service import run_service
 
     bind = _host_port(args.http) if args.http else None  # checked before importing anything
     settings_class: type[Settings] | None = None
@@ -87,24 +91,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 "trio_supervise.Settings"
             )
         settings_class = found
-    target = _import_attr(args.target, "the target")
-    loaded: Settings | None = None
-    if settings_class is not None or args.config:
-        loaded = load_settings(args.config, cls=settings_class or Settings)
-    service = target if isinstance(target, Service) else None
-    try:
-        if service is None and callable(target) and _takes_settings(target):
-            loaded = load_settings(cls=Settings) if loaded is None else loaded
-            service = target(settings=loaded)
-        elif service is None and callable(target) and _takes_no_arguments(target):
-            service = target()
-    except Exception as error:
-        raise UserError(f"{args.target}() failed: {type(error).__name__}: {error}") from None
-    if not isinstance(service, Service):
-        raise UserError(
-            f"{args.target} is not a Service, nor a callable returning one (taking no "
-            "arguments, or settings=)"
-        )
+    loaded = (
+        load_settings(args.config, cls=settings_class or Settings)
+        if (settings_class is not None or args.config)
+        else None
+    )
+    service, loaded = resolve_service(args.target, loaded)
     settings = loaded or service.settings or load_settings()
     if bind is not None:
         host, port = bind
@@ -113,6 +105,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     service.settings = settings
     return run_service(service)
+
+
+def resolve_service(text: str, loaded: Settings | None) -> tuple[Service, Settings | None]:
+    """The :class:`Service` the target *text* (``MODULE:ATTR``) names, and the settings it got.
+
+    The target is a Service, or a callable returning one: called with ``settings=`` (the
+    *loaded* settings, or the defaults from the environment) when it takes them, else with no
+    arguments. Shared by ``run`` and every verb that reads a service's declarations.
+    """
+    from .._service import Service
+
+    target = _import_attr(text, "the target")
+    service = target if isinstance(target, Service) else None
+    try:
+        if service is None and callable(target) and _takes_settings(target):
+            loaded = load_settings(cls=Settings) if loaded is None else loaded
+            service = target(settings=loaded)
+        elif service is None and callable(target) and _takes_no_arguments(target):
+            service = target()
+    except Exception as error:
+        raise UserError(f"{text}() failed: {type(error).__name__}: {error}") from None
+    if not isinstance(service, Service):
+        raise UserError(
+            f"{text} is not a Service, nor a callable returning one (taking no "
+            "arguments, or settings=)"
+        )
+    return service, loaded
 
 
 def _import_attr(text: str, what: str) -> Any:
