@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 
 from ._common import Config, Result, format_table
 
-MEASURES = ("P1", "P2", "P2f", "P3", "P4", "P5", "P6", "P7")
-NEEDS_DSN = {"P2", "P2f", "P6", "P7"}
+MEASURES = ("P1", "P2", "P2f", "P3", "P4", "P5", "P6", "P7", "P8")
+NEEDS_DSN = {"P2", "P2f", "P6", "P7", "P8"}
 
 
 def run(config: Config, only: Sequence[str] = MEASURES) -> list[Result]:
@@ -34,6 +34,7 @@ def run(config: Config, only: Sequence[str] = MEASURES) -> list[Result]:
         ({"P5"}, supervision.p5),
         ({"P6"}, postgres.p6),
         ({"P7"}, postgres.p7),
+        ({"P8"}, postgres.p8),
     ]
     results: list[Result] = []
     for ids, step in steps:
