@@ -17,13 +17,31 @@ from collections.abc import Callable, Sequence
 
 from ._common import Config, Result, format_table
 
-MEASURES = ("P1", "P2", "P2f", "P3", "P4", "P5", "P6", "P7", "P8")
-NEEDS_DSN = {"P2", "P2f", "P6", "P7", "P8"}
+MEASURES = (
+    "P1",
+    "P2",
+    "P2f",
+    "P3",
+    "P4",
+    "P5",
+    "P6",
+    "P7",
+    "P8",
+    "P9s",
+    "P9hs",
+    "P9p",
+    "P9hp",
+    "P10s",
+    "P10p",
+    "P11",
+    "P11m",
+)
+NEEDS_DSN = {"P2", "P2f", "P6", "P7", "P8", "P9p", "P9hp", "P10p"}
 
 
 def run(config: Config, only: Sequence[str] = MEASURES) -> list[Result]:
     """Run the measures in *only* (in the canonical order) and return their results."""
-    from . import memory, postgres, sqlite, supervision
+    from . import bulk, inflight, memory, postgres, scale, sqlite, supervision
 
     wanted = set(only)
     steps: list[tuple[set[str], Callable[[Config], Result | list[Result]]]] = [
@@ -35,6 +53,11 @@ def run(config: Config, only: Sequence[str] = MEASURES) -> list[Result]:
         ({"P6"}, postgres.p6),
         ({"P7"}, postgres.p7),
         ({"P8"}, postgres.p8),
+        ({"P9s", "P9hs"}, scale.p9s),
+        ({"P9p", "P9hp"}, scale.p9p),
+        ({"P10s"}, bulk.p10s),
+        ({"P10p"}, bulk.p10p),
+        ({"P11", "P11m"}, inflight.p11),
     ]
     results: list[Result] = []
     for ids, step in steps:
