@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import os
 import statistics
 import subprocess
@@ -24,7 +23,17 @@ import trio
 import trio_supervise as ts
 from trio_supervise.queues._postgres import PostgresQueue, migrate_dsn
 
-from ._common import Config, NoopDriver, Result, noop_step, now, rate, wall
+from ._common import (
+    Config,
+    NoopDriver,
+    Result,
+    child_env,
+    noop_step,
+    now,
+    rate,
+    run_json,
+    wall,
+)
 from ._runs import noop_rate, run_until
 
 CONCURRENCY = 64
@@ -256,16 +265,7 @@ def pgqueuer_rates(dsn: str, count: int, batches: Sequence[int]) -> dict[int, fl
     """Jobs per second for one PgQueuer worker process (``benchmarks._pgqueuer``) per batch size,
     in a database of its own on the same server."""
     with own_database(dsn, PGQUEUER_DB) as database_dsn:
-        out = subprocess.run(
-            [sys.executable, "-m", "benchmarks._pgqueuer", database_dsn, str(count)]
-            + [str(batch) for batch in batches],
-            check=True,
-            capture_output=True,
-            text=True,
-            env=_child_env(),
-            timeout=300,
-        )
-    rates = json.loads(out.stdout.strip().splitlines()[-1])["rates"]
+        rates = run_json("benchmarks._pgqueuer", database_dsn, count, *batches)["rates"]
     return {int(batch): float(value) for batch, value in rates.items()}
 
 
@@ -307,12 +307,6 @@ def _version(distribution: str) -> str:
     from importlib.metadata import version
 
     return version(distribution)
-
-
-def _child_env() -> dict[str, str]:
-    """The environment for a benchmark subprocess: this tree first on the path."""
-    path = [_root(), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
 
 
 # -- P6: latency with NOTIFY ------------------------------------------------------------------
@@ -428,7 +422,7 @@ def processes_rate(dsn: str, schema: str, count: int, processes: int) -> float:
     the same monotonic clock in every process).
     """
     fill(dsn, schema, count)
-    env = _child_env()
+    env = child_env()
     workers = [
         subprocess.Popen(
             [sys.executable, "-m", "benchmarks._worker", dsn, schema, f"w{n}"],
@@ -471,10 +465,6 @@ def processes_rate(dsn: str, schema: str, count: int, processes: int) -> float:
     if completed(dsn, schema) != count:
         raise RuntimeError("P7: not every item completed")
     return rate(count, max(ends) - start)
-
-
-def _root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def p7(config: Config) -> Result:

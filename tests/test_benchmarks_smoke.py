@@ -152,3 +152,61 @@ def test_the_r8_scenario_counts_and_shows_every_refused_write(tmp_path: Path) ->
     assert (figures["lost"], figures["double_finalized"], figures["timed_out"]) == (0, 0, False)
     assert figures["refused_metric"] == figures["refused_in_log"]
     assert figures["lag_warning_on_status_page"] is True
+
+
+def test_the_new_in_process_measures_report_the_documented_shape() -> None:
+    """P9 and P10 on SQLite and P11 (renewal round, memory per in-flight item) run at tiny
+    sizes and report one record each, numbers and ratio as documented; P5, retired from the
+    goals, runs only when named."""
+    results = benchmarks_main.run(Config(tiny=True), ["P9s", "P9hs", "P10s", "P11", "P11m"])
+    records = benchmarks_main.as_json(results)
+    assert set(records) == {"P9s", "P9hs", "P10s", "P11", "P11m"}
+    for record in records.values():
+        check_record(record)
+    assert records["P9s"]["finished"] == 300
+    assert str(records["P10s"]["path"]).startswith(("enqueue_many", "enqueue from"))
+    assert "P5" in benchmarks_main.MEASURES
+    assert "P5" not in benchmarks_main.DEFAULT
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_postgres_measures_run_against_the_test_server() -> None:
+    """P6 (against a raw LISTEN/NOTIFY round trip), P8 (PgQueuer in a subprocess, in a database
+    of its own), P9 and P10 on PostgreSQL run at tiny sizes on the test DSN and leave no
+    benchmark database behind."""
+    pytest.importorskip("pgqueuer")
+    import psycopg
+
+    from .queues.conftest import postgres_dsn
+
+    dsn = postgres_dsn()
+    only = ["P6", "P8", "P9p", "P9hp", "P10p"]
+    records = benchmarks_main.as_json(benchmarks_main.run(Config(tiny=True, dsn=dsn), only))
+    assert set(records) == set(only)
+    for record in records.values():
+        check_record(record)
+    assert records["P8"]["pgqueuer_batch"] in (64, 200)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'bench_pgqueuer_%%'"
+        ).fetchone()
+    assert left == (0,)
+
+
+def test_profile_prints_a_pyinstrument_profile_of_one_measure(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--profile P1`` runs P1 alone under pyinstrument and prints the call tree, then the
+    table; an unknown id is a usage error."""
+    pytest.importorskip("pyinstrument")
+    monkeypatch.setattr(
+        benchmarks_main, "Config", lambda **kwargs: Config(**{**kwargs, "tiny": True})
+    )
+    assert benchmarks_main.main(["--profile", "P1"]) == 0
+    out = capsys.readouterr().out
+    assert "memory_runner_rate" in out
+    assert "P1 " in out
+    with pytest.raises(SystemExit) as exit_info:
+        benchmarks_main.main(["--profile", "P99"])
+    assert exit_info.value.code == 2
