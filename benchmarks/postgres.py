@@ -227,7 +227,7 @@ def procrastinate_rate(dsn: str, count: int) -> float:
 def p2(config: Config) -> list[Result]:
     assert config.dsn is not None
     count = config.size(20_000, 5_000, 200)
-    procrastinate_count = config.size(4_000, 1_500, 50)
+    procrastinate_count = config.size(4_000, 600, 50)
     with bench_schema(config.dsn, TS_SCHEMA), bench_schema(config.dsn, FLOOR_SCHEMA):
         ours = max(runner_rate(config.dsn, TS_SCHEMA, count) for _ in range(2))
         floor = max(floor_rate(config.dsn, FLOOR_SCHEMA, count) for _ in range(2))
@@ -270,13 +270,14 @@ def pgqueuer_rates(dsn: str, count: int, batches: Sequence[int]) -> dict[int, fl
 
 
 def p8(config: Config) -> Result:
-    """Our runner and PgQueuer at its fastest, interleaved twice, the better run of each."""
+    """Our runner and PgQueuer at its fastest, interleaved (twice, once in the quick run), the
+    better run of each."""
     assert config.dsn is not None
     count = config.size(20_000, 5_000, 200)
     ours: list[float] = []
     theirs: dict[int, list[float]] = {batch: [] for batch in PGQUEUER_BATCHES}
     with bench_schema(config.dsn, TS_SCHEMA):
-        for _ in range(2):
+        for _ in range(config.size(2, 1, 1)):
             ours.append(runner_rate(config.dsn, TS_SCHEMA, count))
             for batch, value in pgqueuer_rates(config.dsn, count, PGQUEUER_BATCHES).items():
                 theirs[batch].append(value)
@@ -469,7 +470,7 @@ def processes_rate(dsn: str, schema: str, count: int, processes: int) -> float:
 
 def p7(config: Config) -> Result:
     assert config.dsn is not None
-    count = config.size(30_000, 8_000, 200)
+    count = config.size(30_000, 5_000, 200)
     with bench_schema(config.dsn, P7_SCHEMA):
         one = max(processes_rate(config.dsn, P7_SCHEMA, count, 1) for _ in range(2))
         two = max(processes_rate(config.dsn, P7_SCHEMA, count, 2) for _ in range(2))
