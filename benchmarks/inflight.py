@@ -122,7 +122,7 @@ def renewal_rounds(count: int, wanted: int = ROUNDS) -> tuple[list[float], float
     async def watch(runner: TimedRunner) -> list[float]:
         interval = runner._settings.renew_interval
         full: list[float] = []
-        with trio.move_on_after(interval * (wanted + 3)):
+        with trio.move_on_after(max(interval * (wanted + 3), 30.0)):
             while len(full) < wanted:
                 await trio.sleep(interval / 4)
                 full = [seconds for seconds, held in runner.rounds if held >= count]
