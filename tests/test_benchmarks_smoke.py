@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from trio_supervise import MemoryQueue, WorkItem
+
 benchmarks_main = pytest.importorskip("benchmarks.__main__")
 from benchmarks._common import Config, Result  # noqa: E402
 
@@ -210,3 +212,37 @@ def test_profile_prints_a_pyinstrument_profile_of_one_measure(
     with pytest.raises(SystemExit) as exit_info:
         benchmarks_main.main(["--profile", "P99"])
     assert exit_info.value.code == 2
+
+
+class _BulkQueue(MemoryQueue):
+    """A memory queue with an ``enqueue_many`` taking the entries as ``enqueue``'s keywords."""
+
+    async def enqueue_many(self, entries: list[dict[str, str]]) -> list[WorkItem]:
+        return [await self.enqueue(**entry) for entry in entries]
+
+
+class _PickyBulkQueue(MemoryQueue):
+    """A memory queue whose ``enqueue_many`` wants another entry shape."""
+
+    async def enqueue_many(self, *, items: list[object]) -> None:
+        raise AssertionError("never reached: the call itself is refused")
+
+
+async def test_p10_uses_enqueue_many_when_the_queue_has_one() -> None:
+    """P10's enqueue path picks up ``queue.enqueue_many`` by ``getattr`` and says so; without
+    it, or when it refuses the entries before writing any, the items go in one at a time and the
+    path says why."""
+    from benchmarks.bulk import enqueue_all
+
+    bulk = _BulkQueue()
+    assert (await enqueue_all(bulk, 25)).startswith("enqueue_many")
+    assert sum((await bulk.counts()).values()) == 25
+
+    plain = MemoryQueue()
+    assert (await enqueue_all(plain, 5)).endswith("(no enqueue_many yet)")
+    assert sum((await plain.counts()).values()) == 5
+
+    picky = _PickyBulkQueue()
+    path = await enqueue_all(picky, 5)
+    assert path.startswith("enqueue_many refused the entries")
+    assert sum((await picky.counts()).values()) == 5
