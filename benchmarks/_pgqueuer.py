@@ -31,6 +31,8 @@ def asyncpg_params(dsn: str) -> dict[str, Any]:
         kwargs["port"] = int(str(kwargs["port"]))
     if "dbname" in params:
         kwargs["database"] = params["dbname"]
+    if "sslmode" in params:
+        kwargs["ssl"] = params["sslmode"]  # asyncpg takes libpq's mode names
     return kwargs
 
 
