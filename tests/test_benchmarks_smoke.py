@@ -246,3 +246,22 @@ async def test_p10_uses_enqueue_many_when_the_queue_has_one() -> None:
     path = await enqueue_all(picky, 5)
     assert path.startswith("enqueue_many refused the entries")
     assert sum((await picky.counts()).values()) == 5
+
+
+@pytest.mark.parametrize("dsn", DSNS)
+def test_pgqueuer_gets_every_dsn_as_asyncpg_keywords(dsn: str) -> None:
+    """P8's PgQueuer subprocess connects with asyncpg, which reads no ``key=value`` DSN: any
+    valid DSN becomes asyncpg's keywords with host, port, user, password, database and sslmode
+    as libpq reads them."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from benchmarks._pgqueuer import asyncpg_params
+
+    params = conninfo_to_dict(dsn)
+    kwargs = asyncpg_params(dsn)
+    assert kwargs.get("host") == params.get("host")
+    assert kwargs.get("user") == params.get("user")
+    assert kwargs.get("password") == params.get("password")
+    assert kwargs.get("database") == params.get("dbname")
+    assert kwargs.get("ssl") == params.get("sslmode")
+    assert kwargs.get("port") == (int(str(params["port"])) if "port" in params else None)
