@@ -7,7 +7,11 @@ See ``docs/benchmarks.md``. One module per family:
 - :mod:`benchmarks.memory`: P1 (memory-queue runner against a bare nursery) and P4 (a simulated
   year under the autojump clock);
 - :mod:`benchmarks.postgres`: P2 (against Procrastinate), P2f (against the raw SQL floor), P6
-  (latency with NOTIFY), P7 (two worker processes against one);
+  (latency with NOTIFY against a raw LISTEN/NOTIFY round trip), P7 (two worker processes
+  against one), P8 (against PgQueuer, run by :mod:`benchmarks._pgqueuer`);
 - :mod:`benchmarks.sqlite`: P3 (against the raw SQLite floor);
-- :mod:`benchmarks.supervision`: P5 (memory per idle supervised worker).
+- :mod:`benchmarks.scale`: P9 (claims and ``/metrics`` + ``/`` with a big table);
+- :mod:`benchmarks.bulk`: P10 (bulk enqueue against a multi-row INSERT floor);
+- :mod:`benchmarks.inflight`: P11 (10,000 leases in flight: renewal round, memory);
+- :mod:`benchmarks.supervision`: P5 (memory per idle supervised worker; retired, ``--only P5``).
 """

@@ -17,13 +17,36 @@ from collections.abc import Callable, Sequence
 
 from ._common import Config, Result, format_table
 
-MEASURES = ("P1", "P2", "P2f", "P3", "P4", "P5", "P6", "P7")
-NEEDS_DSN = {"P2", "P2f", "P6", "P7"}
+MEASURES = (
+    "P1",
+    "P2",
+    "P2f",
+    "P3",
+    "P4",
+    "P5",
+    "P6",
+    "P7",
+    "P8",
+    "P9s",
+    "P9hs",
+    "P9p",
+    "P9hp",
+    "P10s",
+    "P10p",
+    "P11",
+    "P11m",
+)
+NEEDS_DSN = {"P2", "P2f", "P6", "P7", "P8", "P9p", "P9hp", "P10p"}
 
 
-def run(config: Config, only: Sequence[str] = MEASURES) -> list[Result]:
+RETIRED = {"P5"}
+"""Met and out of the goals table: run only when named with ``--only``."""
+DEFAULT = tuple(measure for measure in MEASURES if measure not in RETIRED)
+
+
+def run(config: Config, only: Sequence[str] = DEFAULT) -> list[Result]:
     """Run the measures in *only* (in the canonical order) and return their results."""
-    from . import memory, postgres, sqlite, supervision
+    from . import bulk, inflight, memory, postgres, scale, sqlite, supervision
 
     wanted = set(only)
     steps: list[tuple[set[str], Callable[[Config], Result | list[Result]]]] = [
@@ -34,6 +57,12 @@ def run(config: Config, only: Sequence[str] = MEASURES) -> list[Result]:
         ({"P5"}, supervision.p5),
         ({"P6"}, postgres.p6),
         ({"P7"}, postgres.p7),
+        ({"P8"}, postgres.p8),
+        ({"P9s", "P9hs"}, scale.p9s),
+        ({"P9p", "P9hp"}, scale.p9p),
+        ({"P10s"}, bulk.p10s),
+        ({"P10p"}, bulk.p10p),
+        ({"P11", "P11m"}, inflight.p11),
     ]
     results: list[Result] = []
     for ids, step in steps:
@@ -52,6 +81,22 @@ def run(config: Config, only: Sequence[str] = MEASURES) -> list[Result]:
     return results
 
 
+def profile(config: Config, measure: str) -> list[Result]:
+    """Run *measure* alone under pyinstrument (wall-clock stacks of this process's main
+    thread, the Trio scheduler included; subprocesses, such as P7's workers and P8's PgQueuer,
+    are not in it) and print the profile before the results."""
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=0.001, async_mode="disabled")
+    profiler.start()
+    try:
+        results = run(config, [measure])
+    finally:
+        profiler.stop()
+    print(profiler.output_text(unicode=True, color=False, show_all=False, short_mode=False))
+    return results
+
+
 def as_json(results: Sequence[Result]) -> dict[str, dict[str, object]]:
     return {result.id: result.as_json() for result in results}
 
@@ -62,8 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument("--dsn", help="PostgreSQL DSN for P2, P2f, P6, P7")
     parser.add_argument("--only", help="comma-separated measure ids, e.g. P1,P3")
+    parser.add_argument(
+        "--profile",
+        metavar="ID",
+        help="run one measure under pyinstrument and print where this process's time went",
+    )
     args = parser.parse_args(argv)
-    only: Sequence[str] = MEASURES
+    if args.profile and args.profile not in MEASURES:
+        parser.error(f"unknown measure {args.profile}; known: {', '.join(MEASURES)}")
+    only: Sequence[str] = DEFAULT
     if args.only:
         only = [part.strip() for part in args.only.split(",") if part.strip()]
         unknown = sorted(set(only) - set(MEASURES))
@@ -75,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         or os.environ.get("TRIO_SUPERVISE_TEST_DSN")
     )
     started = time.perf_counter()
-    results = run(Config(quick=args.quick, dsn=dsn), only)
+    config = Config(quick=args.quick, dsn=dsn)
+    results = profile(config, args.profile) if args.profile else run(config, only)
     print(format_table(results))
     print(f"\n{len(results)} measures in {time.perf_counter() - started:.1f} s", end="")
     print(f"; goals met: {sum(r.met for r in results)} of {len(results)}")

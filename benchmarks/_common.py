@@ -7,7 +7,11 @@ here; the library itself reads time through Trio alone.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+import subprocess
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -207,6 +211,28 @@ def _num(value: float) -> str:
     if abs(value) >= 100:
         return f"{value:,.0f}"
     return f"{value:.3g}"
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a benchmark subprocess: this tree first on the path."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = [root, os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+def run_json(module: str, *args: object) -> Any:
+    """Run ``python -m module args...`` (this tree first on the path) and return the JSON its
+    last line of output holds; a failure raises with the child's stderr in the message."""
+    out = subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{module} failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run_trio(fn: Callable[[], Any], **kwargs: Any) -> Any:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import subprocess
 import sys
 import tracemalloc
 
@@ -20,7 +18,7 @@ import trio
 
 import trio_supervise as ts
 
-from ._common import Config, Result
+from ._common import Config, Result, run_json
 
 
 async def _idle() -> None:
@@ -69,18 +67,7 @@ def measure_here(kind: str, count: int) -> float:
 
 def measure(kind: str, count: int) -> float:
     """Bytes per worker, measured in a fresh subprocess."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = [root, os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.supervision", kind, str(count)],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    return float(json.loads(out.stdout)["bytes_per_worker"])
+    return float(run_json("benchmarks.supervision", kind, count)["bytes_per_worker"])
 
 
 def p5(config: Config) -> Result:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from trio_supervise import MemoryQueue, WorkItem
+
 benchmarks_main = pytest.importorskip("benchmarks.__main__")
 from benchmarks._common import Config, Result  # noqa: E402
 
@@ -152,3 +154,114 @@ def test_the_r8_scenario_counts_and_shows_every_refused_write(tmp_path: Path) ->
     assert (figures["lost"], figures["double_finalized"], figures["timed_out"]) == (0, 0, False)
     assert figures["refused_metric"] == figures["refused_in_log"]
     assert figures["lag_warning_on_status_page"] is True
+
+
+def test_the_new_in_process_measures_report_the_documented_shape() -> None:
+    """P9 and P10 on SQLite and P11 (renewal round, memory per in-flight item) run at tiny
+    sizes and report one record each, numbers and ratio as documented; P5, retired from the
+    goals, runs only when named."""
+    results = benchmarks_main.run(Config(tiny=True), ["P9s", "P9hs", "P10s", "P11", "P11m"])
+    records = benchmarks_main.as_json(results)
+    assert set(records) == {"P9s", "P9hs", "P10s", "P11", "P11m"}
+    for record in records.values():
+        check_record(record)
+    assert records["P9s"]["finished"] == 300
+    assert str(records["P10s"]["path"]).startswith(("enqueue_many", "enqueue from"))
+    assert "P5" in benchmarks_main.MEASURES
+    assert "P5" not in benchmarks_main.DEFAULT
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_postgres_measures_run_against_the_test_server() -> None:
+    """P6 (against a raw LISTEN/NOTIFY round trip), P8 (PgQueuer in a subprocess, in a database
+    of its own), P9 and P10 on PostgreSQL run at tiny sizes on the test DSN and leave no
+    benchmark database behind."""
+    pytest.importorskip("pgqueuer")
+    import psycopg
+
+    from .queues.conftest import postgres_dsn
+
+    dsn = postgres_dsn()
+    only = ["P6", "P8", "P9p", "P9hp", "P10p"]
+    records = benchmarks_main.as_json(benchmarks_main.run(Config(tiny=True, dsn=dsn), only))
+    assert set(records) == set(only)
+    for record in records.values():
+        check_record(record)
+    assert records["P8"]["pgqueuer_batch"] in (64, 200)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'bench_pgqueuer_%%'"
+        ).fetchone()
+    assert left == (0,)
+
+
+def test_profile_prints_a_pyinstrument_profile_of_one_measure(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--profile P1`` runs P1 alone under pyinstrument and prints the call tree, then the
+    table; an unknown id is a usage error."""
+    pytest.importorskip("pyinstrument")
+    monkeypatch.setattr(
+        benchmarks_main, "Config", lambda **kwargs: Config(**{**kwargs, "tiny": True})
+    )
+    assert benchmarks_main.main(["--profile", "P1"]) == 0
+    out = capsys.readouterr().out
+    assert "memory_runner_rate" in out
+    assert "P1 " in out
+    with pytest.raises(SystemExit) as exit_info:
+        benchmarks_main.main(["--profile", "P99"])
+    assert exit_info.value.code == 2
+
+
+class _BulkQueue(MemoryQueue):
+    """A memory queue with an ``enqueue_many`` taking the entries as ``enqueue``'s keywords."""
+
+    async def enqueue_many(self, entries: list[dict[str, str]]) -> list[WorkItem]:
+        return [await self.enqueue(**entry) for entry in entries]
+
+
+class _PickyBulkQueue(MemoryQueue):
+    """A memory queue whose ``enqueue_many`` wants another entry shape."""
+
+    async def enqueue_many(self, *, items: list[object]) -> None:
+        raise AssertionError("never reached: the call itself is refused")
+
+
+async def test_p10_uses_enqueue_many_when_the_queue_has_one() -> None:
+    """P10's enqueue path picks up ``queue.enqueue_many`` by ``getattr`` and says so; without
+    it, or when it refuses the entries before writing any, the items go in one at a time and the
+    path says why."""
+    from benchmarks.bulk import enqueue_all
+
+    bulk = _BulkQueue()
+    assert (await enqueue_all(bulk, 25)).startswith("enqueue_many")
+    assert sum((await bulk.counts()).values()) == 25
+
+    plain = MemoryQueue()
+    assert (await enqueue_all(plain, 5)).endswith("(no enqueue_many yet)")
+    assert sum((await plain.counts()).values()) == 5
+
+    picky = _PickyBulkQueue()
+    path = await enqueue_all(picky, 5)
+    assert path.startswith("enqueue_many refused the entries")
+    assert sum((await picky.counts()).values()) == 5
+
+
+@pytest.mark.parametrize("dsn", DSNS)
+def test_pgqueuer_gets_every_dsn_as_asyncpg_keywords(dsn: str) -> None:
+    """P8's PgQueuer subprocess connects with asyncpg, which reads no ``key=value`` DSN: any
+    valid DSN becomes asyncpg's keywords with host, port, user, password, database and sslmode
+    as libpq reads them."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from benchmarks._pgqueuer import asyncpg_params
+
+    params = conninfo_to_dict(dsn)
+    kwargs = asyncpg_params(dsn)
+    assert kwargs.get("host") == params.get("host")
+    assert kwargs.get("user") == params.get("user")
+    assert kwargs.get("password") == params.get("password")
+    assert kwargs.get("database") == params.get("dbname")
+    assert kwargs.get("ssl") == params.get("sslmode")
+    assert kwargs.get("port") == (int(str(params["port"])) if "port" in params else None)
