@@ -28,7 +28,7 @@ INSERT INTO trio_supervise_items (
     :now, :now
 )
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *;
+RETURNING *, due_at <= :now AS due_now;
 
 -- name: get_by_key
 SELECT * FROM trio_supervise_items WHERE idempotency_key = :idempotency_key;
@@ -77,7 +77,7 @@ UPDATE trio_supervise_items SET
     cancel_requested = 0,
     updated_at = :now
 WHERE id = :id AND state <> 'running'
-RETURNING *;
+RETURNING *, due_at <= :now AS due_now;
 
 -- name: claim_due
 -- Claimable rows in (due_at, id) order, leased in one statement inside BEGIN IMMEDIATE.
@@ -104,7 +104,7 @@ UPDATE trio_supervise_items SET
     lease_expires_at = :now + :lease_us,
     updated_at = :now
 WHERE id = :id AND lease_version = :version AND lease_owner = :owner AND state = 'running'
-RETURNING cancel_requested;
+RETURNING id, lease_version, lease_owner, cancel_requested;
 
 -- name: mark_error
 UPDATE trio_supervise_items SET
@@ -144,10 +144,14 @@ UPDATE trio_supervise_items SET
     lease_expires_at = NULL,
     updated_at = :now
 WHERE id = :id AND lease_version = :version AND state = 'running'
-RETURNING id;
+RETURNING id, spec_id, state, due_at <= :now AS due_now;
 
 -- name: next_due_at
-SELECT min(CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END) AS at
-FROM trio_supervise_items
-WHERE state IN ('queued', 'running')
-  AND spec_id IN (SELECT value FROM json_each(:spec_ids));
+-- Also returns how far away that is, in seconds by the queue's clock.
+SELECT t.at, (t.at - :now) / 1000000.0 AS wait
+FROM (
+    SELECT min(CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END) AS at
+    FROM trio_supervise_items
+    WHERE state IN ('queued', 'running')
+      AND spec_id IN (SELECT value FROM json_each(:spec_ids))
+) AS t;
