@@ -65,10 +65,14 @@ from ._workflow import Stop as Stop
 from ._workflow import TypedWorkflowDriver as TypedWorkflowDriver
 from ._workflow import WorkflowDriver as WorkflowDriver
 from ._workflow import run_due_pass as run_due_pass
+from .queues import DEFAULT_QUEUE as DEFAULT_QUEUE
+from .queues import MAX_PRIORITY as MAX_PRIORITY
+from .queues import MIN_PRIORITY as MIN_PRIORITY
 from .queues import ItemState as ItemState
 from .queues import Lease as Lease
 from .queues import LeaseStatus as LeaseStatus
 from .queues import MemoryQueue as MemoryQueue
+from .queues import QueueInfo as QueueInfo
 from .queues import SettleKind as SettleKind
 from .queues import Settlement as Settlement
 from .queues import WorkItem as WorkItem
@@ -77,6 +81,9 @@ from .queues import migrate as migrate
 from .queues import open_queue as open_queue
 
 __all__ = [
+    "DEFAULT_QUEUE",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "AnyWorkflowDriver",
     "AutoShutdown",
     "ChildCounts",
@@ -110,6 +117,7 @@ __all__ = [
     "PassStats",
     "QueueError",
     "QueueFailed",
+    "QueueInfo",
     "QueueUnavailable",
     "RecentError",
     "Reschedule",

@@ -28,12 +28,14 @@ from typing import Any, TextIO
 import attrs
 import trio
 
+from . import _cli_queues
 from ._convert import nested_too_deeply, nesting_exceeds, unstructure
 from ._errors import ConfigError, SuperviseError
 from ._settings import MAX_COUNT, MAX_SECONDS, HttpSettings, Settings, check_host, load_settings
 from ._version import __version__
 from .queues import ItemState, WorkItem, WorkQueue
 from .queues._factory import migrate, open_queue
+from .queues._protocol import DEFAULT_QUEUE, MAX_PRIORITY, MIN_PRIORITY, check_priority
 from .queues._sql import redact_dsn, scrub_dsn
 
 __all__ = ["main"]
@@ -118,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--subject", default="", help="subject id")
     enqueue.add_argument("--due", help="ISO 8601 datetime with a timezone, or +SECONDS")
     enqueue.add_argument("--key", help="idempotency key")
+    enqueue.add_argument(
+        "--priority",
+        type=_priority,
+        default=0,
+        help=f"{MIN_PRIORITY}..{MAX_PRIORITY}, lower is claimed first (default 0)",
+    )
+    enqueue.add_argument(
+        "--queue", default=DEFAULT_QUEUE, help=f"the named queue (default {DEFAULT_QUEUE!r})"
+    )
     enqueue.set_defaults(handler=_cmd_enqueue)
 
     cancel = actions.add_parser("cancel", parents=[database, as_json], help="cancel an item")
@@ -128,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("item_id", metavar="ID")
     retry.add_argument("--at", help="ISO 8601 datetime with a timezone, or +SECONDS")
     retry.set_defaults(handler=_cmd_retry)
+
+    _cli_queues.register(commands)
 
     status = commands.add_parser(
         "status", parents=[settings, as_json], help="ask a running service's /healthz"
@@ -141,6 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config.set_defaults(handler=_cmd_config)
     return parser
+
+
+def _priority(text: str) -> int:
+    try:
+        return check_priority(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from {MIN_PRIORITY} (claimed first) to {MAX_PRIORITY}, "
+            f"got {_printable(text)!r}"
+        ) from None
 
 
 def _limit(text: str) -> int:
@@ -298,6 +321,8 @@ def _print_item(item: WorkItem, as_json: bool) -> None:
         ("due", f"{_stamp(item.due_at)} UTC"),
         ("tenant", item.tenant_id),
         ("subject", item.subject_id),
+        ("queue", item.queue),
+        ("priority", str(item.priority)),
         ("errors", str(item.error_count)),
         ("last error", item.last_error or ""),
         (
@@ -501,6 +526,8 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
             due_at=_when(args.due, queue.clock.now()),
             item_id=args.item_id,
             idempotency_key=args.key,
+            priority=args.priority,
+            queue=args.queue,
         )
 
     item: WorkItem = _with_queue(args, body, create=True)

@@ -14,7 +14,7 @@ import datetime as dt
 import inspect
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, overload
 
 import attrs
@@ -25,12 +25,15 @@ from ._convert import structure_config, unstructure
 from ._errors import DriverError, LeaseLost, QueueError, QueueFailed, SuperviseError
 from ._policy import Jitter, RestartPolicy
 from .queues._protocol import (
+    DEFAULT_QUEUE,
     LeaseStatus,
     SettleKind,
     Settlement,
     WorkItem,
     WorkQueue,
     check_json,
+    check_priority,
+    check_queue_name,
     validate_spec_id,
 )
 
@@ -294,10 +297,37 @@ class DriverRegistry(Generic[ContextT]):
                 f"driver '{name}': evaluate takes a config argument, but the driver declares "
                 "no config_type"
             )
+        try:
+            check_priority(getattr(driver, "priority", 0))
+            check_queue_name(getattr(driver, "queue", DEFAULT_QUEUE))
+        except ValueError as error:
+            raise DriverError(f"driver '{name}': {error}") from None
         for spec_id in seen:
             self._by_spec[spec_id] = driver
         self._drivers.append(driver)
         return self
+
+    async def enqueue(
+        self,
+        work_queue: WorkQueue,
+        spec_id: str,
+        *,
+        priority: int | None = None,
+        queue: str | None = None,
+        **fields: Any,
+    ) -> WorkItem:
+        """``work_queue.enqueue(spec_id, ...)`` with the owning driver's defaults.
+
+        A driver may declare ``priority`` (an int, lower first) and ``queue`` (a queue name) as
+        attributes; they apply when *priority* or *queue* is not given here (else 0 and
+        ``"default"``). Every other keyword goes to :meth:`WorkQueue.enqueue` as is.
+        """
+        driver = self._by_spec.get(spec_id)
+        if priority is None:
+            priority = getattr(driver, "priority", 0)
+        if queue is None:
+            queue = getattr(driver, "queue", DEFAULT_QUEUE)
+        return await work_queue.enqueue(spec_id, priority=priority, queue=queue, **fields)
 
     def spec_ids(self) -> list[str]:
         """Every registered spec id, sorted."""
@@ -355,6 +385,23 @@ def _count(
     return check
 
 
+def _queue_limits(value: object) -> Mapping[str, int] | None:
+    """``queues``: a mapping of queue names to their concurrency, each checked; a copy."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value:
+        raise ValueError(
+            f"queues must be a non-empty mapping of queue names to limits, got {value!r}"
+        )
+    limits = {}
+    for name, limit in value.items():
+        check_queue_name(name)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"queues[{name!r}] must be an int >= 1, got {limit!r}")
+        limits[name] = limit
+    return limits
+
+
 def _worker_id(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError(f"worker_id must be a non-empty string, got {value!r}")
@@ -389,6 +436,10 @@ class RunnerSettings:
         consecutive failures the runner drains and raises the queue's error.
     :param settle_batch: the most outcomes written in one ``settle_many`` call.
     :param error_history: how many recent errors a runner keeps for its status page.
+    :param queues: the named queues this runner serves, each with its own concurrency limit,
+        e.g. ``{"default": 20, "mail": 5}``: each queue is claimed on its own, so a flood in one
+        never takes another's slots. None (the default) serves ``"default"`` with
+        ``concurrency``.
     """
 
     worker_id: str = attrs.field(validator=_worker_id)
@@ -410,6 +461,12 @@ class RunnerSettings:
     )
     settle_batch: int = attrs.field(default=100, validator=_count())
     error_history: int = attrs.field(default=50, validator=_count(minimum=0))
+    queues: Mapping[str, int] | None = attrs.field(default=None, converter=_queue_limits)
+
+    @property
+    def queue_limits(self) -> dict[str, int]:
+        """Each served queue's concurrency: ``queues``, or ``{"default": concurrency}``."""
+        return dict(self.queues) if self.queues else {DEFAULT_QUEUE: self.concurrency}
 
     @property
     def renew_interval(self) -> float:

@@ -32,16 +32,19 @@ import trio
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost, QueueError
 from . import _sql
 from ._protocol import (
+    DEFAULT_QUEUE,
     ItemState,
     JSONValue,
     Lease,
     LeaseStatus,
+    QueueInfo,
     SettleKind,
     Settlement,
     SingleWrites,
     WorkItem,
     check_json,
     check_new_item,
+    check_queue_name,
     storable_text,
     unstorable_outcome,
 )
@@ -158,6 +161,8 @@ class SQLQueue(SingleWrites):
             created_at=self._from_time(row["created_at"]),
             updated_at=self._from_time(row["updated_at"]),
             attempt=row["attempt"],
+            priority=row["priority"],
+            queue=row["queue"],
         )
 
     def _why(self, conn: Any, item_id: str) -> str:
@@ -178,6 +183,8 @@ class SQLQueue(SingleWrites):
         due_at: dt.datetime | None = None,
         item_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = 0,
+        queue: str = DEFAULT_QUEUE,
     ) -> WorkItem:
         config = check_new_item(
             spec_id=spec_id,
@@ -186,6 +193,8 @@ class SQLQueue(SingleWrites):
             tenant_id=tenant_id,
             subject_id=subject_id,
             idempotency_key=idempotency_key,
+            priority=priority,
+            queue=queue,
         )
         item_id = uuid.uuid4().hex if item_id is None else item_id
         now = self._now()
@@ -198,6 +207,8 @@ class SQLQueue(SingleWrites):
             "due_at": now if due_at is None else self._time(due_at),
             "idempotency_key": idempotency_key,
             "now": now,
+            "priority": priority,
+            "queue": queue,
         }
         queries = self._queries
 
@@ -297,9 +308,16 @@ class SQLQueue(SingleWrites):
     # -- the worker side ---------------------------------------------------------------------
 
     async def claim_due(
-        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+        self,
+        spec_ids: Sequence[str],
+        worker_id: str,
+        lease: float,
+        limit: int,
+        *,
+        queue: str = DEFAULT_QUEUE,
     ) -> list[WorkItem]:
         params = {
+            "queue": queue,
             "spec_ids": self._ids(spec_ids),
             "worker_id": worker_id,
             "lease_us": _sql.duration_us("lease", lease, positive=True),
@@ -317,7 +335,7 @@ class SQLQueue(SingleWrites):
                 return rows
 
         items = [self._item(row) for row in await self._run(run)]
-        items.sort(key=lambda item: (item.due_at, item.id))
+        items.sort(key=lambda item: (item.priority, item.due_at, item.id))
         return items
 
     async def renew(
@@ -448,23 +466,83 @@ class SQLQueue(SingleWrites):
             self._changed()
         return results
 
-    async def _next_due(self, spec_ids: Sequence[str]) -> tuple[Any, float]:
+    async def _next_due(
+        self, spec_ids: Sequence[str], queues: Sequence[str] | None
+    ) -> tuple[Any, float]:
         """The next claimable time (stored form) and how many seconds away it is."""
-        params = {"spec_ids": self._ids(spec_ids), "now": self._now()}
+        params = {
+            "spec_ids": self._ids(spec_ids),
+            "queues": None if queues is None else self._ids(queues),
+            "now": self._now(),
+        }
         query = self._queries["next_due_at"]
         row = await self._run(lambda conn: conn.execute(query, params).fetchone(), read=True)
         return row["at"], row["wait"]
 
-    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
-        at, _ = await self._next_due(spec_ids)
+    async def next_due_at(
+        self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
+    ) -> dt.datetime | None:
+        at, _ = await self._next_due(spec_ids, queues)
         return None if at is None else self._from_time(at)
 
-    async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
+    async def wait_for_work(
+        self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
+    ) -> None:
         self._before_wait()
         while True:
             generation = self._changes.value
-            at, wait = await self._next_due(spec_ids)
+            at, wait = await self._next_due(spec_ids, queues)
             if at is not None and wait <= 0:
                 return
             with trio.move_on_after(float("inf") if at is None else wait):
                 await self._changes.wait_value(_sql.other_than(generation))
+
+    # -- queues ------------------------------------------------------------------------------
+
+    async def pause_queue(self, queue: str) -> bool:
+        params = {"queue": check_queue_name(queue), "now": self._now()}
+        query = self._queries["pause_queue"]
+
+        def run(conn: Any) -> bool:
+            with self._write(conn):
+                return conn.execute(query, params).fetchone() is not None
+
+        paused = await self._run(run)
+        self._changed()
+        return paused
+
+    async def resume_queue(self, queue: str) -> bool:
+        params = {"queue": check_queue_name(queue)}
+        query = self._queries["resume_queue"]
+
+        def run(conn: Any) -> bool:
+            with self._transaction(conn):
+                resumed = conn.execute(query, params).fetchone() is not None
+                if resumed:
+                    self._notify(conn, [queue])
+                return resumed
+
+        resumed = await self._run(run)
+        self._changed()
+        return resumed
+
+    async def list_queues(self) -> list[QueueInfo]:
+        queries = self._queries
+
+        def run(conn: Any) -> tuple[list[Row], list[Row]]:
+            return (
+                conn.execute(queries["paused_queues"]).fetchall(),
+                conn.execute(queries["queue_counts"]).fetchall(),
+            )
+
+        paused_rows, count_rows = await self._run(run, read=True)
+        paused = {row["queue"]: self._from_time(row["paused_at"]) for row in paused_rows}
+        counts: dict[str, dict[ItemState, int]] = {name: {} for name in paused}
+        for row in count_rows:
+            counts.setdefault(row["queue"], {})[ItemState(row["state"])] = row["n"]
+        return [
+            QueueInfo(
+                name=name, paused=name in paused, paused_at=paused.get(name), counts=counts[name]
+            )
+            for name in sorted(counts)
+        ]
