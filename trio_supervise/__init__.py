@@ -56,6 +56,7 @@ from ._version import __version__ as __version__
 from ._workflow import AnyWorkflowDriver as AnyWorkflowDriver
 from ._workflow import ContextFactory as ContextFactory
 from ._workflow import Continue as Continue
+from ._workflow import Discard as Discard
 from ._workflow import DriverRegistry as DriverRegistry
 from ._workflow import Outcome as Outcome
 from ._workflow import PassStats as PassStats
@@ -93,6 +94,7 @@ __all__ = [
     "ConfigError",
     "ContextFactory",
     "Continue",
+    "Discard",
     "DriverError",
     "DriverRegistry",
     "DuplicateItem",

@@ -714,6 +714,11 @@ class WorkflowRunner(Generic[ContextT]):
             self._record_error(item.id, item.spec_id, error)
             logger.warning("item %r (spec %r) failed: %s", item.id, item.spec_id, error)
             settlement = failure_settlement(item, error, settings, self._jitter)
+        elif settlement.kind is SettleKind.DEAD and settlement.error is not None:
+            # Failed for good by the evaluation itself (Discard, a config that cannot fit).
+            self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
+            self._record_error(item.id, item.spec_id, settlement.error)
+            logger.warning("item %r (spec %r) is dead: %s", item.id, item.spec_id, settlement.error)
         detail = str(settlement.kind)
         if settlement.error is not None:
             detail = f"{detail}: {settlement.error}"

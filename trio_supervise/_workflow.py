@@ -22,10 +22,11 @@ import trio
 
 from ._clock import utc
 from ._convert import structure_config, unstructure
-from ._errors import DriverError, LeaseLost, QueueError, QueueFailed, SuperviseError
+from ._errors import ConfigError, DriverError, LeaseLost, QueueError, QueueFailed, SuperviseError
 from ._policy import Jitter, RestartPolicy
 from .queues._protocol import (
     DEFAULT_QUEUE,
+    MAX_DELAY,
     LeaseStatus,
     SettleKind,
     Settlement,
@@ -41,6 +42,7 @@ __all__ = [
     "AnyWorkflowDriver",
     "ContextFactory",
     "Continue",
+    "Discard",
     "DriverRegistry",
     "Outcome",
     "PassStats",
@@ -62,9 +64,33 @@ ConfigT = TypeVar("ConfigT")
 # -- outcomes ---------------------------------------------------------------------------------
 
 
+def _snooze(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"Continue delay must be a number of seconds, got {value!r}")
+    if not 0 <= value <= MAX_DELAY:
+        raise ValueError(f"Continue delay must be from 0 to {MAX_DELAY:g} seconds, got {value!r}")
+
+
 @attrs.frozen
 class Continue:
-    """Evaluated; due again after the runner's ``requeue_delay`` (the config is kept)."""
+    """Evaluated; due again after *delay* seconds (default: the runner's ``requeue_delay``).
+
+    The config is kept, and the error count and attempts are cleared: a snooze is a successful
+    evaluation, never an error.
+    """
+
+    delay: float | None = attrs.field(default=None, validator=_snooze)
+
+
+class Discard(Exception):
+    """Raised by a driver to fail an item for good: it goes straight to ``dead`` with *reason*
+    (``last_error`` = ``discarded: <reason>``), never retried; ``items retry`` revives it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @attrs.frozen
@@ -560,8 +586,9 @@ def outcome_settlement(
     """The write-back for a driver's *outcome*; :class:`TypeError`/:class:`ConfigError` if unfit."""
     item_id, version = item.id, item.lease_version
     if isinstance(outcome, Continue):
+        delay = requeue_delay if outcome.delay is None else outcome.delay
         return Settlement(
-            item_id=item_id, lease_version=version, kind=SettleKind.CONTINUE, delay=requeue_delay
+            item_id=item_id, lease_version=version, kind=SettleKind.CONTINUE, delay=delay
         )
     if isinstance(outcome, Reschedule):
         config = outcome.config
@@ -589,17 +616,33 @@ async def evaluate_item(
     *,
     requeue_delay: float,
 ) -> Settlement:
-    """Run the driver on *item* and turn its outcome into a settlement; raise on any item error."""
+    """Run the driver on *item* and turn its outcome into a settlement; raise on any item error.
+
+    Two failures no retry can fix settle ``dead`` at once instead: a config that does not
+    structure into the driver's ``config_type``, and a driver raising :class:`Discard`.
+    """
     if driver is None:
         raise DriverError(f"no driver registered for spec '{item.spec_id}'")
-    prepared = prepare_item(driver, item)
-    if takes_config(driver):
-        typed = cast("TypedWorkflowDriver[ContextT, Any]", driver)
-        outcome = await typed.evaluate(context, prepared, prepared.config)
-    else:
-        plain = cast("WorkflowDriver[ContextT]", driver)
-        outcome = await plain.evaluate(context, prepared)
+    try:
+        prepared = prepare_item(driver, item)
+    except ConfigError as error:
+        return _dead(item, str(error))
+    try:
+        if takes_config(driver):
+            typed = cast("TypedWorkflowDriver[ContextT, Any]", driver)
+            outcome = await typed.evaluate(context, prepared, prepared.config)
+        else:
+            plain = cast("WorkflowDriver[ContextT]", driver)
+            outcome = await plain.evaluate(context, prepared)
+    except Discard as discard:
+        return _dead(item, f"discarded: {discard.reason}")
     return outcome_settlement(outcome, item, driver_name=driver.name, requeue_delay=requeue_delay)
+
+
+def _dead(item: WorkItem, error: str) -> Settlement:
+    return Settlement(
+        item_id=item.id, lease_version=item.lease_version, kind=SettleKind.DEAD, error=error
+    )
 
 
 def attempts_exhausted(item: WorkItem, settings: RunnerSettings) -> Settlement | None:
@@ -892,6 +935,11 @@ async def _evaluate_claimed(
                     error = error or "evaluation was cancelled"
                     logger.warning("item %r (spec %r) failed: %s", item.id, item.spec_id, error)
                     settlement = failure_settlement(item, error, settings, jitter)
+                elif settlement.kind is SettleKind.DEAD:  # Discard, or a config that cannot fit
+                    failed += 1
+                    logger.warning(
+                        "item %r (spec %r) is dead: %s", item.id, item.spec_id, settlement.error
+                    )
             await _write(queue, settlement, lease_left=lease_left, settings=settings, jitter=jitter)
             nursery.cancel_scope.cancel()
 

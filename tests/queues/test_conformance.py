@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Awaitable, Callable
 
+import attrs
 import pytest
 import trio
 
@@ -948,3 +949,16 @@ async def test_wait_for_work_ignores_unserved_and_paused_queues(queue: WorkQueue
     assert scope.cancelled_caught
     with trio.fail_after(5):
         await queue.wait_for_work(["spec"], queues=["mail"])
+
+
+@attrs.frozen
+class _Watering:
+    litres: float
+    plants: tuple[str, ...] = ()
+
+
+async def test_enqueue_accepts_an_attrs_config(queue: WorkQueue) -> None:
+    """An attrs config instance is unstructured by the shared converter, on every backend."""
+    item = await queue.enqueue("spec", config=_Watering(litres=1.5, plants=("fern",)))
+    assert item.config == {"litres": 1.5, "plants": ["fern"]}
+    assert (await queue.get(item.id)).config == {"litres": 1.5, "plants": ["fern"]}
