@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import attrs
 import pytest
 import trio
@@ -109,3 +111,64 @@ async def test_a_driver_with_an_out_of_range_default_priority_is_refused() -> No
 
     with pytest.raises(ts.DriverError, match="driver 'shouty': priority must be an integer"):
         ts.DriverRegistry[None]().register(Shouty())
+
+
+class Sleeper:
+    """Sleeps as long as the config says; the driver's timeout is 45 s."""
+
+    name = "sleeper"
+    spec_ids = ("nap",)
+    timeout = 45
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: None, item: WorkItem) -> ts.Outcome:
+        await trio.sleep(item.config["sleep"])
+        return ts.Stop()
+
+
+async def test_an_evaluation_past_its_timeout_is_an_item_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """At the driver's timeout the evaluation is cancelled: `timed out after 45 s`, retried;
+    the 30 s lease kept being renewed meanwhile, so nobody else took the item."""
+    queue = ts.MemoryQueue()
+    await queue.enqueue("nap", item_id="long", config={"sleep": 100})
+    await queue.enqueue("nap", item_id="short", config={"sleep": 1})
+    registry = ts.DriverRegistry[None]().register(Sleeper())
+    settings = ts.RunnerSettings(worker_id="w", lease=30, requeue_delay=500)
+    runner = ts.WorkflowRunner(
+        queue=queue, registry=registry, settings=settings, build_context=lambda: None
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        await trio.sleep(46)
+        runner.shutdown.begin()
+    long = await queue.get("long")
+    assert (long.state, long.error_count, long.last_error) == (
+        ts.ItemState.QUEUED,
+        1,
+        "timed out after 45 s",
+    )
+    assert long.lease_version == 1  # claimed once: the lease never lapsed while it ran
+    assert (await queue.get("short")).state is ts.ItemState.COMPLETED
+    renewals = [e for e in queue.events if e.op == "renew" and e.item_id == "long"]
+    assert [e.at - queue.events[0].at for e in renewals][:2] == [
+        dt.timedelta(seconds=10),
+        dt.timedelta(seconds=20),
+    ]
+
+
+async def test_an_item_timeout_overrides_the_drivers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """enqueue(evaluation_timeout=2) bounds that item's evaluations at 2 s, not the driver's 45."""
+    queue = ts.MemoryQueue()
+    item = await queue.enqueue("nap", config={"sleep": 10}, evaluation_timeout=2)
+    assert item.timeout == 2.0
+    registry = ts.DriverRegistry[None]().register(Sleeper())
+    await ts.run_due_pass(queue, registry, _settings(), lambda: None)
+    assert (await queue.get(item.id)).last_error == "timed out after 2 s"
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        await queue.enqueue("nap", evaluation_timeout=0)

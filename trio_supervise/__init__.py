@@ -58,6 +58,7 @@ from ._workflow import ContextFactory as ContextFactory
 from ._workflow import Continue as Continue
 from ._workflow import Discard as Discard
 from ._workflow import DriverRegistry as DriverRegistry
+from ._workflow import EvaluationTimedOut as EvaluationTimedOut
 from ._workflow import Outcome as Outcome
 from ._workflow import PassStats as PassStats
 from ._workflow import Reschedule as Reschedule
@@ -98,6 +99,7 @@ __all__ = [
     "DriverError",
     "DriverRegistry",
     "DuplicateItem",
+    "EvaluationTimedOut",
     "ErrorRecord",
     "HttpSettings",
     "Intensity",

@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import inspect
 import logging
+import math
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, overload
@@ -35,6 +36,7 @@ from .queues._protocol import (
     check_json,
     check_priority,
     check_queue_name,
+    check_timeout,
     validate_spec_id,
 )
 
@@ -44,6 +46,7 @@ __all__ = [
     "Continue",
     "Discard",
     "DriverRegistry",
+    "EvaluationTimedOut",
     "Outcome",
     "PassStats",
     "Reschedule",
@@ -82,6 +85,11 @@ class Continue:
     """
 
     delay: float | None = attrs.field(default=None, validator=_snooze)
+
+
+class EvaluationTimedOut(SuperviseError):
+    """An evaluation ran past its timeout (the item's, else its driver's): an item error,
+    ``timed out after N s``, retried per the runner's policy."""
 
 
 class Discard(Exception):
@@ -326,6 +334,7 @@ class DriverRegistry(Generic[ContextT]):
         try:
             check_priority(getattr(driver, "priority", 0))
             check_queue_name(getattr(driver, "queue", DEFAULT_QUEUE))
+            check_timeout(getattr(driver, "timeout", None))
         except ValueError as error:
             raise DriverError(f"driver '{name}': {error}") from None
         for spec_id in seen:
@@ -627,15 +636,19 @@ async def evaluate_item(
         prepared = prepare_item(driver, item)
     except ConfigError as error:
         return _dead(item, str(error))
+    timeout = item.timeout if item.timeout is not None else getattr(driver, "timeout", None)
     try:
-        if takes_config(driver):
-            typed = cast("TypedWorkflowDriver[ContextT, Any]", driver)
-            outcome = await typed.evaluate(context, prepared, prepared.config)
-        else:
-            plain = cast("WorkflowDriver[ContextT]", driver)
-            outcome = await plain.evaluate(context, prepared)
+        with trio.move_on_after(math.inf if timeout is None else timeout) as deadline:
+            if takes_config(driver):
+                typed = cast("TypedWorkflowDriver[ContextT, Any]", driver)
+                outcome = await typed.evaluate(context, prepared, prepared.config)
+            else:
+                plain = cast("WorkflowDriver[ContextT]", driver)
+                outcome = await plain.evaluate(context, prepared)
     except Discard as discard:
         return _dead(item, f"discarded: {discard.reason}")
+    if deadline.cancelled_caught:
+        raise EvaluationTimedOut(f"timed out after {timeout:g} s")
     return outcome_settlement(outcome, item, driver_name=driver.name, requeue_delay=requeue_delay)
 
 

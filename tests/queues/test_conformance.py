@@ -962,3 +962,15 @@ async def test_enqueue_accepts_an_attrs_config(queue: WorkQueue) -> None:
     item = await queue.enqueue("spec", config=_Watering(litres=1.5, plants=("fern",)))
     assert item.config == {"litres": 1.5, "plants": ["fern"]}
     assert (await queue.get(item.id)).config == {"litres": 1.5, "plants": ["fern"]}
+
+
+async def test_enqueue_stores_an_evaluation_timeout(queue: WorkQueue) -> None:
+    """An item's evaluation timeout comes back as given; a bad one is refused, nothing stored."""
+    item = await queue.enqueue("spec", item_id="t", evaluation_timeout=2.5)
+    assert (item.timeout, (await queue.get("t")).timeout) == (2.5, 2.5)
+    assert (await queue.enqueue("spec")).timeout is None
+    for bad in (0, -1, float("inf"), "5"):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            await queue.enqueue("spec", item_id="bad", evaluation_timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(ItemNotFound):
+        await queue.get("bad")

@@ -312,6 +312,7 @@ class MemoryQueue(SingleWrites):
         idempotency_key: str | None = None,
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
+        evaluation_timeout: float | None = None,
     ) -> WorkItem:
         await trio.lowlevel.checkpoint()
         config = check_new_item(
@@ -323,6 +324,7 @@ class MemoryQueue(SingleWrites):
             idempotency_key=idempotency_key,
             priority=priority,
             queue=queue,
+            timeout=evaluation_timeout,
         )
         if idempotency_key is not None and idempotency_key in self._keys:
             return self._items[self._keys[idempotency_key]]
@@ -342,6 +344,7 @@ class MemoryQueue(SingleWrites):
             updated_at=now,
             priority=priority,
             queue=queue,
+            timeout=None if evaluation_timeout is None else float(evaluation_timeout),
         )
         self._store(item)
         if idempotency_key is not None:

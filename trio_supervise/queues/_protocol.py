@@ -93,6 +93,7 @@ __all__ = [
     "QueueInfo",
     "check_priority",
     "check_queue_name",
+    "check_timeout",
     "check_json",
     "check_new_item",
     "storable_text",
@@ -230,6 +231,25 @@ def check_queue_name(queue: object) -> str:
     return queue
 
 
+MAX_TIMEOUT = 365 * 24 * 3600.0
+"""The longest evaluation timeout (a year, in seconds)."""
+
+
+def check_timeout(timeout: object, *, what: str = "timeout") -> float | None:
+    """Refuse a timeout that is not None or a positive finite number of seconds up to a year."""
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        raise ValueError(
+            f"{what} must be a positive number of seconds, at most {MAX_TIMEOUT:g}, got {timeout!r}"
+        )
+    return float(timeout)
+
+
 def check_new_item(
     *,
     spec_id: str,
@@ -240,6 +260,7 @@ def check_new_item(
     idempotency_key: str | None,
     priority: int = 0,
     queue: str = DEFAULT_QUEUE,
+    timeout: float | None = None,
 ) -> JSONValue:
     """Validate what ``enqueue`` was given, the same way on every backend; return the config.
 
@@ -255,6 +276,7 @@ def check_new_item(
     validate_spec_id(spec_id)
     check_priority(priority)
     check_queue_name(queue)
+    check_timeout(timeout)
     if item_id is not None and not item_id:
         raise ValueError("item_id must be a non-empty string")
     texts = {
@@ -320,6 +342,8 @@ class WorkItem:
     """From MIN_PRIORITY to MAX_PRIORITY; a lower number is claimed first."""
     queue: str = DEFAULT_QUEUE
     """The named queue the item waits in."""
+    timeout: float | None = None
+    """Seconds one evaluation may take, overriding the driver's ``timeout``; None: the driver's."""
 
     @property
     def lease(self) -> Lease:
@@ -365,6 +389,7 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     _set(new, "attempt", get("attempt", item.attempt))
     _set(new, "priority", get("priority", item.priority))
     _set(new, "queue", get("queue", item.queue))
+    _set(new, "timeout", get("timeout", item.timeout))
     return new
 
 
@@ -537,11 +562,14 @@ class WorkQueue(Protocol):
         idempotency_key: str | None = None,
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
+        evaluation_timeout: float | None = None,
     ) -> WorkItem:
         """Add an item, due at *due_at* (default: now); config ``None`` means ``{}``.
 
         It waits in *queue* with *priority* (lower first; see the module doc); a priority out
-        of range raises :class:`ValueError`.
+        of range raises :class:`ValueError`. *evaluation_timeout* (seconds) bounds each
+        evaluation of this item (stored as ``WorkItem.timeout``), overriding its driver's
+        ``timeout``.
 
         With an *idempotency_key* that an existing item already carries (in any state), nothing
         is written and that item is returned. An explicit *item_id* that exists already raises

@@ -163,6 +163,7 @@ class SQLQueue(SingleWrites):
             attempt=row["attempt"],
             priority=row["priority"],
             queue=row["queue"],
+            timeout=row["timeout"],
         )
 
     def _why(self, conn: Any, item_id: str) -> str:
@@ -185,6 +186,7 @@ class SQLQueue(SingleWrites):
         idempotency_key: str | None = None,
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
+        evaluation_timeout: float | None = None,
     ) -> WorkItem:
         config = check_new_item(
             spec_id=spec_id,
@@ -195,6 +197,7 @@ class SQLQueue(SingleWrites):
             idempotency_key=idempotency_key,
             priority=priority,
             queue=queue,
+            timeout=evaluation_timeout,
         )
         item_id = uuid.uuid4().hex if item_id is None else item_id
         now = self._now()
@@ -209,6 +212,7 @@ class SQLQueue(SingleWrites):
             "now": now,
             "priority": priority,
             "queue": queue,
+            "timeout": None if evaluation_timeout is None else float(evaluation_timeout),
         }
         queries = self._queries
 

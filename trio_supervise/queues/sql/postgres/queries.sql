@@ -27,12 +27,12 @@ SELECT pg_advisory_xact_lock(
 -- name: enqueue
 INSERT INTO trio_supervise_items AS i (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at, priority, queue
+    created_at, updated_at, priority, queue, timeout
 ) VALUES (
     %(id)s, %(spec_id)s, %(tenant_id)s, %(subject_id)s, %(config)s::jsonb, 'queued',
     coalesce(%(due_at)s::timestamptz, %(now)s::timestamptz, now()), %(idempotency_key)s,
     coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-    %(priority)s, %(queue)s
+    %(priority)s, %(queue)s, %(timeout)s
 )
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *, i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;

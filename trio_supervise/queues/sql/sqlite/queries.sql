@@ -22,10 +22,10 @@ INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version
 -- name: enqueue
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at, priority, queue
+    created_at, updated_at, priority, queue, timeout
 ) VALUES (
     :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
-    :now, :now, :priority, :queue
+    :now, :now, :priority, :queue, :timeout
 )
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *, due_at <= :now AS due_now;
