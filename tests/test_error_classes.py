@@ -172,3 +172,26 @@ async def test_an_item_timeout_overrides_the_drivers(
     assert (await queue.get(item.id)).last_error == "timed out after 2 s"
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
         await queue.enqueue("nap", evaluation_timeout=0)
+
+
+class Reporter:
+    """Stops with a result."""
+
+    name = "reporter"
+    spec_ids = ("report",)
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: None, item: WorkItem) -> ts.Outcome:
+        return ts.Stop(result=Watering(litres=4.0))
+
+
+async def test_stop_with_a_result_stores_it(autojump_clock: trio.testing.MockClock) -> None:
+    """Stop(result=...) stores the (unstructured) result with the completed item."""
+    queue = ts.MemoryQueue()
+    item = await queue.enqueue("report")
+    registry = ts.DriverRegistry[None]().register(Reporter())
+    await ts.run_due_pass(queue, registry, _settings(), lambda: None)
+    done = await queue.get(item.id)
+    assert (done.state, done.result) == (ts.ItemState.COMPLETED, {"litres": 4.0})

@@ -336,6 +336,8 @@ def _print_item(item: WorkItem, as_json: bool) -> None:
         ("updated", f"{_stamp(item.updated_at)} UTC"),
         ("config", json.dumps(item.config, sort_keys=True)),
     ]
+    if item.result is not None:
+        fields.append(("result", json.dumps(item.result, sort_keys=True)))
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
         print(f"{name.ljust(width)}  {_printable(value)}")

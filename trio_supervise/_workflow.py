@@ -116,7 +116,13 @@ class Reschedule:
 
 @attrs.frozen
 class Stop:
-    """Finished for good: the item is completed and never claimed again."""
+    """Finished for good: the item is completed and never claimed again.
+
+    *result*, a JSON-compatible value or an attrs instance (unstructured by the shared
+    converter), is stored with the completed item (``WorkItem.result``).
+    """
+
+    result: Any = None
 
 
 Outcome: TypeAlias = Continue | Reschedule | Stop
@@ -612,7 +618,14 @@ def outcome_settlement(
             config=config,
         )
     if isinstance(outcome, Stop):
-        return Settlement(item_id=item_id, lease_version=version, kind=SettleKind.COMPLETE)
+        result = outcome.result
+        if attrs.has(type(result)):
+            result = unstructure(result)
+        if result is not None:
+            result = check_json(result, what=f"result for spec '{item.spec_id}'")
+        return Settlement(
+            item_id=item_id, lease_version=version, kind=SettleKind.COMPLETE, result=result
+        )
     raise TypeError(
         f"driver '{driver_name}' returned {outcome!r}, not Continue, Reschedule or Stop"
     )
@@ -761,7 +774,7 @@ async def _write(
             steps = [release]
         case SettleKind.RESCHEDULE:
             steps = [reschedule]
-        case SettleKind.COMPLETE:
+        case SettleKind.COMPLETE if settlement.result is None:
             steps = [complete]
         case SettleKind.RETRY:
             steps = [mark_error, release]  # each retried alone: an error is counted once

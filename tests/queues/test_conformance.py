@@ -974,3 +974,44 @@ async def test_enqueue_stores_an_evaluation_timeout(queue: WorkQueue) -> None:
             await queue.enqueue("spec", item_id="bad", evaluation_timeout=bad)  # type: ignore[arg-type]
     with pytest.raises(ItemNotFound):
         await queue.get("bad")
+
+
+async def test_a_completed_item_keeps_its_result(queue: WorkQueue) -> None:
+    """A complete settlement's JSON result is stored with the item, single and batched."""
+    await queue.enqueue("spec", item_id="one")
+    await queue.enqueue("spec", item_id="two")
+    one, two = await queue.claim_due(["spec"], "w", 30, 2)
+    await queue.settle_many(
+        [
+            Settlement(
+                item_id="one",
+                lease_version=one.lease_version,
+                kind=SettleKind.COMPLETE,
+                result={"sent": 3, "to": ["a"]},
+            ),
+            Settlement(item_id="two", lease_version=two.lease_version, kind=SettleKind.COMPLETE),
+        ]
+    )
+    assert (await queue.get("one")).result == {"sent": 3, "to": ["a"]}
+    assert (await queue.get("two")).result is None
+
+
+async def test_an_unstorable_result_makes_only_its_entry_dead(queue: WorkQueue) -> None:
+    """A result no backend can store becomes that entry's dead outcome, saying why."""
+    await queue.enqueue("spec", item_id="bad")
+    [bad] = await queue.claim_due(["spec"], "w", 30, 1)
+    settled = await queue.settle_many(
+        [
+            Settlement(
+                item_id="bad",
+                lease_version=bad.lease_version,
+                kind=SettleKind.COMPLETE,
+                result={"x": "\x00"},
+            )
+        ]
+    )
+    assert settled == [True]
+    got = await queue.get("bad")
+    assert got.state is ItemState.DEAD
+    assert got.last_error is not None
+    assert got.last_error.startswith("the complete outcome could not be stored: result")

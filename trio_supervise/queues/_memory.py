@@ -284,6 +284,8 @@ class MemoryQueue(SingleWrites):
                 )
             case SettleKind.COMPLETE | SettleKind.CANCEL | SettleKind.DEAD:
                 changes: dict[str, Any] = {}
+                if s.kind is SettleKind.COMPLETE and s.result is not None:
+                    changes = {"result": check_json(s.result, what="result")}
                 if s.kind is SettleKind.DEAD:
                     changes = {"error_count": item.error_count + 1, "last_error": s.error}
                 self._put(

@@ -499,6 +499,7 @@ class PostgresQueue(SQLQueue):
             "ats": [values["at"] for _, _, values in entries],
             "configs": [values["config"] for _, _, values in entries],
             "errors": [s.error for _, s, _ in entries],
+            "results": [values["result"] for _, _, values in entries],
             "now": now,
         }
         return conn.execute(_Q["settle_many"], params).fetchall()

@@ -344,6 +344,8 @@ class WorkItem:
     """The named queue the item waits in."""
     timeout: float | None = None
     """Seconds one evaluation may take, overriding the driver's ``timeout``; None: the driver's."""
+    result: JSONValue = None
+    """The JSON result a completed item was stopped with (``Stop(result=...)``), else None."""
 
     @property
     def lease(self) -> Lease:
@@ -390,6 +392,7 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     _set(new, "priority", get("priority", item.priority))
     _set(new, "queue", get("queue", item.queue))
     _set(new, "timeout", get("timeout", item.timeout))
+    _set(new, "result", get("result", item.result))
     return new
 
 
@@ -442,7 +445,7 @@ class SettleKind(enum.StrEnum):
     RESCHEDULE = "reschedule"
     """Evaluated fine; due at ``at`` with the new ``config`` in one write. Clears the errors."""
     COMPLETE = "complete"
-    """Finished for good."""
+    """Finished for good, with the JSON ``result`` if any."""
     CANCEL = "cancel"
     """Finished because cancellation was requested."""
     RETRY = "retry"
@@ -463,6 +466,8 @@ class Settlement:
     delay: float = 0.0
     at: dt.datetime | None = attrs.field(default=None, converter=attrs.converters.optional(utc))
     config: JSONValue = None
+    result: JSONValue = None
+    """A ``complete`` settlement's JSON result (checked like a config before it is written)."""
     error: str | None = attrs.field(
         default=None, converter=attrs.converters.optional(storable_text)
     )

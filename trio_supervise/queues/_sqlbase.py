@@ -164,6 +164,7 @@ class SQLQueue(SingleWrites):
             priority=row["priority"],
             queue=row["queue"],
             timeout=row["timeout"],
+            result=None if (result := row["result"]) is None else self._from_config(result),
         )
 
     def _why(self, conn: Any, item_id: str) -> str:
@@ -410,6 +411,11 @@ class SQLQueue(SingleWrites):
                 "at": None if s.at is None else self._time(s.at),
                 "config": (
                     json.dumps(check_json(s.config)) if s.kind is SettleKind.RESCHEDULE else None
+                ),
+                "result": (
+                    json.dumps(check_json(s.result, what="result"))
+                    if s.kind is SettleKind.COMPLETE and s.result is not None
+                    else None
                 ),
             }
         except (ValueError, OverflowError) as error:

@@ -154,6 +154,7 @@ UPDATE trio_supervise_items AS i SET
         ELSE i.due_at
     END,
     config = CASE WHEN s.kind = 'reschedule' THEN s.config::jsonb ELSE i.config END,
+    result = CASE WHEN s.kind = 'complete' THEN s.result::jsonb ELSE i.result END,
     error_count = CASE
         WHEN s.kind IN ('continue', 'reschedule') THEN 0
         WHEN s.kind IN ('retry', 'dead') THEN i.error_count + 1
@@ -170,8 +171,8 @@ UPDATE trio_supervise_items AS i SET
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(
     %(ids)s::text[], %(versions)s::bigint[], %(kinds)s::text[], %(delays_us)s::bigint[],
-    %(ats)s::timestamptz[], %(configs)s::text[], %(errors)s::text[]
-) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, ord)
+    %(ats)s::timestamptz[], %(configs)s::text[], %(errors)s::text[], %(results)s::text[]
+) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, result, ord)
 WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
 RETURNING s.ord, i.spec_id, i.state,
     i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;

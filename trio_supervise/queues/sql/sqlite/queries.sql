@@ -131,6 +131,7 @@ UPDATE trio_supervise_items SET
         ELSE due_at
     END,
     config = CASE WHEN :kind = 'reschedule' THEN :config ELSE config END,
+    result = CASE WHEN :kind = 'complete' THEN :result ELSE result END,
     error_count = CASE
         WHEN :kind IN ('continue', 'reschedule') THEN 0
         WHEN :kind IN ('retry', 'dead') THEN error_count + 1
