@@ -279,7 +279,8 @@ CONFIG_CASES = [
 async def test_a_config_that_does_not_fit_the_driver_is_an_item_error(
     autojump_clock: trio.testing.MockClock, config: Any, message: str
 ) -> None:
-    """A typed config of the wrong shape: the item errors, keeps its config; the runner goes on."""
+    """A typed config of the wrong shape: the item is dead at once (no retry can fix it), keeps
+    its config for a fix and `items retry`; the runner goes on."""
     queue = MemoryQueue()
     await queue.enqueue("typed", item_id="bad", config=config)
     await queue.enqueue("typed", item_id="good", config={"days": 3})
@@ -288,7 +289,7 @@ async def test_a_config_that_does_not_fit_the_driver_is_an_item_error(
     await _run_until_bad_errored(queue, registry, "bad")
     bad = await queue.get("bad")
     assert bad.last_error == f"invalid config for spec 'typed': {message}"
-    assert bad.state is ItemState.QUEUED
+    assert (bad.state, bad.error_count) == (ItemState.DEAD, 1)
     assert bad.config == config
 
 

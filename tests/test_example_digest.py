@@ -124,12 +124,12 @@ async def test_days_missed_while_down_are_skipped(
 async def test_a_bad_config_is_an_item_error(
     autojump_clock: trio.testing.MockClock, harness: Harness
 ) -> None:
-    """A config that does not fit the typed Subscription is retried, with the field named."""
+    """A config that does not fit the typed Subscription is dead at once, with the field named."""
     await harness.run_drivers(DigestDriver(), context=DigestContext(outbox=MemoryOutbox()))
     await harness.queue.enqueue(SPEC_ID, item_id="bad", config={"subscriber": "x", "ends": 5})
     await harness.advance(1)
     [outcome] = harness.history.select("outcome", "bad")
-    assert outcome.detail.startswith("retry: invalid config for spec 'subscription-digest'")
+    assert outcome.detail.startswith("dead: invalid config for spec 'subscription-digest'")
     assert "ends" in outcome.detail
 
 

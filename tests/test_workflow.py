@@ -485,7 +485,7 @@ async def test_typed_config_round_trips(autojump_clock: trio.testing.MockClock) 
 async def test_a_config_that_does_not_fit_is_an_item_error(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A bad typed config is an item error naming the spec and the field; the pass goes on."""
+    """A bad typed config is dead at once, naming the spec and the field; the pass goes on."""
     driver = DigestDriver()
     queue = FakeQueue(
         [
@@ -495,7 +495,11 @@ async def test_a_config_that_does_not_fit_is_an_item_error(
     )
     stats = await ts.run_due_pass(queue, registry(driver), settings(), context)  # type: ignore[arg-type]
     assert stats == ts.PassStats(claimed=2, failed=1)
-    assert queue.error_texts == ["invalid config for spec 'digest': days: expected int, got str"]
+    [dead] = [s for s in queue.settled if s.kind is ts.SettleKind.DEAD]
+    assert (dead.item_id, dead.error) == (
+        "bad",
+        "invalid config for spec 'digest': days: expected int, got str",
+    )
     assert [item_id for item_id, _ in queue.rescheduled] == ["good"]
 
 

@@ -62,7 +62,9 @@ from ._version import __version__ as __version__
 from ._workflow import AnyWorkflowDriver as AnyWorkflowDriver
 from ._workflow import ContextFactory as ContextFactory
 from ._workflow import Continue as Continue
+from ._workflow import Discard as Discard
 from ._workflow import DriverRegistry as DriverRegistry
+from ._workflow import EvaluationTimedOut as EvaluationTimedOut
 from ._workflow import Outcome as Outcome
 from ._workflow import PassStats as PassStats
 from ._workflow import Reschedule as Reschedule
@@ -71,10 +73,14 @@ from ._workflow import Stop as Stop
 from ._workflow import TypedWorkflowDriver as TypedWorkflowDriver
 from ._workflow import WorkflowDriver as WorkflowDriver
 from ._workflow import run_due_pass as run_due_pass
+from .queues import DEFAULT_QUEUE as DEFAULT_QUEUE
+from .queues import MAX_PRIORITY as MAX_PRIORITY
+from .queues import MIN_PRIORITY as MIN_PRIORITY
 from .queues import ItemState as ItemState
 from .queues import Lease as Lease
 from .queues import LeaseStatus as LeaseStatus
 from .queues import MemoryQueue as MemoryQueue
+from .queues import QueueInfo as QueueInfo
 from .queues import SettleKind as SettleKind
 from .queues import Settlement as Settlement
 from .queues import WorkItem as WorkItem
@@ -83,6 +89,9 @@ from .queues import migrate as migrate
 from .queues import open_queue as open_queue
 
 __all__ = [
+    "DEFAULT_QUEUE",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "AnyWorkflowDriver",
     "AutoShutdown",
     "ChildCounts",
@@ -92,9 +101,11 @@ __all__ = [
     "ConfigError",
     "ContextFactory",
     "Continue",
+    "Discard",
     "DriverError",
     "DriverRegistry",
     "DuplicateItem",
+    "EvaluationTimedOut",
     "ErrorRecord",
     "HttpSettings",
     "Intensity",
@@ -119,6 +130,7 @@ __all__ = [
     "PassStats",
     "QueueError",
     "QueueFailed",
+    "QueueInfo",
     "QueueUnavailable",
     "RecentError",
     "Reschedule",

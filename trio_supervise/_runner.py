@@ -60,7 +60,15 @@ from ._workflow import (
     raise_specific,
     write_retry_delay,
 )
-from .queues._protocol import Lease, LeaseStatus, SettleKind, Settlement, WorkItem, WorkQueue
+from .queues._protocol import (
+    DEFAULT_QUEUE,
+    Lease,
+    LeaseStatus,
+    SettleKind,
+    Settlement,
+    WorkItem,
+    WorkQueue,
+)
 
 __all__ = [
     "RunnerEventKind",
@@ -431,10 +439,13 @@ class WorkflowRunner(Generic[ContextT]):
     _count: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
+    _busy: dict[str, trio_util.AsyncValue[int]] = attrs.field(init=False, factory=dict)
+    """Per served queue, its items in flight (each queue has its own limit)."""
     _errors: collections.deque[RecentError] = attrs.field(init=False)
     _claim_failures: int = attrs.field(init=False, default=0)
     _running: bool = attrs.field(init=False, default=False)
-    _wait_scope: trio.CancelScope | None = attrs.field(init=False, default=None)
+    _wait_scopes: set[trio.CancelScope] = attrs.field(init=False, factory=set)
+    """The waits shutdown must cut short: one per claim loop (one per served queue)."""
     _drain_log: _DrainLog = attrs.field(init=False, factory=lambda: _DrainLog(0.0))
 
     def __attrs_post_init__(self) -> None:
@@ -508,7 +519,7 @@ class WorkflowRunner(Generic[ContextT]):
                             self._state = RunnerState.RUNNING
                             self._emit(RunnerEventKind.STARTED)
                             task_status.started()
-                            fatal = await self._claim_loop(evaluations, context, settler)
+                            fatal = await self._claim_loops(evaluations, context, settler)
                             await self._drain()
                         # Every item's task has ended; the outcomes they handed over are written
                         # (or fail) before the settler stops.
@@ -526,26 +537,62 @@ class WorkflowRunner(Generic[ContextT]):
             # Cancelled from outside before some outcomes were written: those leases expire.
             self._in_flight.clear()
             self._count.value = 0
+            for busy in self._busy.values():
+                busy.value = 0
             self._state = RunnerState.FAILED if failed else RunnerState.STOPPED
             self._running = False
             self._emit(RunnerEventKind.STOPPED, detail=str(self._state))
 
-    async def _claim_loop(
+    async def _claim_loops(
         self, nursery: trio.Nursery, context: ContextT, settler: _Settler
     ) -> Exception | None:
+        """One claim loop per served queue, each under its own limit; the first fatal error
+        ends them all."""
+        limits = self._settings.queue_limits
+        for name in limits:
+            self._busy.setdefault(name, trio_util.AsyncValue(0))
+        if len(limits) == 1:
+            [(name, limit)] = limits.items()
+            return await self._claim_loop(nursery, context, settler, name, limit)
+        fatal: list[Exception] = []
+
+        async def one(name: str, limit: int, scope: trio.CancelScope) -> None:
+            error = await self._claim_loop(nursery, context, settler, name, limit)
+            if error is not None:
+                fatal.append(error)
+                scope.cancel()
+
+        async with trio.open_nursery() as loops:
+            for name, limit in limits.items():
+                loops.start_soon(one, name, limit, loops.cancel_scope)
+        return fatal[0] if fatal else None
+
+    async def _claim_loop(
+        self,
+        nursery: trio.Nursery,
+        context: ContextT,
+        settler: _Settler,
+        queue: str,
+        concurrency: int,
+    ) -> Exception | None:
         settings = self._settings
+        busy = self._busy[queue]
+        # A queue other than the default is named; the default keeps the seed's call, so a
+        # WorkQueue written before named queues still serves it.
+        named = {} if queue == DEFAULT_QUEUE else {"queue": queue}
+        queues = [queue]
         while not self._shutdown.requested:
-            free = settings.concurrency - len(self._in_flight)
+            free = concurrency - busy.value
             if free <= 0:
                 with self._until_shutdown():
-                    await self._count.wait_value(lambda n: n < settings.concurrency)
+                    await busy.wait_value(lambda n: n < concurrency)
                 continue
             spec_ids = self._registry.spec_ids()
             limit = min(settings.claim_batch, free)
             started = trio.current_time()
             try:
                 items = await self._queue.claim_due(
-                    spec_ids, settings.worker_id, settings.lease, limit
+                    spec_ids, settings.worker_id, settings.lease, limit, **named
                 )
             except Exception as error:
                 self._claim_failures += 1
@@ -592,8 +639,9 @@ class WorkflowRunner(Generic[ContextT]):
             for item in items:
                 self._start(nursery, item, started, context, settler)
             self._count.value = len(self._in_flight)
+            busy.value += len(items)
             if len(items) < limit:
-                await self._wait_for_work(spec_ids)
+                await self._wait_for_work(spec_ids, queues)
         return None
 
     @contextlib.contextmanager
@@ -602,25 +650,26 @@ class WorkflowRunner(Generic[ContextT]):
         with trio.CancelScope() as scope:
             if self._shutdown.requested:
                 scope.cancel()
-            self._wait_scope = scope
+            self._wait_scopes.add(scope)
             try:
                 yield
             finally:
-                self._wait_scope = None
+                self._wait_scopes.discard(scope)
 
     async def _watch_shutdown(self) -> None:
         await self._shutdown.wait()
-        if self._wait_scope is not None:
-            self._wait_scope.cancel()
+        for scope in list(self._wait_scopes):
+            scope.cancel()
 
-    async def _wait_for_work(self, spec_ids: list[str]) -> None:
+    async def _wait_for_work(self, spec_ids: list[str], queues: list[str]) -> None:
         # A queue whose wake-ups are exact (see the protocol) needs no polling: under an autojump
         # clock, polling would wake the runner every poll_interval of virtual time for nothing.
         exact = getattr(self._queue, "exact_wakeups", False) is True
         with trio.move_on_after(math.inf if exact else self._settings.poll_interval):
             with self._until_shutdown():
                 try:
-                    await self._queue.wait_for_work(spec_ids)
+                    # Only the served queues: another queue's due items must not wake it.
+                    await self._queue.wait_for_work(spec_ids, queues=queues)
                 except Exception as error:
                     # The next claim reports the queue's trouble; here, just don't spin.
                     text = describe_error(error)
@@ -737,7 +786,10 @@ class WorkflowRunner(Generic[ContextT]):
                 self._free(entry)
 
     def _free(self, entry: _InFlight) -> None:
-        self._in_flight.pop(entry.key, None)
+        if self._in_flight.pop(entry.key, None) is not None:
+            busy = self._busy.get(entry.item.queue)
+            if busy is not None and busy.value > 0:
+                busy.value -= 1
         self._count.value = len(self._in_flight)
 
     async def _evaluate(self, entry: _InFlight, context: ContextT) -> Settlement | None:
@@ -793,6 +845,11 @@ class WorkflowRunner(Generic[ContextT]):
             self._record_error(item.id, item.spec_id, first_line(error))
             settlement = failure_settlement(item, error, settings, self._jitter)
             log_failure(logger, settings, item, settlement, failure)
+        elif settlement.kind is SettleKind.DEAD and settlement.error is not None:
+            # Failed for good by the evaluation itself (Discard, a config that cannot fit).
+            self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
+            self._record_error(item.id, item.spec_id, first_line(settlement.error))
+            log_dead(logger, settings.worker_id, item, settlement.error, evaluated=True)
         detail = str(settlement.kind)
         if settlement.error is not None:
             detail = f"{detail}: {first_line(settlement.error)}"

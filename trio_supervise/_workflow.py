@@ -13,10 +13,11 @@ import contextlib
 import datetime as dt
 import inspect
 import logging
+import math
 import os
 import traceback
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, overload
 
 import attrs
@@ -24,15 +25,20 @@ import trio
 
 from ._clock import utc
 from ._convert import structure_config, unstructure
-from ._errors import DriverError, LeaseLost, QueueError, QueueFailed, SuperviseError
+from ._errors import ConfigError, DriverError, LeaseLost, QueueError, QueueFailed, SuperviseError
 from ._policy import Jitter, RestartPolicy
 from .queues._protocol import (
+    DEFAULT_QUEUE,
+    MAX_DELAY,
     LeaseStatus,
     SettleKind,
     Settlement,
     WorkItem,
     WorkQueue,
     check_json,
+    check_priority,
+    check_queue_name,
+    check_timeout,
     validate_spec_id,
 )
 
@@ -40,7 +46,9 @@ __all__ = [
     "AnyWorkflowDriver",
     "ContextFactory",
     "Continue",
+    "Discard",
     "DriverRegistry",
+    "EvaluationTimedOut",
     "Outcome",
     "PassStats",
     "Reschedule",
@@ -61,9 +69,38 @@ ConfigT = TypeVar("ConfigT")
 # -- outcomes ---------------------------------------------------------------------------------
 
 
+def _snooze(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"Continue delay must be a number of seconds, got {value!r}")
+    if not 0 <= value <= MAX_DELAY:
+        raise ValueError(f"Continue delay must be from 0 to {MAX_DELAY:g} seconds, got {value!r}")
+
+
 @attrs.frozen
 class Continue:
-    """Evaluated; due again after the runner's ``requeue_delay`` (the config is kept)."""
+    """Evaluated; due again after *delay* seconds (default: the runner's ``requeue_delay``).
+
+    The config is kept, and the error count and attempts are cleared: a snooze is a successful
+    evaluation, never an error.
+    """
+
+    delay: float | None = attrs.field(default=None, validator=_snooze)
+
+
+class EvaluationTimedOut(SuperviseError):
+    """An evaluation ran past its timeout (the item's, else its driver's): an item error,
+    ``timed out after N s``, retried per the runner's policy."""
+
+
+class Discard(Exception):
+    """Raised by a driver to fail an item for good: it goes straight to ``dead`` with *reason*
+    (``last_error`` = ``discarded: <reason>``), never retried; ``items retry`` revives it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @attrs.frozen
@@ -81,7 +118,13 @@ class Reschedule:
 
 @attrs.frozen
 class Stop:
-    """Finished for good: the item is completed and never claimed again."""
+    """Finished for good: the item is completed and never claimed again.
+
+    *result*, a JSON-compatible value or an attrs instance (unstructured by the shared
+    converter), is stored with the completed item (``WorkItem.result``).
+    """
+
+    result: Any = None
 
 
 Outcome: TypeAlias = Continue | Reschedule | Stop
@@ -296,10 +339,38 @@ class DriverRegistry(Generic[ContextT]):
                 f"driver '{name}': evaluate takes a config argument, but the driver declares "
                 "no config_type"
             )
+        try:
+            check_priority(getattr(driver, "priority", 0))
+            check_queue_name(getattr(driver, "queue", DEFAULT_QUEUE))
+            check_timeout(getattr(driver, "timeout", None))
+        except ValueError as error:
+            raise DriverError(f"driver '{name}': {error}") from None
         for spec_id in seen:
             self._by_spec[spec_id] = driver
         self._drivers.append(driver)
         return self
+
+    async def enqueue(
+        self,
+        work_queue: WorkQueue,
+        spec_id: str,
+        *,
+        priority: int | None = None,
+        queue: str | None = None,
+        **fields: Any,
+    ) -> WorkItem:
+        """``work_queue.enqueue(spec_id, ...)`` with the owning driver's defaults.
+
+        A driver may declare ``priority`` (an int, lower first) and ``queue`` (a queue name) as
+        attributes; they apply when *priority* or *queue* is not given here (else 0 and
+        ``"default"``). Every other keyword goes to :meth:`WorkQueue.enqueue` as is.
+        """
+        driver = self._by_spec.get(spec_id)
+        if priority is None:
+            priority = getattr(driver, "priority", 0)
+        if queue is None:
+            queue = getattr(driver, "queue", DEFAULT_QUEUE)
+        return await work_queue.enqueue(spec_id, priority=priority, queue=queue, **fields)
 
     def spec_ids(self) -> list[str]:
         """Every registered spec id, sorted."""
@@ -357,6 +428,23 @@ def _count(
     return check
 
 
+def _queue_limits(value: object) -> Mapping[str, int] | None:
+    """``queues``: a mapping of queue names to their concurrency, each checked; a copy."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value:
+        raise ValueError(
+            f"queues must be a non-empty mapping of queue names to limits, got {value!r}"
+        )
+    limits = {}
+    for name, limit in value.items():
+        check_queue_name(name)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"queues[{name!r}] must be an int >= 1, got {limit!r}")
+        limits[name] = limit
+    return limits
+
+
 def _worker_id(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError(f"worker_id must be a non-empty string, got {value!r}")
@@ -391,6 +479,10 @@ class RunnerSettings:
         consecutive failures the runner drains and raises the queue's error.
     :param settle_batch: the most outcomes written in one ``settle_many`` call.
     :param error_history: how many recent errors a runner keeps for its status page.
+    :param queues: the named queues this runner serves, each with its own concurrency limit,
+        e.g. ``{"default": 20, "mail": 5}``: each queue is claimed on its own, so a flood in one
+        never takes another's slots. None (the default) serves ``"default"`` with
+        ``concurrency``.
     """
 
     worker_id: str = attrs.field(validator=_worker_id)
@@ -412,6 +504,12 @@ class RunnerSettings:
     )
     settle_batch: int = attrs.field(default=100, validator=_count())
     error_history: int = attrs.field(default=50, validator=_count(minimum=0))
+    queues: Mapping[str, int] | None = attrs.field(default=None, converter=_queue_limits)
+
+    @property
+    def queue_limits(self) -> dict[str, int]:
+        """Each served queue's concurrency: ``queues``, or ``{"default": concurrency}``."""
+        return dict(self.queues) if self.queues else {DEFAULT_QUEUE: self.concurrency}
 
     @property
     def renew_interval(self) -> float:
@@ -571,8 +669,9 @@ def outcome_settlement(
     """The write-back for a driver's *outcome*; :class:`TypeError`/:class:`ConfigError` if unfit."""
     item_id, version = item.id, item.lease_version
     if isinstance(outcome, Continue):
+        delay = requeue_delay if outcome.delay is None else outcome.delay
         return Settlement(
-            item_id=item_id, lease_version=version, kind=SettleKind.CONTINUE, delay=requeue_delay
+            item_id=item_id, lease_version=version, kind=SettleKind.CONTINUE, delay=delay
         )
     if isinstance(outcome, Reschedule):
         config = outcome.config
@@ -587,7 +686,14 @@ def outcome_settlement(
             config=config,
         )
     if isinstance(outcome, Stop):
-        return Settlement(item_id=item_id, lease_version=version, kind=SettleKind.COMPLETE)
+        result = outcome.result
+        if attrs.has(type(result)):
+            result = unstructure(result)
+        if result is not None:
+            result = check_json(result, what=f"result for spec '{item.spec_id}'")
+        return Settlement(
+            item_id=item_id, lease_version=version, kind=SettleKind.COMPLETE, result=result
+        )
     raise TypeError(
         f"driver '{driver_name}' returned {outcome!r}, not Continue, Reschedule or Stop"
     )
@@ -600,17 +706,37 @@ async def evaluate_item(
     *,
     requeue_delay: float,
 ) -> Settlement:
-    """Run the driver on *item* and turn its outcome into a settlement; raise on any item error."""
+    """Run the driver on *item* and turn its outcome into a settlement; raise on any item error.
+
+    Two failures no retry can fix settle ``dead`` at once instead: a config that does not
+    structure into the driver's ``config_type``, and a driver raising :class:`Discard`.
+    """
     if driver is None:
         raise DriverError(f"no driver registered for spec '{item.spec_id}'")
-    prepared = prepare_item(driver, item)
-    if takes_config(driver):
-        typed = cast("TypedWorkflowDriver[ContextT, Any]", driver)
-        outcome = await typed.evaluate(context, prepared, prepared.config)
-    else:
-        plain = cast("WorkflowDriver[ContextT]", driver)
-        outcome = await plain.evaluate(context, prepared)
+    try:
+        prepared = prepare_item(driver, item)
+    except ConfigError as error:
+        return _dead(item, str(error))
+    timeout = item.timeout if item.timeout is not None else getattr(driver, "timeout", None)
+    try:
+        with trio.move_on_after(math.inf if timeout is None else timeout) as deadline:
+            if takes_config(driver):
+                typed = cast("TypedWorkflowDriver[ContextT, Any]", driver)
+                outcome = await typed.evaluate(context, prepared, prepared.config)
+            else:
+                plain = cast("WorkflowDriver[ContextT]", driver)
+                outcome = await plain.evaluate(context, prepared)
+    except Discard as discard:
+        return _dead(item, f"discarded: {discard.reason}")
+    if deadline.cancelled_caught:
+        raise EvaluationTimedOut(f"timed out after {timeout:g} s")
     return outcome_settlement(outcome, item, driver_name=driver.name, requeue_delay=requeue_delay)
+
+
+def _dead(item: WorkItem, error: str) -> Settlement:
+    return Settlement(
+        item_id=item.id, lease_version=item.lease_version, kind=SettleKind.DEAD, error=error
+    )
 
 
 def attempts_exhausted(item: WorkItem, settings: RunnerSettings) -> Settlement | None:
@@ -716,7 +842,7 @@ async def _write(
             steps = [release]
         case SettleKind.RESCHEDULE:
             steps = [reschedule]
-        case SettleKind.COMPLETE:
+        case SettleKind.COMPLETE if settlement.result is None:
             steps = [complete]
         case SettleKind.RETRY:
             steps = [mark_error, release]  # each retried alone: an error is counted once
@@ -849,14 +975,17 @@ def log_failure(
     )
 
 
-def log_dead(log: logging.Logger, worker: str, item: WorkItem, error: str) -> None:
-    """Log that *item* went dead without evaluation (say, it exceeded ``max_attempts``)."""
+def log_dead(
+    log: logging.Logger, worker: str, item: WorkItem, error: str, *, evaluated: bool = False
+) -> None:
+    """Log that *item* went dead: without evaluation (say, it exceeded ``max_attempts``), or,
+    *evaluated*, failed for good by its evaluation (``Discard``, a config that cannot fit)."""
     log.warning(
-        "item %r (spec %r) is dead without evaluation: %s; `trio-supervise items retry %s` "
-        "requeues it",
+        "item %r (spec %r) is dead%s: %s; `trio-supervise items retry %s` requeues it",
         item.id,
         item.spec_id,
-        error,
+        "" if evaluated else " without evaluation",
+        first_line(error),
         item.id,
         stacklevel=2,
         extra=log_fields(worker, item, error=error),
@@ -978,6 +1107,11 @@ async def _evaluate_claimed(
                     error = error or "evaluation was cancelled"
                     settlement = failure_settlement(item, error, settings, jitter)
                     log_failure(logger, settings, item, settlement, failure)
+                elif settlement.kind is SettleKind.DEAD:  # Discard, or a config that cannot fit
+                    failed += 1
+                    log_dead(
+                        logger, settings.worker_id, item, str(settlement.error), evaluated=True
+                    )
             await _write(queue, settlement, lease_left=lease_left, settings=settings, jitter=jitter)
             nursery.cancel_scope.cancel()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Awaitable, Callable
 
+import attrs
 import pytest
 import trio
 
@@ -855,3 +856,162 @@ async def test_list_items_pages_with_a_cursor(queue: WorkQueue) -> None:
         assert pages == everything
     with pytest.raises(ItemNotFound):
         await queue.list_items(after="nope")
+
+
+# -- priorities, named queues, pausing -------------------------------------------------------
+
+
+async def test_claim_orders_by_priority_then_due_time_then_id(
+    queue: WorkQueue, clock: ManualClock
+) -> None:
+    """A lower priority number is claimed first; within a priority, earlier due, then id."""
+    await queue.enqueue("spec", item_id="late-urgent", priority=-5, due_at=START - S)
+    await queue.enqueue("spec", item_id="b-normal", due_at=START - 9 * S)
+    await queue.enqueue("spec", item_id="a-normal", due_at=START - 9 * S)
+    await queue.enqueue("spec", item_id="lazy", priority=7, due_at=START - 60 * S)
+    await queue.enqueue("spec", item_id="urgent", priority=-5, due_at=START - 2 * S)
+    claimed = await queue.claim_due(["spec"], "w", 30, 10)
+    assert [i.id for i in claimed] == ["urgent", "late-urgent", "a-normal", "b-normal", "lazy"]
+    assert [i.priority for i in claimed] == [-5, -5, 0, 0, 7]
+
+
+async def test_an_expired_lease_is_rescued_in_priority_order(
+    queue: WorkQueue, clock: ManualClock
+) -> None:
+    """Rescue is part of claiming, in the same (priority, due_at, id) order."""
+    await queue.enqueue("spec", item_id="stuck", priority=-1)
+    await claim_one(queue, lease=5)
+    await queue.enqueue("spec", item_id="fresh")
+    clock.advance(6)
+    assert [i.id for i in await queue.claim_due(["spec"], "w2", 30, 2)] == ["stuck", "fresh"]
+
+
+async def test_priority_is_range_checked(queue: WorkQueue) -> None:
+    """A priority outside -100..100, or not an int, is refused naming the rule; nothing stored."""
+    for bad in (-101, 101, 1.5, True, "1"):
+        with pytest.raises(ValueError, match=r"priority must be an integer from -100"):
+            await queue.enqueue("spec", priority=bad)  # type: ignore[arg-type]
+    for bad_queue in ("", 5):
+        with pytest.raises(ValueError, match="queue must be a non-empty string"):
+            await queue.enqueue("spec", queue=bad_queue)  # type: ignore[arg-type]
+    assert await queue.list_items() == []
+
+
+async def test_a_claim_serves_one_named_queue(queue: WorkQueue) -> None:
+    """Items carry their queue (default "default"); a claim takes only its queue's items."""
+    plain = await queue.enqueue("spec", item_id="plain")
+    mail = await queue.enqueue("spec", item_id="mail-1", queue="mail")
+    assert (plain.queue, mail.queue) == ("default", "mail")
+    assert (await queue.get("mail-1")).queue == "mail"
+    assert [i.id for i in await queue.claim_due(["spec"], "w", 30, 10)] == ["plain"]
+    assert [i.id for i in await queue.claim_due(["spec"], "w", 30, 10, queue="mail")] == ["mail-1"]
+
+
+async def test_a_paused_queue_is_not_claimed_until_resumed(
+    queue: WorkQueue, clock: ManualClock
+) -> None:
+    """Pausing stops claims from that queue only; running items still settle; resume restores."""
+    await queue.enqueue("spec", item_id="running", queue="mail")
+    [running] = await queue.claim_due(["spec"], "w", 30, 1, queue="mail")
+    await queue.enqueue("spec", item_id="waiting", queue="mail")
+    await queue.enqueue("spec", item_id="other")
+    assert await queue.pause_queue("mail") is True
+    assert await queue.pause_queue("mail") is False
+    assert await queue.claim_due(["spec"], "w", 30, 10, queue="mail") == []
+    assert await queue.next_due_at(["spec"], queues=["mail"]) is None
+    assert await queue.next_due_at(["spec"]) == START
+    await queue.complete("running", running.lease_version)
+    assert (await queue.get("running")).state is ItemState.COMPLETED
+    infos = {info.name: info for info in await queue.list_queues()}
+    assert (infos["mail"].paused, infos["mail"].paused_at) == (True, START)
+    assert infos["mail"].counts == {ItemState.QUEUED: 1, ItemState.COMPLETED: 1}
+    assert not infos["default"].paused
+    assert [i.id for i in await queue.claim_due(["spec"], "w", 30, 10)] == ["other"]
+    assert await queue.resume_queue("mail") is True
+    assert await queue.resume_queue("mail") is False
+    assert [i.id for i in await queue.claim_due(["spec"], "w", 30, 10, queue="mail")] == ["waiting"]
+
+
+async def test_pausing_a_queue_with_no_items_lists_it(queue: WorkQueue) -> None:
+    """A paused queue is listed even before it holds an item, so an operator sees the pause."""
+    await queue.pause_queue("later")
+    [info] = await queue.list_queues()
+    assert (info.name, info.paused, dict(info.counts)) == ("later", True, {})
+
+
+async def test_wait_for_work_ignores_unserved_and_paused_queues(queue: WorkQueue) -> None:
+    """Due items of another queue, or of a paused one, do not wake a waiter of its queues."""
+    await queue.enqueue("spec", queue="mail")
+    await queue.enqueue("spec", queue="paused")
+    await queue.pause_queue("paused")
+    with trio.move_on_after(0.2) as scope:
+        await queue.wait_for_work(["spec"], queues=["default", "paused"])
+    assert scope.cancelled_caught
+    with trio.fail_after(5):
+        await queue.wait_for_work(["spec"], queues=["mail"])
+
+
+@attrs.frozen
+class _Watering:
+    litres: float
+    plants: tuple[str, ...] = ()
+
+
+async def test_enqueue_accepts_an_attrs_config(queue: WorkQueue) -> None:
+    """An attrs config instance is unstructured by the shared converter, on every backend."""
+    item = await queue.enqueue("spec", config=_Watering(litres=1.5, plants=("fern",)))
+    assert item.config == {"litres": 1.5, "plants": ["fern"]}
+    assert (await queue.get(item.id)).config == {"litres": 1.5, "plants": ["fern"]}
+
+
+async def test_enqueue_stores_an_evaluation_timeout(queue: WorkQueue) -> None:
+    """An item's evaluation timeout comes back as given; a bad one is refused, nothing stored."""
+    item = await queue.enqueue("spec", item_id="t", evaluation_timeout=2.5)
+    assert (item.timeout, (await queue.get("t")).timeout) == (2.5, 2.5)
+    assert (await queue.enqueue("spec")).timeout is None
+    for bad in (0, -1, float("inf"), "5"):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            await queue.enqueue("spec", item_id="bad", evaluation_timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(ItemNotFound):
+        await queue.get("bad")
+
+
+async def test_a_completed_item_keeps_its_result(queue: WorkQueue) -> None:
+    """A complete settlement's JSON result is stored with the item, single and batched."""
+    await queue.enqueue("spec", item_id="one")
+    await queue.enqueue("spec", item_id="two")
+    one, two = await queue.claim_due(["spec"], "w", 30, 2)
+    await queue.settle_many(
+        [
+            Settlement(
+                item_id="one",
+                lease_version=one.lease_version,
+                kind=SettleKind.COMPLETE,
+                result={"sent": 3, "to": ["a"]},
+            ),
+            Settlement(item_id="two", lease_version=two.lease_version, kind=SettleKind.COMPLETE),
+        ]
+    )
+    assert (await queue.get("one")).result == {"sent": 3, "to": ["a"]}
+    assert (await queue.get("two")).result is None
+
+
+async def test_an_unstorable_result_makes_only_its_entry_dead(queue: WorkQueue) -> None:
+    """A result no backend can store becomes that entry's dead outcome, saying why."""
+    await queue.enqueue("spec", item_id="bad")
+    [bad] = await queue.claim_due(["spec"], "w", 30, 1)
+    settled = await queue.settle_many(
+        [
+            Settlement(
+                item_id="bad",
+                lease_version=bad.lease_version,
+                kind=SettleKind.COMPLETE,
+                result={"x": "\x00"},
+            )
+        ]
+    )
+    assert settled == [True]
+    got = await queue.get("bad")
+    assert got.state is ItemState.DEAD
+    assert got.last_error is not None
+    assert got.last_error.startswith("the complete outcome could not be stored: result")

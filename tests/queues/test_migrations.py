@@ -260,6 +260,7 @@ async def _check_upgraded(queue: WorkQueue) -> None:
     for item_id, state, _, _, errors in V1_ROWS:
         assert (items[item_id].state, items[item_id].error_count) == (ItemState(state), errors)
         assert items[item_id].attempt == 0
+        assert (items[item_id].queue, items[item_id].priority) == ("default", 0)
     claimed = await queue.claim_due(["spec"], "w", 30, 10)
     assert sorted(i.id for i in claimed) == ["queued", "running-expired"]
     assert {i.attempt for i in claimed} == {1}
@@ -268,10 +269,13 @@ async def _check_upgraded(queue: WorkQueue) -> None:
     assert len(await queue.claim_due(["spec"], "w", 30, 10)) == 3
 
 
-async def test_sqlite_version_1_with_items_migrates_losing_nothing(tmp_path: Path) -> None:
-    """A version-1 file with items in every state migrates to the latest; all still claimable."""
-    path = tmp_path / "v1.db"
-    assert _sqlite_migrate(path, fresh=False, upto=1) == 1
+@pytest.mark.parametrize("version", [1, 2])
+async def test_sqlite_older_version_with_items_migrates_losing_nothing(
+    tmp_path: Path, version: int
+) -> None:
+    """A version-1 or -2 file with items in every state migrates to the latest; all claimable."""
+    path = tmp_path / f"v{version}.db"
+    assert _sqlite_migrate(path, fresh=False, upto=version) == version
     with sqlite3.connect(path) as conn:
         conn.executemany(
             "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_owner, "
@@ -285,17 +289,20 @@ async def test_sqlite_version_1_with_items_migrates_losing_nothing(tmp_path: Pat
     clock = ManualClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
     async with await SQLiteQueue.connect(path, clock=clock) as queue:
         await _check_upgraded(queue)
-    assert _sqlite_shape(path)["versions"] == [(1,), (2,)]
+    latest = _sql.latest_version("sqlite")
+    assert _sqlite_shape(path)["versions"] == [(v,) for v in range(1, latest + 1)]
 
 
 @pytest.mark.postgres
-async def test_postgres_version_1_with_items_migrates_losing_nothing() -> None:
-    """A version-1 schema with items in every state migrates to the latest; all still claimable."""
+@pytest.mark.parametrize("version", [1, 2])
+async def test_postgres_older_version_with_items_migrates_losing_nothing(version: int) -> None:
+    """A version-1 or -2 schema with items in every state migrates to the latest; all claimable."""
     import psycopg
 
     with pg_schema() as (dsn, schema):
         with _postgres.open_connection(dsn, schema=schema) as conn:
-            assert _postgres.migrate_connection(conn, where=schema, schema=schema, upto=1) == 1
+            reached = _postgres.migrate_connection(conn, where=schema, schema=schema, upto=version)
+            assert reached == version
         with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
             for item_id, state, due, expires, errors in V1_ROWS:
                 conn.execute(

@@ -118,27 +118,30 @@ async def test_listener_reconnects_after_the_connection_drops(
 
 
 async def test_claim_is_served_by_the_claim_index() -> None:
-    """The claim's row selection walks the partial (due_at, id) index in order, no sort."""
+    """On 100k rows over priorities and queues, the claim walks the partial
+    (queue, priority, due_at, id) index in order: no sort, no scan of other queues."""
     with pg_schema() as (dsn, schema):
         await migrate_schema(dsn, schema)
         fill = (
             "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_expires_at, "
-            "created_at, updated_at) SELECT 'i' || g, 's' || (g % 3), CASE g % 10 "
-            "WHEN 0 THEN 'queued' WHEN 1 THEN 'running' ELSE 'completed' END, "
+            "created_at, updated_at, priority, queue) SELECT 'i' || g, 's' || (g % 3), "
+            "CASE g % 10 WHEN 0 THEN 'queued' WHEN 1 THEN 'running' ELSE 'completed' END, "
             "now() - g * interval '1 second', "
-            "CASE WHEN g % 10 = 1 THEN now() + interval '1 minute' END, now(), now() "
-            "FROM generate_series(1, 20000) AS g; ANALYZE trio_supervise_items"
+            "CASE WHEN g % 10 = 1 THEN now() + interval '1 minute' END, now(), now(), "
+            "g % 7 - 3, CASE WHEN g % 4 = 0 THEN 'mail' ELSE 'default' END "
+            "FROM generate_series(1, 100000) AS g; ANALYZE trio_supervise_items"
         )
         await trio.to_thread.run_sync(_sql, dsn, schema, fill)
-        plan = await trio.to_thread.run_sync(
-            _sql,
-            dsn,
-            schema,
-            "EXPLAIN SELECT id FROM trio_supervise_items "
-            "WHERE state IN ('queued', 'running') AND spec_id = ANY('{s1,s2}'::text[]) "
-            "AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END <= now() "
-            "ORDER BY due_at, id LIMIT 10 FOR UPDATE SKIP LOCKED",
+        claim = (
+            _queries.load_queries("postgres")["claim_due"]
+            .replace("%(queue)s", "'default'")
+            .replace("%(spec_ids)s", "'{s1,s2}'")
+            .replace("%(now)s", "NULL")
+            .replace("%(limit)s", "10")
+            .replace("%(worker_id)s", "'w'")
+            .replace("%(lease_us)s", "1000000")
         )
+        plan = await trio.to_thread.run_sync(_sql, dsn, schema, f"EXPLAIN {claim}")
         text = "\n".join(str(row[0]) for row in plan)
         assert "trio_supervise_items_claim_idx" in text
         assert "Sort" not in text

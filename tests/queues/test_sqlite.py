@@ -163,6 +163,42 @@ async def test_status_reads_are_served_by_indexes(tmp_path: Path) -> None:
     assert "COVERING INDEX trio_supervise_items_spec_state_idx" in counts
 
 
+async def test_the_claim_is_served_by_the_claim_index(tmp_path: Path) -> None:
+    """On 100k rows over priorities and queues, the claim walks the partial
+    (queue, priority, due_at, id) index in order, with no sort."""
+    path = tmp_path / "q.db"
+    await migrate(f"sqlite:///{path}")
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_expires_at, "
+            "created_at, updated_at, priority, queue) VALUES (?, ?, ?, ?, ?, 0, 0, ?, ?)",
+            [
+                (
+                    f"i{n}",
+                    f"s{n % 3}",
+                    ("queued", "running", "completed")[min(n % 10, 2)],
+                    n,
+                    n + 60 if n % 10 == 1 else None,
+                    n % 7 - 3,
+                    "mail" if n % 4 == 0 else "default",
+                )
+                for n in range(100_000)
+            ],
+        )
+        conn.execute("ANALYZE")
+    params = {
+        "queue": "default",
+        "spec_ids": '["s1", "s2"]',
+        "now": 50_000,
+        "limit": 10,
+        "worker_id": "w",
+        "lease_us": 10**6,
+    }
+    plan = _plan(path, _sql.load_queries("sqlite")["claim_due"], params)
+    assert "trio_supervise_items_claim_idx" in plan
+    assert "TEMP B-TREE" not in plan
+
+
 async def test_a_deleted_database_fails_loudly(tmp_path: Path) -> None:
     """Deleting (or replacing) the file under an open queue raises QueueFailed: no silent writes."""
     for replace in (False, True):

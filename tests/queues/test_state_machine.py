@@ -52,6 +52,7 @@ SPECS = ["a", "b"]
 WORKERS = ["w1", "w2"]
 KEYS = [None, None, "k1", "k2"]
 IDS = [None, None, None, "x1", "x2"]
+QUEUES = ["default", "default", "q2"]
 DURATIONS = [0.0, 0.5, 1.0, 2.5, 5.0]
 CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 POISON = {"n": "\udcff"}
@@ -112,6 +113,8 @@ class Model:
     lease_expires_at: dt.datetime | None = None
     lease_version: int = 0
     attempt: int = 0
+    priority: int = 0
+    queue: str = "default"
     old_versions: list[int] = attrs.field(factory=list)
 
     def claimable_at(self) -> dt.datetime | None:
@@ -147,6 +150,8 @@ class Model:
             self.lease_version,
             self.key,
             self.attempt,
+            self.priority,
+            self.queue,
         )
 
 
@@ -165,6 +170,8 @@ def view(item: WorkItem) -> tuple[Any, ...]:
         item.lease_version,
         item.idempotency_key,
         item.attempt,
+        item.priority,
+        item.queue,
     )
 
 
@@ -189,6 +196,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.reset()
         self.clock.current = START
         self.model: dict[str, Model] = {}
+        self.paused: set[str] = set()
         self.serial = 0
 
     # helpers
@@ -271,9 +279,18 @@ class QueueMachine(RuleBasedStateMachine):
         key=st.sampled_from(KEYS),
         item_id=st.sampled_from(IDS),
         n=st.integers(0, 9),
+        priority=st.sampled_from([0, 0, -3, 2]),
+        queue=st.sampled_from(QUEUES),
     )
     def enqueue(
-        self, spec: str, offset: float, key: str | None, item_id: str | None, n: int
+        self,
+        spec: str,
+        offset: float,
+        key: str | None,
+        item_id: str | None,
+        n: int,
+        priority: int,
+        queue: str,
     ) -> None:
         due = self.now() + dt.timedelta(seconds=offset)
         # Ids the queue would generate are random; the model's must be reproducible.
@@ -284,7 +301,13 @@ class QueueMachine(RuleBasedStateMachine):
 
         async def call() -> WorkItem:
             return await self.queue.enqueue(
-                spec, config={"n": n}, due_at=due, item_id=item_id, idempotency_key=key
+                spec,
+                config={"n": n},
+                due_at=due,
+                item_id=item_id,
+                idempotency_key=key,
+                priority=priority,
+                queue=queue,
             )
 
         got = outcome(self.portal, call)
@@ -298,7 +321,13 @@ class QueueMachine(RuleBasedStateMachine):
             assert isinstance(got, WorkItem)
             assert got.id not in self.model
             self.model[got.id] = Model(
-                id=got.id, spec_id=spec, due_at=due, key=key, config={"n": n}
+                id=got.id,
+                spec_id=spec,
+                due_at=due,
+                key=key,
+                config={"n": n},
+                priority=priority,
+                queue=queue,
             )
 
     @rule(
@@ -306,16 +335,25 @@ class QueueMachine(RuleBasedStateMachine):
         worker=st.sampled_from(WORKERS),
         lease=st.sampled_from(DURATIONS[1:]),
         limit=st.integers(0, 3),
+        queue=st.sampled_from(QUEUES),
     )
-    def claim(self, specs: list[str], worker: str, lease: float, limit: int) -> None:
+    def claim(self, specs: list[str], worker: str, lease: float, limit: int, queue: str) -> None:
         now = self.now()
         due = sorted(
-            (m.due_at, m.id)
+            (m.priority, m.due_at, m.id)
             for m in self.model.values()
-            if m.spec_id in specs and (at := m.claimable_at()) is not None and at <= now
+            if m.spec_id in specs
+            and m.queue == queue
+            and queue not in self.paused
+            and (at := m.claimable_at()) is not None
+            and at <= now
         )
-        got = self.portal.run(self.queue.claim_due, specs, worker, lease, limit)
-        assert [i.id for i in got] == [item_id for _, item_id in due[:limit]]
+
+        async def call() -> list[WorkItem]:
+            return await self.queue.claim_due(specs, worker, lease, limit, queue=queue)
+
+        got = self.portal.run(call)
+        assert [i.id for i in got] == [item_id for _, _, item_id in due[:limit]]
         for item in got:
             m = self.model[item.id]
             assert item.lease_version > m.lease_version
@@ -477,6 +515,20 @@ class QueueMachine(RuleBasedStateMachine):
         )[:limit]
         assert [view(i) for i in self.portal.run(call)] == [m.view() for m in expected]
 
+    @rule(queue=st.sampled_from(QUEUES), pause=st.booleans())
+    def pause_or_resume(self, queue: str, pause: bool) -> None:
+        """A pause is stored for the fleet; each call says whether it changed anything."""
+        if pause:
+            changed = self.portal.run(self.queue.pause_queue, queue)
+            assert changed is (queue not in self.paused)
+            self.paused.add(queue)
+        else:
+            changed = self.portal.run(self.queue.resume_queue, queue)
+            assert changed is (queue in self.paused)
+            self.paused.discard(queue)
+        listed = self.portal.run(self.queue.list_queues)
+        assert {info.name for info in listed if info.paused} == self.paused
+
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.5, 5.0]))
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
@@ -495,7 +547,11 @@ class QueueMachine(RuleBasedStateMachine):
         assert dict(self.portal.run(self.queue.counts)) == counts
         for specs in (["a"], SPECS):
             times = [
-                at for m in expected if m.spec_id in specs and (at := m.claimable_at()) is not None
+                at
+                for m in expected
+                if m.spec_id in specs
+                and m.queue not in self.paused
+                and (at := m.claimable_at()) is not None
             ]
             assert self.portal.run(self.queue.next_due_at, specs) == min(times, default=None)
 
@@ -527,6 +583,7 @@ def machine_for(backend: str, tmp_path: Path) -> Iterator[type[QueueMachine]]:
 
                 with sqlite3.connect(path) as conn:
                     conn.execute("DELETE FROM trio_supervise_items")
+                    conn.execute("DELETE FROM trio_supervise_paused_queues")
                 conn.close()
 
         else:
@@ -545,7 +602,10 @@ def machine_for(backend: str, tmp_path: Path) -> Iterator[type[QueueMachine]]:
 
             def reset() -> None:
                 with psycopg.connect(dsn, autocommit=True) as conn:
-                    conn.execute(f'TRUNCATE "{schema}".trio_supervise_items'.encode())
+                    conn.execute(
+                        f'TRUNCATE "{schema}".trio_supervise_items, '
+                        f'"{schema}".trio_supervise_paused_queues'.encode()
+                    )
 
         cleanup.insert(0, lambda: portal.run(queue.aclose))
 

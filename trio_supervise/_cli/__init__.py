@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _items, _schedules, _service
+from . import _items, _queues, _schedules, _service
 from ._common import (
     EXIT_ERROR,
     EXIT_USAGE,
@@ -31,6 +31,7 @@ __all__ = ["build_parser", "main"]
 GROUPS: tuple[Callable[[Subparsers], None], ...] = (
     _service.register,
     _items.register,
+    _queues.register,
     _service.register_inspection,
     _schedules.register,
 )

@@ -222,6 +222,8 @@ def print_item(item: WorkItem, as_json: bool) -> None:
         ("due", f"{stamp(item.due_at)} UTC"),
         ("tenant", item.tenant_id),
         ("subject", item.subject_id),
+        ("queue", item.queue),
+        ("priority", str(item.priority)),
         ("errors", str(item.error_count)),
         ("last error", item.last_error or ""),
         (
@@ -235,6 +237,8 @@ def print_item(item: WorkItem, as_json: bool) -> None:
         ("updated", f"{stamp(item.updated_at)} UTC"),
         ("config", json.dumps(item.config, sort_keys=True)),
     ]
+    if item.result is not None:
+        fields.append(("result", json.dumps(item.result, sort_keys=True)))
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
         # A stored error's traceback (its lines after the first) is shown indented below it.

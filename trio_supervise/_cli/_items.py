@@ -12,6 +12,7 @@ from .._errors import ConfigError
 from .._settings import MAX_COUNT
 from .._workflow import first_line
 from ..queues import ItemState, WorkItem, WorkQueue
+from ..queues._protocol import DEFAULT_QUEUE, MAX_PRIORITY, MIN_PRIORITY, check_priority
 from ._common import (
     AS_JSON,
     DATABASE,
@@ -62,6 +63,15 @@ def register(commands: Subparsers) -> None:
     enqueue.add_argument("--subject", default="", help="subject id")
     enqueue.add_argument("--due", help="ISO 8601 datetime with a timezone, or +SECONDS")
     enqueue.add_argument("--key", help="idempotency key")
+    enqueue.add_argument(
+        "--priority",
+        type=_priority,
+        default=0,
+        help=f"{MIN_PRIORITY}..{MAX_PRIORITY}, lower is claimed first (default 0)",
+    )
+    enqueue.add_argument(
+        "--queue", default=DEFAULT_QUEUE, help=f"the named queue (default {DEFAULT_QUEUE!r})"
+    )
     enqueue.set_defaults(handler=_cmd_enqueue)
 
     cancel = actions.add_parser(
@@ -147,6 +157,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _priority(text: str) -> int:
+    try:
+        return check_priority(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from {MIN_PRIORITY} (claimed first) to {MAX_PRIORITY}, "
+            f"got {printable(text)!r}"
+        ) from None
+
+
 def _cmd_enqueue(args: argparse.Namespace) -> int:
     config: Any = None
     if args.item_config is not None:
@@ -166,6 +186,8 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
             due_at=when(args.due, queue.clock.now()),
             item_id=args.item_id,
             idempotency_key=args.key,
+            priority=args.priority,
+            queue=args.queue,
         )
 
     item: WorkItem = with_queue(args, body, create=True)

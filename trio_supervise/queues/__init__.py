@@ -7,11 +7,15 @@ from ._factory import parse_queue_url as parse_queue_url
 from ._memory import MemoryQueue as MemoryQueue
 from ._memory import QueueEvent as QueueEvent
 from ._postgres import PostgresQueue as PostgresQueue
+from ._protocol import DEFAULT_QUEUE as DEFAULT_QUEUE
 from ._protocol import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from ._protocol import MAX_PRIORITY as MAX_PRIORITY
+from ._protocol import MIN_PRIORITY as MIN_PRIORITY
 from ._protocol import ItemState as ItemState
 from ._protocol import JSONValue as JSONValue
 from ._protocol import Lease as Lease
 from ._protocol import LeaseStatus as LeaseStatus
+from ._protocol import QueueInfo as QueueInfo
 from ._protocol import SettleKind as SettleKind
 from ._protocol import Settlement as Settlement
 from ._protocol import WorkItem as WorkItem
@@ -24,8 +28,12 @@ from ._sqlite import SQLiteQueue as SQLiteQueue
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
+    "DEFAULT_QUEUE",
     "DEFAULT_SQLITE_PATH",
     "MAX_JSON_DEPTH",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "QueueInfo",
     "ItemState",
     "JSONValue",
     "Lease",

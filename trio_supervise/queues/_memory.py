@@ -4,9 +4,10 @@ Everything happens in the Trio thread with no await in the middle of a write, so
 atomic. "Now" comes from an injectable clock; the default, :class:`TrioClock`, follows Trio's
 clock, so under ``autojump_clock`` due times and lease expiries follow virtual time.
 
-Claims, and the next due time, are served by two heaps per spec id, so they cost
-``O(log n)`` per item rather than a scan of every item ever enqueued: queued items by
-``(due_at, id)``, running items by lease expiry. Every write replaces the stored
+Claims, and the next due time, are served by heaps, so they cost ``O(log n)`` per item rather
+than a scan of every item ever enqueued: queued items by ``(due_at, id)``, one heap per
+``(spec id, queue, priority)``, and running items by lease expiry, one heap per
+``(spec id, queue)``. Every write replaces the stored
 :class:`WorkItem` (they are frozen) and pushes a fresh heap entry; an entry whose item has
 been replaced since is stale and is dropped when it reaches the top of its heap, or earlier,
 when its heap has doubled since it was last swept (:meth:`MemoryQueue._sweep`).
@@ -28,16 +29,19 @@ import trio_util
 from .._clock import Clock, TrioClock, utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
 from ._protocol import (
+    DEFAULT_QUEUE,
     ItemState,
     JSONValue,
     Lease,
     LeaseStatus,
+    QueueInfo,
     SettleKind,
     Settlement,
     SingleWrites,
     WorkItem,
     check_json,
     check_new_item,
+    check_queue_name,
     replace_trusted,
     storable_text,
     unstorable_outcome,
@@ -105,10 +109,13 @@ class MemoryQueue(SingleWrites):
     _items: dict[str, WorkItem] = attrs.field(init=False, factory=dict)
     _keys: dict[str, str] = attrs.field(init=False, factory=dict)
     _versions: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
-    _queued: dict[str, _Heap] = attrs.field(init=False, factory=dict)
-    """Per spec id, queued items by ``(due_at, id)`` (with stale entries; see the module doc)."""
-    _leased: dict[str, _Heap] = attrs.field(init=False, factory=dict)
-    """Per spec id, running items by ``(lease_expires_at, id)``."""
+    _queued: dict[tuple[str, str, int], _Heap] = attrs.field(init=False, factory=dict)
+    """Per ``(spec id, queue, priority)``, queued items by ``(due_at, id)`` (with stale entries;
+    see the module doc)."""
+    _leased: dict[tuple[str, str], _Heap] = attrs.field(init=False, factory=dict)
+    """Per ``(spec id, queue)``, running items by ``(lease_expires_at, id)``."""
+    _paused: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
+    """Paused queues, with when they were paused."""
     _pushes: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
@@ -143,6 +150,7 @@ class MemoryQueue(SingleWrites):
         self._keys.clear()
         self._queued.clear()
         self._leased.clear()
+        self._paused.clear()
         self.events.clear()
         self._changed()
 
@@ -199,15 +207,15 @@ class MemoryQueue(SingleWrites):
         """Store *item* (replacing any older copy) and index it if it can be claimed."""
         self._items[item.id] = item
         if item.state is ItemState.QUEUED:
-            self._push(self._queued, item.due_at, item)
+            self._push(self._queued, (item.spec_id, item.queue, item.priority), item.due_at, item)
         elif item.state is ItemState.RUNNING:
             assert item.lease_expires_at is not None
-            self._push(self._leased, item.lease_expires_at, item)
+            self._push(self._leased, (item.spec_id, item.queue), item.lease_expires_at, item)
 
-    def _push(self, heaps: dict[str, _Heap], at: dt.datetime, item: WorkItem) -> None:
-        heap = heaps.get(item.spec_id)
+    def _push(self, heaps: dict[Any, _Heap], key: Any, at: dt.datetime, item: WorkItem) -> None:
+        heap = heaps.get(key)
         if heap is None:
-            heap = heaps[item.spec_id] = _Heap()
+            heap = heaps[key] = _Heap()
         heapq.heappush(heap, (at, item.id, next(self._pushes), item))
         if len(heap) >= heap.sweep_at:
             self._sweep(heap)
@@ -276,6 +284,8 @@ class MemoryQueue(SingleWrites):
                 )
             case SettleKind.COMPLETE | SettleKind.CANCEL | SettleKind.DEAD:
                 changes: dict[str, Any] = {}
+                if s.kind is SettleKind.COMPLETE and s.result is not None:
+                    changes = {"result": check_json(s.result, what="result")}
                 if s.kind is SettleKind.DEAD:
                     changes = {"error_count": item.error_count + 1, "last_error": s.error}
                 self._put(
@@ -302,6 +312,9 @@ class MemoryQueue(SingleWrites):
         due_at: dt.datetime | None = None,
         item_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = 0,
+        queue: str = DEFAULT_QUEUE,
+        evaluation_timeout: float | None = None,
     ) -> WorkItem:
         await trio.lowlevel.checkpoint()
         config = check_new_item(
@@ -311,6 +324,9 @@ class MemoryQueue(SingleWrites):
             tenant_id=tenant_id,
             subject_id=subject_id,
             idempotency_key=idempotency_key,
+            priority=priority,
+            queue=queue,
+            timeout=evaluation_timeout,
         )
         if idempotency_key is not None and idempotency_key in self._keys:
             return self._items[self._keys[idempotency_key]]
@@ -328,6 +344,9 @@ class MemoryQueue(SingleWrites):
             idempotency_key=idempotency_key,
             created_at=now,
             updated_at=now,
+            priority=priority,
+            queue=queue,
+            timeout=None if evaluation_timeout is None else float(evaluation_timeout),
         )
         self._store(item)
         if idempotency_key is not None:
@@ -402,35 +421,50 @@ class MemoryQueue(SingleWrites):
     # -- the worker side ---------------------------------------------------------------------
 
     async def claim_due(
-        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+        self,
+        spec_ids: Sequence[str],
+        worker_id: str,
+        lease: float,
+        limit: int,
+        *,
+        queue: str = DEFAULT_QUEUE,
     ) -> list[WorkItem]:
         await trio.lowlevel.checkpoint()
         lease = _check_duration("lease", lease, positive=True)
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
+        if queue in self._paused:
+            return []
         now = self._now()
-        wanted = sorted(set(spec_ids))
-        # Running items whose lease has expired (rescue), in (due_at, id) order.
+        wanted = set(spec_ids)
+        # Running items whose lease has expired (rescue), in (priority, due_at, id) order.
         expired: list[WorkItem] = []
-        for spec_id in wanted:
-            heap = self._leased.get(spec_id)
+        for spec_id in sorted(wanted):
+            heap = self._leased.get((spec_id, queue))
             while (entry := self._top(heap)) is not None and entry[0] <= now:
                 assert heap is not None
                 expired.append(heapq.heappop(heap)[3])
-        expired.sort(key=lambda item: (item.due_at, item.id), reverse=True)
-        queued = [(spec_id, heap) for spec_id in wanted if (heap := self._queued.get(spec_id))]
+        expired.sort(key=lambda item: (item.priority, item.due_at, item.id), reverse=True)
+        queued = sorted(
+            (key[2], heap)
+            for key, heap in self._queued.items()
+            if key[0] in wanted and key[1] == queue and heap
+        )
         claimed: list[WorkItem] = []
         expires = now + dt.timedelta(seconds=lease)
         while len(claimed) < limit:
-            # The smallest (due_at, id) among the expired leases and the due queued items.
-            best: tuple[dt.datetime, str] | None = None
+            # The smallest (priority, due_at, id) among the expired leases and due queued items.
+            best: tuple[int, dt.datetime, str] | None = None
             source: list[_Entry] | None = None
             if expired:
-                best = (expired[-1].due_at, expired[-1].id)
-            for _, heap in queued:
+                best = (expired[-1].priority, expired[-1].due_at, expired[-1].id)
+            for priority, heap in queued:
                 entry = self._top(heap)
-                if entry is not None and entry[0] <= now and (best is None or entry[:2] < best):
-                    best, source = entry[:2], heap
+                if entry is None or entry[0] > now:
+                    continue
+                candidate = (priority, entry[0], entry[1])
+                if best is None or candidate < best:
+                    best, source = candidate, heap
             if best is None:
                 break
             item = expired.pop() if source is None else heapq.heappop(source)[3]
@@ -448,7 +482,7 @@ class MemoryQueue(SingleWrites):
         for item in expired:
             # Not claimed this time (the limit): back in its heap, still claimable.
             assert item.lease_expires_at is not None
-            self._push(self._leased, item.lease_expires_at, item)
+            self._push(self._leased, (item.spec_id, item.queue), item.lease_expires_at, item)
         return claimed
 
     def _renew_one(self, lease: Lease, duration: float) -> LeaseStatus:
@@ -510,30 +544,79 @@ class MemoryQueue(SingleWrites):
             self._changed()
         return results
 
-    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
+    async def next_due_at(
+        self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
+    ) -> dt.datetime | None:
         await trio.lowlevel.checkpoint()
-        return self._next_due_at(set(spec_ids))
+        return self._next_due_at(set(spec_ids), None if queues is None else set(queues))
 
-    def _next_due_at(self, wanted: set[str]) -> dt.datetime | None:
+    def _next_due_at(self, wanted: set[str], queues: set[str] | None) -> dt.datetime | None:
         times = []
-        for spec_id in wanted:
-            for heap in (self._queued.get(spec_id), self._leased.get(spec_id)):
+        for heaps in (self._queued, self._leased):
+            for key, heap in heaps.items():
+                spec_id, queue = key[0], key[1]
+                if (
+                    spec_id not in wanted
+                    or (queues is not None and queue not in queues)
+                    or queue in self._paused
+                ):
+                    continue
                 entry = self._top(heap)
                 if entry is not None:
                     times.append(entry[0])
         return min(times, default=None)
 
-    async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
+    async def wait_for_work(
+        self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
+    ) -> None:
         wanted = set(spec_ids)
+        served = None if queues is None else set(queues)
         while True:
             generation = self._changes.value
-            next_due = self._next_due_at(wanted)
+            next_due = self._next_due_at(wanted, served)
             if next_due is not None and next_due <= self._now():
                 await trio.lowlevel.checkpoint()
                 return
             wait = float("inf") if next_due is None else (next_due - self._now()).total_seconds()
             with trio.move_on_after(wait):
                 await self._changes.wait_value(_other_than(generation))
+
+    # -- queues ------------------------------------------------------------------------------
+
+    async def pause_queue(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        check_queue_name(queue)
+        if queue in self._paused:
+            return False
+        self._paused[queue] = self._now()
+        self._log("pause_queue", queue)
+        self._changed()
+        return True
+
+    async def resume_queue(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        check_queue_name(queue)
+        if self._paused.pop(queue, None) is None:
+            return False
+        self._log("resume_queue", queue)
+        self._changed()
+        return True
+
+    async def list_queues(self) -> list[QueueInfo]:
+        await trio.lowlevel.checkpoint()
+        counts: dict[str, dict[ItemState, int]] = {name: {} for name in self._paused}
+        for item in self._items.values():
+            per_state = counts.setdefault(item.queue, {})
+            per_state[item.state] = per_state.get(item.state, 0) + 1
+        return [
+            QueueInfo(
+                name=name,
+                paused=name in self._paused,
+                paused_at=self._paused.get(name),
+                counts=counts[name],
+            )
+            for name in sorted(counts)
+        ]
 
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()

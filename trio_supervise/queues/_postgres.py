@@ -30,47 +30,24 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import logging
 import math
 import re
 import threading
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 import trio
 import trio_util
 
 from .._clock import Clock, SystemClock, utc
-from .._errors import (
-    DuplicateItem,
-    ItemNotFound,
-    ItemStateError,
-    LeaseLost,
-    QueueError,
-    QueueFailed,
-    QueueUnavailable,
-    SchemaError,
-)
+from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
-from ._protocol import (
-    ItemState,
-    JSONValue,
-    Lease,
-    LeaseStatus,
-    SettleKind,
-    Settlement,
-    SingleWrites,
-    WorkItem,
-    check_json,
-    check_new_item,
-    storable_text,
-    unstorable_outcome,
-)
+from ._protocol import JSONValue, Lease
 from ._sql import redact_dsn, scrub_dsn
+from ._sqlbase import SettleEntry, SQLQueue
 
 if TYPE_CHECKING:
     import psycopg
@@ -85,28 +62,6 @@ _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _CHANNEL = "trio_supervise"
 T = TypeVar("T")
 Row = dict[str, Any]
-
-
-def _item(row: Row) -> WorkItem:
-    return WorkItem(
-        id=row["id"],
-        spec_id=row["spec_id"],
-        tenant_id=row["tenant_id"],
-        subject_id=row["subject_id"],
-        config=row["config"],
-        cancel_requested=row["cancel_requested"],
-        lease_version=row["lease_version"],
-        state=ItemState(row["state"]),
-        due_at=row["due_at"],
-        error_count=row["error_count"],
-        last_error=row["last_error"],
-        lease_owner=row["lease_owner"],
-        lease_expires_at=row["lease_expires_at"],
-        idempotency_key=row["idempotency_key"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        attempt=row["attempt"],
-    )
 
 
 _UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "53300"}
@@ -297,7 +252,7 @@ class _Listener:
 
 
 @attrs.define(eq=False, kw_only=True)
-class PostgresQueue(SingleWrites):
+class PostgresQueue(SQLQueue):
     """The :class:`WorkQueue` protocol on PostgreSQL. Open it with :meth:`connect`."""
 
     _dsn: str = attrs.field(alias="dsn", repr=redact_dsn)
@@ -434,9 +389,6 @@ class PostgresQueue(SingleWrites):
     def _now(self) -> dt.datetime | None:
         return None if self._db_clock else utc(self._clock.now())
 
-    def _changed(self) -> None:
-        self._changes.value += 1
-
     async def _run(
         self,
         fn: Callable[[psycopg.Connection[Row]], T],
@@ -488,290 +440,72 @@ class PostgresQueue(SingleWrites):
         if spec_ids:
             conn.execute(_Q["notify"], {"channel": self.channel, "spec_ids": sorted(set(spec_ids))})
 
+    # -- the dialect (see _sqlbase) ------------------------------------------------------
+
+    _queries: ClassVar[Mapping[str, str]] = _Q
+    _backend: ClassVar[_sql.Backend] = "postgres"
+    _first_cursor: ClassVar[dt.datetime] = _MIN_TIME
+
     @staticmethod
-    def _why(conn: psycopg.Connection[Row], item_id: str) -> str:
-        row = conn.execute(_Q["get"], {"id": item_id}).fetchone()
-        if row is None:
-            return "no such item"
-        return f"item is {row['state']} at version {row['lease_version']}"
+    def _transaction(conn: psycopg.Connection[Row]) -> contextlib.AbstractContextManager[Any]:
+        return conn.transaction()
 
-    # -- producing and inspecting ------------------------------------------------------------
+    @staticmethod
+    def _write(conn: psycopg.Connection[Row]) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
 
-    async def enqueue(
-        self,
-        spec_id: str,
-        *,
-        config: JSONValue = None,
-        tenant_id: str = "",
-        subject_id: str = "",
-        due_at: dt.datetime | None = None,
-        item_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> WorkItem:
-        config = check_new_item(
-            spec_id=spec_id,
-            config=config,
-            item_id=item_id,
-            tenant_id=tenant_id,
-            subject_id=subject_id,
-            idempotency_key=idempotency_key,
-        )
-        item_id = uuid.uuid4().hex if item_id is None else item_id
-        params = {
-            "id": item_id,
-            "spec_id": spec_id,
-            "tenant_id": tenant_id,
-            "subject_id": subject_id,
-            "config": json.dumps(config),
-            "due_at": None if due_at is None else utc(due_at),
-            "idempotency_key": idempotency_key,
-            "now": self._now(),
-        }
+    _time = staticmethod(utc)
 
-        def run(conn: psycopg.Connection[Row]) -> tuple[Row, bool]:
-            import psycopg
+    @staticmethod
+    def _from_time(value: dt.datetime) -> dt.datetime:
+        return value
 
-            try:
-                with conn.transaction():
-                    row = conn.execute(_Q["enqueue"], params).fetchone()
-                    if row is not None:
-                        if row["due_now"]:
-                            self._notify(conn, [spec_id])
-                        return row, True
-                    existing = conn.execute(_Q["get_by_key"], params).fetchone()
-                    if existing is None:  # pragma: no cover - deleted in between
-                        raise QueueError(f"item with idempotency key {idempotency_key!r} vanished")
-                    return existing, False
-            except psycopg.errors.UniqueViolation as error:
-                raise DuplicateItem(item_id) from error
+    @staticmethod
+    def _from_config(value: JSONValue) -> JSONValue:
+        return value
 
-        row, created = await self._run(run, retry=False)
-        if created:
-            self._changed()
-        return _item(row)
+    @staticmethod
+    def _ids(values: Sequence[str]) -> list[str]:
+        return list(values)
 
-    async def get(self, item_id: str) -> WorkItem:
-        row = await self._run(
-            lambda conn: conn.execute(_Q["get"], {"id": item_id}).fetchone(), read=True
-        )
-        if row is None:
-            raise ItemNotFound(item_id)
-        return _item(row)
+    def _is_duplicate(self, error: Exception) -> bool:
+        import psycopg
 
-    async def list_items(
-        self,
-        *,
-        states: Sequence[ItemState] | None = None,
-        spec_ids: Sequence[str] | None = None,
-        limit: int = 100,
-        after: str | None = None,
-    ) -> list[WorkItem]:
-        params: dict[str, Any] = {
-            "spec_ids": None if spec_ids is None else list(spec_ids),
-            "limit": _sql.check_limit(limit),
-        }
+        return isinstance(error, psycopg.errors.UniqueViolation)
 
-        def run(conn: psycopg.Connection[Row]) -> list[Any]:
-            return _sql.list_page(conn, _Q, params, states=states, after=after, start=_MIN_TIME)
+    def _data_errors(self) -> tuple[type[Exception], ...]:
+        return _data_errors()
 
-        return [_item(row) for row in await self._run(run, read=True)]
-
-    async def counts(self) -> Mapping[tuple[str, ItemState], int]:
-        rows = await self._run(lambda conn: conn.execute(_Q["counts"]).fetchall(), read=True)
-        return {(row["spec_id"], ItemState(row["state"])): row["n"] for row in rows}
-
-    async def request_cancel(self, item_id: str) -> WorkItem:
-        params = {"id": item_id, "now": self._now()}
-        row = await self._run(lambda conn: conn.execute(_Q["request_cancel"], params).fetchone())
-        if row is None:
-            raise ItemNotFound(item_id)
-        self._changed()
-        return _item(row)
-
-    async def retry(self, item_id: str, *, at: dt.datetime | None = None) -> WorkItem:
-        params = {"id": item_id, "now": self._now(), "at": None if at is None else utc(at)}
-
-        def run(conn: psycopg.Connection[Row]) -> Row:
-            with conn.transaction():
-                row = conn.execute(_Q["retry"], params).fetchone()
-                if row is not None:
-                    if row["due_now"]:
-                        self._notify(conn, [row["spec_id"]])
-                    return row
-                if conn.execute(_Q["get"], params).fetchone() is None:
-                    raise ItemNotFound(item_id)
-                raise ItemStateError(f"item {item_id!r} is running; cancel it first")
-
-        row = await self._run(run)
-        self._changed()
-        return _item(row)
-
-    # -- the worker side ---------------------------------------------------------------------
-
-    async def claim_due(
-        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
-    ) -> list[WorkItem]:
-        params = {
-            "spec_ids": list(spec_ids),
-            "worker_id": worker_id,
-            "lease_us": _sql.duration_us("lease", lease, positive=True),
-            "limit": _sql.check_limit(limit),
-            "now": self._now(),
-        }
-        if limit == 0 or not spec_ids:
-            await trio.lowlevel.checkpoint()
-            return []
-        rows = await self._run(lambda conn: conn.execute(_Q["claim_due"], params).fetchall())
-        items = [_item(row) for row in rows]
-        items.sort(key=lambda item: (item.due_at, item.id))
-        return items
-
-    async def renew(
-        self, item_id: str, worker_id: str, lease_version: int, lease: float
-    ) -> LeaseStatus:
-        status = (await self.renew_many([Lease(item_id, lease_version, worker_id)], lease))[item_id]
-        if status is LeaseStatus.LOST:
-            raise LeaseLost(item_id, lease_version, "renewal refused")
-        return status
-
-    async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
-        lease_us = _sql.duration_us("lease", lease, positive=True)
-        if not leases:
-            await trio.lowlevel.checkpoint()
-            return {}
+    def _renew_rows(
+        self, conn: psycopg.Connection[Row], leases: Sequence[Lease], lease_us: int, now: Any
+    ) -> list[Row]:
         params = {
             "ids": [each.item_id for each in leases],
             "versions": [each.version for each in leases],
             "owners": [each.worker_id for each in leases],
             "lease_us": lease_us,
-            "now": self._now(),
-        }
-        rows = await self._run(lambda conn: conn.execute(_Q["renew_many"], params).fetchall())
-        held = {
-            (row["id"], row["lease_version"], row["lease_owner"]): row["cancel_requested"]
-            for row in rows
-        }
-        statuses = {}
-        for each in leases:
-            cancel = held.get((each.item_id, each.version, each.worker_id))
-            if cancel is None:
-                statuses[each.item_id] = LeaseStatus.LOST
-            elif cancel:
-                statuses[each.item_id] = LeaseStatus.CANCEL_REQUESTED
-            else:
-                statuses[each.item_id] = LeaseStatus.HELD
-        return statuses
-
-    async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
-        params = {
-            "id": item_id,
-            "version": lease_version,
-            "error": storable_text(error),
-            "now": self._now(),
-        }
-
-        def run(conn: psycopg.Connection[Row]) -> None:
-            if conn.execute(_Q["mark_error"], params).fetchone() is None:
-                raise LeaseLost(item_id, lease_version, self._why(conn, item_id))
-
-        await self._run(run, retry=False)
-
-    async def _settle_one(self, settlement: Settlement) -> None:
-        [applied] = await self._settle([settlement], why=True)
-        if not applied:  # pragma: no cover - _settle raises LeaseLost for a single write
-            raise LeaseLost(settlement.item_id, settlement.lease_version)
-
-    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
-        return await self._settle(settlements, why=False)
-
-    @staticmethod
-    def _settle_params(sent: Sequence[Settlement], now: dt.datetime | None) -> dict[str, Any]:
-        """The arrays of one ``settle_many`` statement; an unstorable entry becomes dead."""
-        checked = []
-        for s in sent:
-            try:
-                config = (
-                    json.dumps(check_json(s.config)) if s.kind is SettleKind.RESCHEDULE else None
-                )
-                checked.append((s, config))
-            except ValueError as error:
-                checked.append((unstorable_outcome(s, error), None))
-        return {
-            "ids": [s.item_id for s, _ in checked],
-            "versions": [s.lease_version for s, _ in checked],
-            "kinds": [str(s.kind) for s, _ in checked],
-            "delays_us": [_sql.duration_us("delay", s.delay) for s, _ in checked],
-            "ats": [s.at for s, _ in checked],
-            "configs": [config for _, config in checked],
-            "errors": [s.error for s, _ in checked],
             "now": now,
         }
+        return conn.execute(_Q["renew_many"], params).fetchall()
 
-    async def _settle(self, settlements: Sequence[Settlement], *, why: bool) -> list[bool]:
-        # One statement cannot update a row twice, and a second write with the same
-        # (id, version) would be stale after the first anyway: send each pair once.
-        first: dict[tuple[str, int], int] = {}
-        for index, s in enumerate(settlements):
-            first.setdefault((s.item_id, s.lease_version), index)
-        sent = [settlements[index] for index in sorted(first.values())]
-        if not sent:
-            await trio.lowlevel.checkpoint()
-            return []
-        now = self._now()
-        params = self._settle_params(sent, now)
-        data_errors = _data_errors()
+    def _settle_rows(
+        self, conn: psycopg.Connection[Row], entries: Sequence[SettleEntry], now: Any
+    ) -> list[Row]:
+        params = {
+            "ids": [s.item_id for _, s, _ in entries],
+            "versions": [s.lease_version for _, s, _ in entries],
+            "kinds": [str(s.kind) for _, s, _ in entries],
+            "delays_us": [values["delay_us"] for _, _, values in entries],
+            "ats": [values["at"] for _, _, values in entries],
+            "configs": [values["config"] for _, _, values in entries],
+            "errors": [s.error for _, s, _ in entries],
+            "results": [values["result"] for _, _, values in entries],
+            "now": now,
+        }
+        return conn.execute(_Q["settle_many"], params).fetchall()
 
-        def write(conn: psycopg.Connection[Row], params: dict[str, Any]) -> list[Row]:
-            with conn.transaction():
-                rows = conn.execute(_Q["settle_many"], params).fetchall()
-                self._notify(
-                    conn,
-                    [row["spec_id"] for row in rows if row["state"] == "queued" and row["due_now"]],
-                )
-                if why and not rows:
-                    s = sent[0]
-                    raise LeaseLost(s.item_id, s.lease_version, self._why(conn, s.item_id))
-            return rows
-
-        def run(conn: psycopg.Connection[Row]) -> set[int]:
-            try:
-                return {row["ord"] - 1 for row in write(conn, params)}
-            except data_errors:
-                if why:
-                    raise
-            # One entry holds a value the database refuses: write them one by one, so it alone
-            # becomes dead (unstorable_outcome) and its batch-mates are settled as asked.
-            applied = set()
-            for index, s in enumerate(sent):
-                try:
-                    rows = write(conn, self._settle_params([s], now))
-                except data_errors as error:
-                    rows = write(conn, self._settle_params([unstorable_outcome(s, error)], now))
-                if rows:
-                    applied.add(index)
-            return applied
-
-        applied = await self._run(run)
-        applied_ids = {(sent[i].item_id, sent[i].lease_version) for i in applied}
-        results = [
-            (s.item_id, s.lease_version) in applied_ids and first[(s.item_id, s.lease_version)] == i
-            for i, s in enumerate(settlements)
-        ]
-        if any(results):
-            self._changed()
-        return results
-
-    async def _next_due(self, spec_ids: Sequence[str]) -> tuple[dt.datetime | None, float]:
-        params = {"spec_ids": list(spec_ids), "now": self._now()}
-        row = await self._run(
-            lambda conn: conn.execute(_Q["next_due_at"], params).fetchone(), read=True
-        )
-        assert row is not None
-        return row["at"], row["wait"]
-
-    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
-        at, _ = await self._next_due(spec_ids)
-        return None if at is None else utc(at)
+    def _before_wait(self) -> None:
+        self._start_listener()
 
     def _start_listener(self) -> None:
         if self._listen and self._listener is None and not self._closed:
@@ -790,16 +524,6 @@ class PostgresQueue(SingleWrites):
         return await self._run(
             lambda conn: migrate_connection(conn, where=where, schema=self._schema)
         )
-
-    async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
-        self._start_listener()
-        while True:
-            generation = self._changes.value
-            at, wait = await self._next_due(spec_ids)
-            if at is not None and wait <= 0:
-                return
-            with trio.move_on_after(float("inf") if at is None else wait):
-                await self._changes.wait_value(_sql.other_than(generation))
 
     async def aclose(self) -> None:
         if self._closed:

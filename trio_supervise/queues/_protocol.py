@@ -8,9 +8,18 @@ Items and states
     or finished: ``completed``, ``cancelled`` or ``dead`` (too many errors). Finished items are
     never claimed again; :meth:`WorkQueue.retry` puts one back.
 
+Named queues, priorities, pausing
+    Every item waits in one named queue (``queue``, default ``"default"``) and has a
+    ``priority``: an integer from :data:`MIN_PRIORITY` (-100) to :data:`MAX_PRIORITY` (100),
+    default 0, where **a lower number is claimed first** (as in Oban and River). A claim serves
+    one queue. A queue paused with :meth:`WorkQueue.pause_queue` (stored in the database, so for
+    the whole fleet) is not claimed until :meth:`WorkQueue.resume_queue`; items already running
+    finish and settle as usual, and its due items do not wake :meth:`WorkQueue.wait_for_work`.
+
 Leases and fencing
-    :meth:`WorkQueue.claim_due` hands out items whose ``due_at`` has passed, plus running items
-    whose lease has expired (rescue is part of claiming), ordered by ``due_at`` then ``id``. Each
+    :meth:`WorkQueue.claim_due` hands out items of one queue whose ``due_at`` has passed, plus
+    running items whose lease has expired (rescue is part of claiming), ordered by ``priority``,
+    then ``due_at``, then ``id``. Each
     claim sets ``lease_owner``, ``lease_expires_at = now + lease`` and a new, strictly larger
     ``lease_version``. Every later write names the item id and that version; a write whose version
     is not the item's current one, or whose item is not running, raises :class:`LeaseLost` (the
@@ -76,8 +85,15 @@ __all__ = [
     "Settlement",
     "WorkItem",
     "WorkQueue",
+    "DEFAULT_QUEUE",
     "MAX_DELAY",
     "MAX_JSON_DEPTH",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "QueueInfo",
+    "check_priority",
+    "check_queue_name",
+    "check_timeout",
     "check_json",
     "check_new_item",
     "storable_text",
@@ -92,6 +108,14 @@ JSONValue: TypeAlias = Any
 MAX_JSON_DEPTH = _MAX_JSON_DEPTH
 """The deepest nesting of lists and objects a config (or result) may have; deeper is refused
 (one number for the queues, the CLI and settings files: ``trio_supervise._convert``)."""
+
+DEFAULT_QUEUE = "default"
+"""The queue an item waits in unless told otherwise."""
+
+MIN_PRIORITY = -100
+"""The most urgent priority: lower numbers are claimed first."""
+MAX_PRIORITY = 100
+"""The least urgent priority."""
 
 MAX_DELAY = 1e10
 """The longest delay (seconds, about 317 years) a settlement may ask for: far enough for any
@@ -179,6 +203,53 @@ def validate_spec_id(spec_id: object) -> str:
     return spec_id
 
 
+def check_priority(priority: object) -> int:
+    """Refuse a priority that is not an integer from MIN_PRIORITY to MAX_PRIORITY."""
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not MIN_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise ValueError(
+            f"priority must be an integer from {MIN_PRIORITY} (claimed first) to "
+            f"{MAX_PRIORITY} (claimed last), got {priority!r}"
+        )
+    return priority
+
+
+def check_queue_name(queue: object) -> str:
+    """Refuse a queue name that is not a non-empty storable string of at most 200 characters."""
+    from .._errors import ConfigError
+
+    if not isinstance(queue, str) or not queue or len(queue) > 200:
+        raise ValueError(
+            f"queue must be a non-empty string of at most 200 characters, got {queue!r}"
+        )
+    problem = _unstorable(queue)
+    if problem is not None:
+        raise ConfigError(f"queue must not contain {problem}")
+    return queue
+
+
+MAX_TIMEOUT = 365 * 24 * 3600.0
+"""The longest evaluation timeout (a year, in seconds)."""
+
+
+def check_timeout(timeout: object, *, what: str = "timeout") -> float | None:
+    """Refuse a timeout that is not None or a positive finite number of seconds up to a year."""
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        raise ValueError(
+            f"{what} must be a positive number of seconds, at most {MAX_TIMEOUT:g}, got {timeout!r}"
+        )
+    return float(timeout)
+
+
 def check_new_item(
     *,
     spec_id: str,
@@ -187,10 +258,15 @@ def check_new_item(
     tenant_id: str,
     subject_id: str,
     idempotency_key: str | None,
+    priority: int = 0,
+    queue: str = DEFAULT_QUEUE,
+    timeout: float | None = None,
 ) -> JSONValue:
     """Validate what ``enqueue`` was given, the same way on every backend; return the config.
 
-    Refuses an empty spec id or item id, a NUL character or a lone surrogate in any text field
+    An attrs instance (a driver's ``config_type``) is unstructured by the shared converter
+    first, as :class:`Reschedule` does. Refuses an empty spec id or item id, a priority or queue
+    name out of range, a NUL character or a lone surrogate in any text field
     (PostgreSQL cannot store a NUL, no backend a surrogate, and a spec id with one could never be
     claimed) and a config that :func:`check_json` refuses, each naming the field. Nothing is
     written when this raises.
@@ -198,6 +274,9 @@ def check_new_item(
     from .._errors import ConfigError
 
     validate_spec_id(spec_id)
+    check_priority(priority)
+    check_queue_name(queue)
+    check_timeout(timeout)
     if item_id is not None and not item_id:
         raise ValueError("item_id must be a non-empty string")
     texts = {
@@ -211,6 +290,11 @@ def check_new_item(
         problem = None if text is None else _unstorable(text)
         if problem is not None:
             raise ConfigError(f"{name} must not contain {problem}")
+    if attrs.has(type(config)):
+        # What a driver's config_type accepts, enqueue accepts: the shared converter's JSON.
+        from .._convert import unstructure
+
+        config = unstructure(config)
     return check_json({} if config is None else config)
 
 
@@ -254,6 +338,14 @@ class WorkItem:
     attempt: int = 0
     """Claims since the last successful evaluation, counted by the claim itself (see the module
     doc); a runner settles an item claimed more than ``max_attempts`` times as dead."""
+    priority: int = 0
+    """From MIN_PRIORITY to MAX_PRIORITY; a lower number is claimed first."""
+    queue: str = DEFAULT_QUEUE
+    """The named queue the item waits in."""
+    timeout: float | None = None
+    """Seconds one evaluation may take, overriding the driver's ``timeout``; None: the driver's."""
+    result: JSONValue = None
+    """The JSON result a completed item was stopped with (``Stop(result=...)``), else None."""
 
     @property
     def lease(self) -> Lease:
@@ -297,6 +389,10 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     _set(new, "created_at", get("created_at", item.created_at))
     _set(new, "updated_at", get("updated_at", item.updated_at))
     _set(new, "attempt", get("attempt", item.attempt))
+    _set(new, "priority", get("priority", item.priority))
+    _set(new, "queue", get("queue", item.queue))
+    _set(new, "timeout", get("timeout", item.timeout))
+    _set(new, "result", get("result", item.result))
     return new
 
 
@@ -310,6 +406,18 @@ def _check_replace_trusted() -> None:
 
 
 _check_replace_trusted()
+
+
+@attrs.frozen(kw_only=True)
+class QueueInfo:
+    """One named queue: whether it is paused, and how many items it holds per state."""
+
+    name: str
+    paused: bool = False
+    paused_at: dt.datetime | None = attrs.field(
+        default=None, converter=attrs.converters.optional(utc)
+    )
+    counts: Mapping[ItemState, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -337,7 +445,7 @@ class SettleKind(enum.StrEnum):
     RESCHEDULE = "reschedule"
     """Evaluated fine; due at ``at`` with the new ``config`` in one write. Clears the errors."""
     COMPLETE = "complete"
-    """Finished for good."""
+    """Finished for good, with the JSON ``result`` if any."""
     CANCEL = "cancel"
     """Finished because cancellation was requested."""
     RETRY = "retry"
@@ -358,6 +466,8 @@ class Settlement:
     delay: float = 0.0
     at: dt.datetime | None = attrs.field(default=None, converter=attrs.converters.optional(utc))
     config: JSONValue = None
+    result: JSONValue = None
+    """A ``complete`` settlement's JSON result (checked like a config before it is written)."""
     error: str | None = attrs.field(
         default=None, converter=attrs.converters.optional(storable_text)
     )
@@ -455,8 +565,16 @@ class WorkQueue(Protocol):
         due_at: dt.datetime | None = None,
         item_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = 0,
+        queue: str = DEFAULT_QUEUE,
+        evaluation_timeout: float | None = None,
     ) -> WorkItem:
         """Add an item, due at *due_at* (default: now); config ``None`` means ``{}``.
+
+        It waits in *queue* with *priority* (lower first; see the module doc); a priority out
+        of range raises :class:`ValueError`. *evaluation_timeout* (seconds) bounds each
+        evaluation of this item (stored as ``WorkItem.timeout``), overriding its driver's
+        ``timeout``.
 
         With an *idempotency_key* that an existing item already carries (in any state), nothing
         is written and that item is returned. An explicit *item_id* that exists already raises
@@ -502,9 +620,16 @@ class WorkQueue(Protocol):
     # -- the worker side ---------------------------------------------------------------------
 
     async def claim_due(
-        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+        self,
+        spec_ids: Sequence[str],
+        worker_id: str,
+        lease: float,
+        limit: int,
+        *,
+        queue: str = DEFAULT_QUEUE,
     ) -> list[WorkItem]:
-        """Claim up to *limit* claimable items of *spec_ids* for *lease* seconds."""
+        """Claim up to *limit* claimable items of *spec_ids* in *queue* for *lease* seconds,
+        by ``(priority, due_at, id)``; none while *queue* is paused."""
         ...
 
     async def renew(
@@ -539,18 +664,38 @@ class WorkQueue(Protocol):
         """Apply many outcomes in one round trip; per entry, True if applied, False if stale."""
         ...
 
-    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
-        """When the next item of *spec_ids* becomes claimable (may be in the past), or None."""
+    async def next_due_at(
+        self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
+    ) -> dt.datetime | None:
+        """When the next item of *spec_ids* becomes claimable (may be in the past), or None.
+
+        Only items of *queues* (default: every queue) that are not paused count."""
         ...
 
-    async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
-        """Return when work of *spec_ids* may be claimable.
+    async def wait_for_work(
+        self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
+    ) -> None:
+        """Return when work of *spec_ids* in *queues* (default: every queue) may be claimable.
 
         Returns at once when something is due already; early when the backend learns of new work
         (an enqueue in this process, a NOTIFY); otherwise at the next known due time. It may
         return early spuriously. Callers bound the wait with a cancel scope (the poll interval):
         ``with trio.move_on_after(poll_interval): await queue.wait_for_work(spec_ids)``.
         """
+        ...
+
+    # -- queues ------------------------------------------------------------------------------
+
+    async def pause_queue(self, queue: str) -> bool:
+        """Stop claims from *queue* across the fleet; False if it was paused already."""
+        ...
+
+    async def resume_queue(self, queue: str) -> bool:
+        """Let *queue* be claimed again; False if it was not paused."""
+        ...
+
+    async def list_queues(self) -> list[QueueInfo]:
+        """Every queue that holds items or is paused, by name."""
         ...
 
     async def aclose(self) -> None:

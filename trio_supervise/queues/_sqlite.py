@@ -33,41 +33,19 @@ import json
 import os
 import sqlite3
 import urllib.parse
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 import trio
 import trio_util
 
 from .._clock import Clock, SystemClock, utc
-from .._errors import (
-    DuplicateItem,
-    ItemNotFound,
-    ItemStateError,
-    LeaseLost,
-    QueueError,
-    QueueFailed,
-    QueueUnavailable,
-    SchemaError,
-)
+from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
-from ._protocol import (
-    ItemState,
-    JSONValue,
-    Lease,
-    LeaseStatus,
-    SettleKind,
-    Settlement,
-    SingleWrites,
-    WorkItem,
-    check_json,
-    check_new_item,
-    storable_text,
-    unstorable_outcome,
-)
+from ._protocol import JSONValue, Lease
+from ._sqlbase import SettleEntry, SQLQueue
 
 __all__ = ["DEFAULT_SQLITE_PATH", "SQLiteQueue"]
 
@@ -92,37 +70,10 @@ def _from_us(value: int) -> dt.datetime:
 _MIN_US = -(2**63)
 """Before every stored time: the cursor of a first page."""
 
-_STATES = {str(state): state for state in ItemState}
-"""``ItemState(text)`` as a dict lookup (the enum call costs ten times as much per row)."""
 
-
-def _config(text: str) -> JSONValue:
+def _config(value: str) -> JSONValue:
     # The empty config is the common one: a new dict each time, as json.loads would give.
-    return {} if text == "{}" else json.loads(text)
-
-
-def _item(row: sqlite3.Row) -> WorkItem:
-    expires = row["lease_expires_at"]
-    state = row["state"]
-    return WorkItem(
-        id=row["id"],
-        spec_id=row["spec_id"],
-        tenant_id=row["tenant_id"],
-        subject_id=row["subject_id"],
-        config=_config(row["config"]),
-        cancel_requested=bool(row["cancel_requested"]),
-        lease_version=row["lease_version"],
-        state=_STATES[state] if state in _STATES else ItemState(state),
-        due_at=_from_us(row["due_at"]),
-        error_count=row["error_count"],
-        last_error=row["last_error"],
-        lease_owner=row["lease_owner"],
-        lease_expires_at=None if expires is None else _from_us(expires),
-        idempotency_key=row["idempotency_key"],
-        created_at=_from_us(row["created_at"]),
-        updated_at=_from_us(row["updated_at"]),
-        attempt=row["attempt"],
-    )
+    return {} if value == "{}" else json.loads(value)
 
 
 def _statements(script: str) -> list[str]:
@@ -279,7 +230,7 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 
 @attrs.define(eq=False, kw_only=True)
-class SQLiteQueue(SingleWrites):
+class SQLiteQueue(SQLQueue):
     """The :class:`WorkQueue` protocol on one SQLite file. Open it with :meth:`connect`."""
 
     _path: str = attrs.field(alias="path")
@@ -385,12 +336,6 @@ class SQLiteQueue(SingleWrites):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _now_us(self) -> int:
-        return _to_us(self._clock.now())
-
-    def _changed(self) -> None:
-        self._changes.value += 1
-
     def _check_file(self) -> None:
         """Raise :class:`QueueFailed` if the path no longer names the file that was opened."""
         try:
@@ -406,7 +351,9 @@ class SQLiteQueue(SingleWrites):
                 "open: nothing written since is stored anywhere"
             )
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T], *, read: bool = False) -> T:
+    async def _run(
+        self, fn: Callable[[sqlite3.Connection], T], *, read: bool = False, retry: bool = True
+    ) -> T:
         """Run *fn* on the writer connection (or, with *read*, the reader) in its thread."""
         if self._closed:
             raise QueueError(f"the SQLite queue at {self._path} is closed")
@@ -421,287 +368,70 @@ class SQLiteQueue(SingleWrites):
         except sqlite3.Error as error:
             raise _map_error(error, self._path) from error
 
+    _call = _run
+
+    # -- the dialect (see _sqlbase) ------------------------------------------------------
+
+    _queries: ClassVar[Mapping[str, str]] = _Q
+    _backend: ClassVar[_sql.Backend] = "sqlite"
+    _first_cursor: ClassVar[int] = _MIN_US
+
+    def _transaction(self, conn: sqlite3.Connection) -> _Transaction:
+        return _Transaction(conn)
+
+    _write = _transaction
+
+    def _now(self) -> int:
+        return _to_us(self._clock.now())
+
+    _time = staticmethod(_to_us)
+    _from_time = staticmethod(_from_us)
+    _from_config = staticmethod(_config)
+
     @staticmethod
-    def _why(conn: sqlite3.Connection, item_id: str) -> str:
-        row = conn.execute(
-            "SELECT state, lease_version FROM trio_supervise_items WHERE id = ?", (item_id,)
-        ).fetchone()
-        if row is None:
-            return "no such item"
-        return f"item is {row['state']} at version {row['lease_version']}"
+    def _ids(values: Sequence[str]) -> str:
+        return json.dumps(list(values))
 
-    # -- producing and inspecting ------------------------------------------------------------
+    def _is_duplicate(self, error: Exception) -> bool:
+        return isinstance(error, sqlite3.IntegrityError)
 
-    async def enqueue(
-        self,
-        spec_id: str,
-        *,
-        config: JSONValue = None,
-        tenant_id: str = "",
-        subject_id: str = "",
-        due_at: dt.datetime | None = None,
-        item_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> WorkItem:
-        config = check_new_item(
-            spec_id=spec_id,
-            config=config,
-            item_id=item_id,
-            tenant_id=tenant_id,
-            subject_id=subject_id,
-            idempotency_key=idempotency_key,
-        )
-        item_id = uuid.uuid4().hex if item_id is None else item_id
-        now = self._now_us()
-        params = {
-            "id": item_id,
-            "spec_id": spec_id,
-            "tenant_id": tenant_id,
-            "subject_id": subject_id,
-            "config": json.dumps(config),
-            "due_at": now if due_at is None else _to_us(due_at),
-            "idempotency_key": idempotency_key,
-            "now": now,
-        }
+    def _data_errors(self) -> tuple[type[Exception], ...]:
+        return _DATA_ERRORS
 
-        def run(conn: sqlite3.Connection) -> tuple[sqlite3.Row, bool]:
-            with _Transaction(conn):
-                if idempotency_key is not None:
-                    row = conn.execute(_Q["get_by_key"], params).fetchone()
-                    if row is not None:
-                        return row, False
-                try:
-                    return conn.execute(_Q["enqueue"], params).fetchone(), True
-                except sqlite3.IntegrityError as error:
-                    raise DuplicateItem(item_id) from error
+    def _renew_rows(
+        self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int
+    ) -> Iterable[sqlite3.Row]:
+        query = _Q["renew"]
+        for each in leases:
+            params = {
+                "id": each.item_id,
+                "version": each.version,
+                "owner": each.worker_id,
+                "lease_us": lease_us,
+                "now": now,
+            }
+            row = conn.execute(query, params).fetchone()
+            if row is not None:
+                yield row
 
-        row, created = await self._call(run)
-        if created:
-            self._changed()
-        return _item(row)
-
-    async def get(self, item_id: str) -> WorkItem:
-        row = await self._call(
-            lambda conn: conn.execute(_Q["get"], {"id": item_id}).fetchone(), read=True
-        )
-        if row is None:
-            raise ItemNotFound(item_id)
-        return _item(row)
-
-    async def list_items(
-        self,
-        *,
-        states: Sequence[ItemState] | None = None,
-        spec_ids: Sequence[str] | None = None,
-        limit: int = 100,
-        after: str | None = None,
-    ) -> list[WorkItem]:
-        params: dict[str, Any] = {
-            "spec_ids": None if spec_ids is None else json.dumps(list(spec_ids)),
-            "limit": _sql.check_limit(limit),
-        }
-
-        def run(conn: sqlite3.Connection) -> list[Any]:
-            return _sql.list_page(conn, _Q, params, states=states, after=after, start=_MIN_US)
-
-        return [_item(row) for row in await self._call(run, read=True)]
-
-    async def counts(self) -> Mapping[tuple[str, ItemState], int]:
-        rows = await self._call(lambda conn: conn.execute(_Q["counts"]).fetchall(), read=True)
-        return {(row["spec_id"], ItemState(row["state"])): row["n"] for row in rows}
-
-    async def request_cancel(self, item_id: str) -> WorkItem:
-        params = {"id": item_id, "now": self._now_us()}
-
-        def run(conn: sqlite3.Connection) -> sqlite3.Row | None:
-            with _Transaction(conn):
-                row: sqlite3.Row | None = conn.execute(_Q["request_cancel"], params).fetchone()
-            return row
-
-        row = await self._call(run)
-        if row is None:
-            raise ItemNotFound(item_id)
-        self._changed()
-        return _item(row)
-
-    async def retry(self, item_id: str, *, at: dt.datetime | None = None) -> WorkItem:
-        now = self._now_us()
-        params = {"id": item_id, "now": now, "at": now if at is None else _to_us(at)}
-
-        def run(conn: sqlite3.Connection) -> sqlite3.Row:
-            with _Transaction(conn):
-                row: sqlite3.Row | None = conn.execute(_Q["retry"], params).fetchone()
-                if row is not None:
-                    return row
-                if conn.execute(_Q["get"], params).fetchone() is None:
-                    raise ItemNotFound(item_id)
-                raise ItemStateError(f"item {item_id!r} is running; cancel it first")
-
-        row = await self._call(run)
-        self._changed()
-        return _item(row)
-
-    # -- the worker side ---------------------------------------------------------------------
-
-    async def claim_due(
-        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
-    ) -> list[WorkItem]:
-        params = {
-            "spec_ids": json.dumps(list(spec_ids)),
-            "worker_id": worker_id,
-            "lease_us": _sql.duration_us("lease", lease, positive=True),
-            "limit": _sql.check_limit(limit),
-            "now": self._now_us(),
-        }
-        if limit == 0 or not spec_ids:
-            await trio.lowlevel.checkpoint()
-            return []
-
-        def run(conn: sqlite3.Connection) -> list[sqlite3.Row]:
-            with _Transaction(conn):
-                return conn.execute(_Q["claim_due"], params).fetchall()
-
-        items = [_item(row) for row in await self._call(run)]
-        items.sort(key=lambda item: (item.due_at, item.id))
-        return items
-
-    async def renew(
-        self, item_id: str, worker_id: str, lease_version: int, lease: float
-    ) -> LeaseStatus:
-        status = (await self.renew_many([Lease(item_id, lease_version, worker_id)], lease))[item_id]
-        if status is LeaseStatus.LOST:
-            raise LeaseLost(item_id, lease_version, "renewal refused")
-        return status
-
-    async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
-        lease_us = _sql.duration_us("lease", lease, positive=True)
-        now = self._now_us()
-        if not leases:
-            await trio.lowlevel.checkpoint()
-            return {}
-
-        def run(conn: sqlite3.Connection) -> dict[str, LeaseStatus]:
-            statuses = {}
-            with _Transaction(conn):
-                for each in leases:
-                    row = conn.execute(
-                        _Q["renew"],
-                        {
-                            "id": each.item_id,
-                            "version": each.version,
-                            "owner": each.worker_id,
-                            "lease_us": lease_us,
-                            "now": now,
-                        },
-                    ).fetchone()
-                    if row is None:
-                        statuses[each.item_id] = LeaseStatus.LOST
-                    elif row["cancel_requested"]:
-                        statuses[each.item_id] = LeaseStatus.CANCEL_REQUESTED
-                    else:
-                        statuses[each.item_id] = LeaseStatus.HELD
-            return statuses
-
-        return await self._call(run)
-
-    async def mark_error(self, item_id: str, lease_version: int, error: str) -> None:
-        params = {
-            "id": item_id,
-            "version": lease_version,
-            "error": storable_text(error),
-            "now": self._now_us(),
-        }
-
-        def run(conn: sqlite3.Connection) -> None:
-            with _Transaction(conn):
-                if conn.execute(_Q["mark_error"], params).fetchone() is None:
-                    raise LeaseLost(item_id, lease_version, self._why(conn, item_id))
-
-        await self._call(run)
-
-    def _settle_params(self, s: Settlement, now: int) -> dict[str, Any]:
-        return {
-            "id": s.item_id,
-            "version": s.lease_version,
-            "kind": str(s.kind),
-            "delay_us": _sql.duration_us("delay", s.delay),
-            "at": None if s.at is None else _to_us(s.at),
-            "config": (
-                json.dumps(check_json(s.config)) if s.kind is SettleKind.RESCHEDULE else None
-            ),
-            "error": s.error,
-            "now": now,
-        }
-
-    async def _settle_one(self, settlement: Settlement) -> None:
-        params = self._settle_params(settlement, self._now_us())
-
-        def run(conn: sqlite3.Connection) -> None:
-            with _Transaction(conn):
-                if conn.execute(_Q["settle"], params).fetchone() is None:
-                    raise LeaseLost(
-                        settlement.item_id, settlement.lease_version, self._why(conn, params["id"])
-                    )
-
-        await self._call(run)
-        self._changed()
-
-    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
-        now = self._now_us()
-        batch = []
-        for s in settlements:
-            try:
-                batch.append(self._settle_params(s, now))
-            except (ValueError, OverflowError) as error:
-                batch.append(self._settle_params(unstorable_outcome(s, error), now))
-        if not batch:
-            await trio.lowlevel.checkpoint()
-            return []
-
-        def settle(conn: sqlite3.Connection, params: dict[str, Any]) -> bool:
-            return conn.execute(_Q["settle"], params).fetchone() is not None
-
-        def run(conn: sqlite3.Connection) -> list[bool]:
-            try:
-                with _Transaction(conn):
-                    return [settle(conn, p) for p in batch]
-            except _DATA_ERRORS:
-                pass
-            # One entry holds a value the database refuses: write them one by one, so it alone
-            # becomes dead (unstorable_outcome) and its batch-mates are settled as asked.
-            results = []
-            for s, params in zip(settlements, batch, strict=True):
-                try:
-                    with _Transaction(conn):
-                        results.append(settle(conn, params))
-                except _DATA_ERRORS as error:
-                    dead = self._settle_params(unstorable_outcome(s, error), params["now"])
-                    with _Transaction(conn):
-                        results.append(settle(conn, dead))
-            return results
-
-        results = await self._call(run)
-        if any(results):
-            self._changed()
-        return results
-
-    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
-        params = {"spec_ids": json.dumps(list(spec_ids))}
-        row = await self._call(
-            lambda conn: conn.execute(_Q["next_due_at"], params).fetchone(), read=True
-        )
-        return None if row["at"] is None else _from_us(row["at"])
-
-    async def wait_for_work(self, spec_ids: Sequence[str]) -> None:
-        while True:
-            generation = self._changes.value
-            next_due = await self.next_due_at(spec_ids)
-            now = utc(self._clock.now())
-            if next_due is not None and next_due <= now:
-                return
-            wait = float("inf") if next_due is None else (next_due - now).total_seconds()
-            with trio.move_on_after(wait):
-                await self._changes.wait_value(_sql.other_than(generation))
+    def _settle_rows(
+        self, conn: sqlite3.Connection, entries: Sequence[SettleEntry], now: int
+    ) -> list[Any]:
+        query = _Q["settle"]
+        rows = []
+        for position, (_, s, values) in enumerate(entries, start=1):
+            params = {
+                "id": s.item_id,
+                "version": s.lease_version,
+                "kind": str(s.kind),
+                "error": s.error,
+                "now": now,
+                **values,
+            }
+            row = conn.execute(query, params).fetchone()
+            if row is not None:
+                rows.append({**dict(row), "ord": position})
+        return rows
 
     async def aclose(self) -> None:
         if self._closed:

@@ -27,11 +27,12 @@ SELECT pg_advisory_xact_lock(
 -- name: enqueue
 INSERT INTO trio_supervise_items AS i (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at
+    created_at, updated_at, priority, queue, timeout
 ) VALUES (
     %(id)s, %(spec_id)s, %(tenant_id)s, %(subject_id)s, %(config)s::jsonb, 'queued',
     coalesce(%(due_at)s::timestamptz, %(now)s::timestamptz, now()), %(idempotency_key)s,
-    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+    %(priority)s, %(queue)s, %(timeout)s
 )
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *, i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
@@ -89,16 +90,19 @@ WHERE id = %(id)s AND state <> 'running'
 RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 
 -- name: claim_due
--- One statement: lock the first claimable rows in (due_at, id) order, skipping rows another
--- claimer holds, and lease them. Running rows whose lease has expired are rescued here too.
+-- One statement: lock one queue's first claimable rows in (priority, due_at, id) order (none
+-- while the queue is paused), skipping rows another claimer holds, and lease them. Running rows whose lease has expired are rescued here too.
 -- The claim counts the attempt.
 WITH due AS (
     SELECT id FROM trio_supervise_items
-    WHERE state IN ('queued', 'running')
+    WHERE queue = %(queue)s AND state IN ('queued', 'running')
       AND spec_id = ANY(%(spec_ids)s::text[])
       AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END
           <= coalesce(%(now)s::timestamptz, now())
-    ORDER BY due_at, id
+      AND NOT EXISTS (
+          SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
+      )
+    ORDER BY priority, due_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -150,6 +154,7 @@ UPDATE trio_supervise_items AS i SET
         ELSE i.due_at
     END,
     config = CASE WHEN s.kind = 'reschedule' THEN s.config::jsonb ELSE i.config END,
+    result = CASE WHEN s.kind = 'complete' THEN s.result::jsonb ELSE i.result END,
     error_count = CASE
         WHEN s.kind IN ('continue', 'reschedule') THEN 0
         WHEN s.kind IN ('retry', 'dead') THEN i.error_count + 1
@@ -166,8 +171,8 @@ UPDATE trio_supervise_items AS i SET
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(
     %(ids)s::text[], %(versions)s::bigint[], %(kinds)s::text[], %(delays_us)s::bigint[],
-    %(ats)s::timestamptz[], %(configs)s::text[], %(errors)s::text[]
-) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, ord)
+    %(ats)s::timestamptz[], %(configs)s::text[], %(errors)s::text[], %(results)s::text[]
+) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, result, ord)
 WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
 RETURNING s.ord, i.spec_id, i.state,
     i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
@@ -182,4 +187,21 @@ FROM (
     SELECT min(CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END) AS at
     FROM trio_supervise_items
     WHERE state IN ('queued', 'running') AND spec_id = ANY(%(spec_ids)s::text[])
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
 ) AS t;
+
+-- name: pause_queue
+INSERT INTO trio_supervise_paused_queues (queue, paused_at)
+VALUES (%(queue)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue;
+
+-- name: resume_queue
+DELETE FROM trio_supervise_paused_queues WHERE queue = %(queue)s RETURNING queue;
+
+-- name: paused_queues
+SELECT queue, paused_at FROM trio_supervise_paused_queues;
+
+-- name: queue_counts
+SELECT queue, state, count(*) AS n FROM trio_supervise_items GROUP BY queue, state;

@@ -21,14 +21,27 @@ CREATE TABLE trio_supervise_items (
     created_at       timestamptz NOT NULL,
     updated_at       timestamptz NOT NULL,
     attempt          integer     NOT NULL DEFAULT 0,
+    priority         integer     NOT NULL DEFAULT 0,
+    queue            text        NOT NULL DEFAULT 'default',
+    concurrency_key  text,
+    concurrency_limit integer,
+    timeout          double precision,
+    result           jsonb,
+    errors           jsonb       NOT NULL DEFAULT '[]',
     CONSTRAINT trio_supervise_items_lease_check
         CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
 
--- Serves claims: walk the claimable items in (due_at, id) order and stop at the limit.
+-- Serves claims: one queue's claimable items in (priority, due_at, id) order; lower priority
+-- numbers first.
 CREATE INDEX trio_supervise_items_claim_idx
-    ON trio_supervise_items (due_at, id)
+    ON trio_supervise_items (queue, priority, due_at, id)
     WHERE state IN ('queued', 'running');
+
+-- Serves the concurrency-key check: the running items of one key.
+CREATE INDEX trio_supervise_items_key_idx
+    ON trio_supervise_items (concurrency_key)
+    WHERE state = 'running' AND concurrency_key IS NOT NULL;
 
 -- Serves counts, listing and inspection by spec.
 CREATE INDEX trio_supervise_items_spec_state_idx
@@ -37,3 +50,9 @@ CREATE INDEX trio_supervise_items_spec_state_idx
 -- Serves listing: one range per state in (due_at, id) order, so a page costs the rows shown.
 CREATE INDEX trio_supervise_items_state_due_idx
     ON trio_supervise_items (state, due_at, id);
+
+-- Queues paused across the fleet: their items are not claimed until resumed.
+CREATE TABLE trio_supervise_paused_queues (
+    queue     text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL DEFAULT now()
+);

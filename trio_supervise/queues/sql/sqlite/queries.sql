@@ -22,13 +22,13 @@ INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version
 -- name: enqueue
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at
+    created_at, updated_at, priority, queue, timeout
 ) VALUES (
     :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
-    :now, :now
+    :now, :now, :priority, :queue, :timeout
 )
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *;
+RETURNING *, due_at <= :now AS due_now;
 
 -- name: get_by_key
 SELECT * FROM trio_supervise_items WHERE idempotency_key = :idempotency_key;
@@ -77,11 +77,12 @@ UPDATE trio_supervise_items SET
     cancel_requested = 0,
     updated_at = :now
 WHERE id = :id AND state <> 'running'
-RETURNING *;
+RETURNING *, due_at <= :now AS due_now;
 
 -- name: claim_due
--- Claimable rows in (due_at, id) order, leased in one statement inside BEGIN IMMEDIATE.
--- Running rows whose lease has expired are rescued here too. The claim counts the attempt.
+-- One queue's claimable rows in (priority, due_at, id) order (none while it is paused), leased
+-- in one statement inside BEGIN IMMEDIATE. Running rows whose lease has expired are rescued
+-- here too. The claim counts the attempt.
 UPDATE trio_supervise_items SET
     state = 'running',
     lease_owner = :worker_id,
@@ -91,10 +92,11 @@ UPDATE trio_supervise_items SET
     updated_at = :now
 WHERE id IN (
     SELECT id FROM trio_supervise_items
-    WHERE state IN ('queued', 'running')
+    WHERE queue = :queue AND state IN ('queued', 'running')
       AND spec_id IN (SELECT value FROM json_each(:spec_ids))
       AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END <= :now
-    ORDER BY due_at, id
+      AND NOT EXISTS (SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = :queue)
+    ORDER BY priority, due_at, id
     LIMIT :limit
 )
 RETURNING *;
@@ -104,7 +106,7 @@ UPDATE trio_supervise_items SET
     lease_expires_at = :now + :lease_us,
     updated_at = :now
 WHERE id = :id AND lease_version = :version AND lease_owner = :owner AND state = 'running'
-RETURNING cancel_requested;
+RETURNING id, lease_version, lease_owner, cancel_requested;
 
 -- name: mark_error
 UPDATE trio_supervise_items SET
@@ -129,6 +131,7 @@ UPDATE trio_supervise_items SET
         ELSE due_at
     END,
     config = CASE WHEN :kind = 'reschedule' THEN :config ELSE config END,
+    result = CASE WHEN :kind = 'complete' THEN :result ELSE result END,
     error_count = CASE
         WHEN :kind IN ('continue', 'reschedule') THEN 0
         WHEN :kind IN ('retry', 'dead') THEN error_count + 1
@@ -144,10 +147,30 @@ UPDATE trio_supervise_items SET
     lease_expires_at = NULL,
     updated_at = :now
 WHERE id = :id AND lease_version = :version AND state = 'running'
-RETURNING id;
+RETURNING id, spec_id, state, due_at <= :now AS due_now;
 
 -- name: next_due_at
-SELECT min(CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END) AS at
-FROM trio_supervise_items
-WHERE state IN ('queued', 'running')
-  AND spec_id IN (SELECT value FROM json_each(:spec_ids));
+-- Also returns how far away that is, in seconds by the queue's clock.
+SELECT t.at, (t.at - :now) / 1000000.0 AS wait
+FROM (
+    SELECT min(CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END) AS at
+    FROM trio_supervise_items
+    WHERE state IN ('queued', 'running')
+      AND spec_id IN (SELECT value FROM json_each(:spec_ids))
+      AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+      AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+) AS t;
+
+-- name: pause_queue
+INSERT INTO trio_supervise_paused_queues (queue, paused_at) VALUES (:queue, :now)
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue;
+
+-- name: resume_queue
+DELETE FROM trio_supervise_paused_queues WHERE queue = :queue RETURNING queue;
+
+-- name: paused_queues
+SELECT queue, paused_at FROM trio_supervise_paused_queues;
+
+-- name: queue_counts
+SELECT queue, state, count(*) AS n FROM trio_supervise_items GROUP BY queue, state;

@@ -22,13 +22,26 @@ CREATE TABLE trio_supervise_items (
     created_at       INTEGER NOT NULL,
     updated_at       INTEGER NOT NULL,
     attempt          INTEGER NOT NULL DEFAULT 0,
+    priority         INTEGER NOT NULL DEFAULT 0,
+    queue            TEXT    NOT NULL DEFAULT 'default',
+    concurrency_key  TEXT,
+    concurrency_limit INTEGER,
+    timeout          REAL,
+    result           TEXT,
+    errors           TEXT    NOT NULL DEFAULT '[]',
     CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
 
--- Serves claims: walk the claimable items in (due_at, id) order and stop at the limit.
+-- Serves claims: one queue's claimable items in (priority, due_at, id) order; lower priority
+-- numbers first.
 CREATE INDEX trio_supervise_items_claim_idx
-    ON trio_supervise_items (due_at, id)
+    ON trio_supervise_items (queue, priority, due_at, id)
     WHERE state IN ('queued', 'running');
+
+-- Serves the concurrency-key check: the running items of one key.
+CREATE INDEX trio_supervise_items_key_idx
+    ON trio_supervise_items (concurrency_key)
+    WHERE state = 'running' AND concurrency_key IS NOT NULL;
 
 -- Serves counts, listing and inspection by spec.
 CREATE INDEX trio_supervise_items_spec_state_idx
@@ -37,3 +50,9 @@ CREATE INDEX trio_supervise_items_spec_state_idx
 -- Serves listing: one range per state in (due_at, id) order, so a page costs the rows shown.
 CREATE INDEX trio_supervise_items_state_due_idx
     ON trio_supervise_items (state, due_at, id);
+
+-- Queues paused across the fleet: their items are not claimed until resumed.
+CREATE TABLE trio_supervise_paused_queues (
+    queue     TEXT    PRIMARY KEY NOT NULL,
+    paused_at INTEGER NOT NULL
+);

@@ -1,0 +1,99 @@
+"""The runner's named queues: each served under its own limit, priorities honoured, pauses kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+import trio_supervise as ts
+
+from .test_runner import Recorder, make_runner, running
+
+
+async def test_a_flood_in_one_queue_never_starves_another(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """100 slow mail items take only mail's 2 slots; default's items run at once beside them."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    for n in range(100):
+        await queue.enqueue("job", item_id=f"mail-{n:03}", queue="mail", config={"sleep": 10})
+    for n in range(3):
+        await queue.enqueue("job", item_id=f"web-{n}", config={"sleep": 1})
+    runner = make_runner(queue, driver, queues={"default": 3, "mail": 2})
+    async with running(runner):
+        await trio.sleep(25)
+    assert {driver.starts[f"web-{n}"][0] for n in range(3)} == {0.0}
+    assert sorted(t[0] for i, t in driver.starts.items() if i.startswith("mail")) == [
+        0.0,
+        0.0,
+        10.0,
+        10.0,
+        20.0,
+        20.0,
+    ]
+    assert driver.peak == 5
+
+
+async def test_a_runner_claims_higher_priorities_first(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With one slot, the item with the lowest priority number runs first, then by due time."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    await queue.enqueue("job", item_id="normal", config={"sleep": 1})
+    await queue.enqueue("job", item_id="lazy", priority=50, config={"sleep": 1})
+    await queue.enqueue("job", item_id="urgent", priority=-50, config={"sleep": 1})
+    async with running(make_runner(queue, driver, concurrency=1, claim_batch=1)):
+        await trio.sleep(5)
+    assert {i: t[0] for i, t in driver.starts.items()} == {
+        "urgent": 0.0,
+        "normal": 1.0,
+        "lazy": 2.0,
+    }
+
+
+async def test_a_paused_queue_waits_and_in_flight_items_finish(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Pausing mid-run lets the running item finish; the rest wait until the queue resumes."""
+    queue = ts.MemoryQueue()
+    driver = Recorder()
+    for n in range(3):
+        await queue.enqueue("job", item_id=f"m{n}", queue="mail", config={"sleep": 2})
+    async with running(make_runner(queue, driver, queues={"mail": 1})):
+        await trio.sleep(1)
+        await queue.pause_queue("mail")
+        await trio.sleep(10)
+        assert sorted(driver.ends) == ["m0"]
+        assert (await queue.get("m1")).state is ts.ItemState.QUEUED
+        await queue.resume_queue("mail")
+        await trio.sleep(10)
+    assert driver.starts["m1"] == [11.0]
+    assert sorted(driver.ends) == ["m0", "m1", "m2"]
+
+
+def test_queue_limits_are_checked() -> None:
+    """queues maps names to limits >= 1; anything else is refused naming the queue and rule."""
+    settings = ts.RunnerSettings(worker_id="w", queues={"default": 20, "mail": 5})
+    assert settings.queue_limits == {"default": 20, "mail": 5}
+    assert ts.RunnerSettings(worker_id="w", concurrency=7).queue_limits == {"default": 7}
+    with pytest.raises(ValueError, match=r"queues\['mail'\] must be an int >= 1"):
+        ts.RunnerSettings(worker_id="w", queues={"mail": 0})
+    with pytest.raises(ValueError, match="queues must be a non-empty mapping"):
+        ts.RunnerSettings(worker_id="w", queues={})
+    with pytest.raises(ValueError, match="queue must be a non-empty string"):
+        ts.RunnerSettings(worker_id="w", queues={"": 1})
+
+
+def test_queues_come_from_the_settings_file(tmp_path: Path) -> None:
+    """A settings file sets per-queue limits; a bad limit is refused naming its queue."""
+    path = tmp_path / "s.toml"
+    path.write_text("[runner]\nqueues = {default = 20, mail = 5}\n")
+    assert ts.load_settings(path, env={}).runner.queue_limits == {"default": 20, "mail": 5}
+    path.write_text("[runner]\nqueues = {mail = 0}\n")
+    with pytest.raises(ts.SettingsError, match=r"queues\['mail'\] must be an int >= 1, got 0"):
+        ts.load_settings(path, env={})

@@ -1,0 +1,33 @@
+-- 0003: the job model's claiming side: priorities, named queues, fleet-wide concurrency keys,
+-- evaluation timeouts, results, a bounded error history, and paused queues.
+
+-- Lower numbers are claimed first (as in Oban and River); 0 is the default.
+ALTER TABLE trio_supervise_items ADD COLUMN priority integer NOT NULL DEFAULT 0;
+-- The named queue the item waits in; each runner serves its queues with their own limits.
+ALTER TABLE trio_supervise_items ADD COLUMN queue text NOT NULL DEFAULT 'default';
+-- At most concurrency_limit items sharing a concurrency_key run at once, fleet-wide.
+ALTER TABLE trio_supervise_items ADD COLUMN concurrency_key text;
+ALTER TABLE trio_supervise_items ADD COLUMN concurrency_limit integer;
+-- Seconds an evaluation may take (NULL: the driver's timeout, or none).
+ALTER TABLE trio_supervise_items ADD COLUMN timeout double precision;
+-- The JSON result a completed item was stopped with (NULL: none).
+ALTER TABLE trio_supervise_items ADD COLUMN result jsonb;
+-- The last few errors, newest last: a JSON array of {at, worker, attempt, message, traceback}.
+ALTER TABLE trio_supervise_items ADD COLUMN errors jsonb NOT NULL DEFAULT '[]';
+
+-- Serves claims: one queue's claimable items in (priority, due_at, id) order.
+DROP INDEX trio_supervise_items_claim_idx;
+CREATE INDEX trio_supervise_items_claim_idx
+    ON trio_supervise_items (queue, priority, due_at, id)
+    WHERE state IN ('queued', 'running');
+
+-- Serves the concurrency-key check: the running items of one key.
+CREATE INDEX trio_supervise_items_key_idx
+    ON trio_supervise_items (concurrency_key)
+    WHERE state = 'running' AND concurrency_key IS NOT NULL;
+
+-- Queues paused across the fleet: their items are not claimed until resumed.
+CREATE TABLE trio_supervise_paused_queues (
+    queue     text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL DEFAULT now()
+);
