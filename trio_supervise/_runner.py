@@ -1071,8 +1071,8 @@ class WorkflowRunner(Generic[ContextT]):
         """Measure how late the event loop wakes a short sleep, while anything is in flight.
 
         ``trio.current_time()`` is the run's clock: in production Trio's default clock, a
-        monotonic wall clock, so a driver that blocks the thread (``time.sleep(10)``) shows up
-        as a wake-up 10 s late. Under an autojump clock, time stands still while the loop is
+        monotonic wall clock, so a driver that blocks the thread (a blocking ten-second sleep) shows
+        up as a wake-up 10 s late. Under an autojump clock, time stands still while the loop is
         busy, so the lag is zero unless a test jumps the clock without yielding. The watchdog
         sleeps only while items are in flight (an idle runner under virtual time costs
         nothing), four times per renewal interval.
