@@ -15,7 +15,15 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry, Counter
 
-from trio_supervise import ItemState, MemoryQueue, QueueUnavailable, Shutdown, WorkItem
+from trio_supervise import (
+    ItemState,
+    MemoryQueue,
+    QueueUnavailable,
+    SettleKind,
+    Settlement,
+    Shutdown,
+    WorkItem,
+)
 from trio_supervise._http import (
     CONTENT_SECURITY_POLICY,
     SCRAPE_CACHE_SECONDS,
@@ -210,6 +218,30 @@ async def test_status_page_escapes_every_piece_of_item_data(server: Server) -> N
     assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page
     assert "&lt;b&gt;spec&lt;/b&gt;" in page
     assert "&quot;&gt;&lt;script&gt;alert(2)&lt;/script&gt;" in page
+
+
+async def test_status_page_shows_an_items_error_history_escaped(server: Server) -> None:
+    """A due item's error history is listed oldest first, worker and error text escaped."""
+    await server.queue.enqueue("report", item_id="item-1")
+    [item] = await server.queue.claim_due(["report"], "<b>w1</b>", 30, 1)
+    await server.queue.mark_error("item-1", item.lease_version, "first")
+    await server.queue.settle_many(
+        [
+            Settlement(
+                item_id="item-1",
+                lease_version=item.lease_version,
+                kind=SettleKind.RETRY,
+                error=HOSTILE,
+            )
+        ]
+    )
+    with trio.fail_after(10):
+        page = (await server.client.get("/")).text
+    assert "<summary>history (2)</summary>" in page
+    assert "<b>w1" not in page
+    assert "&lt;b&gt;w1&lt;/b&gt; (attempt 1)" in page
+    assert "<script" not in page
+    assert page.index("<code>first</code></li>") < page.index("onerror=alert(1)&gt;</code></li>")
 
 
 async def test_status_page_has_a_strict_content_security_policy(server: Server) -> None:

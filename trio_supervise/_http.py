@@ -357,6 +357,19 @@ def _rows(
         yield f'<tr><td colspan="{columns}" class="muted">{_e(empty)}</td></tr>'
 
 
+def _history(item: WorkItem) -> str:
+    """The item's error history (oldest first) as a folded list, every piece escaped."""
+    if not item.errors:
+        return ""
+    entries = "".join(
+        f"<li>{_e(_stamp(each.at))} by {_e(each.worker or '?')} (attempt {_e(each.attempt)}): "
+        f"<code>{_e(each.error)}</code></li>"
+        for each in item.errors
+    )
+    summary = f"<summary>history ({len(item.errors)})</summary>"
+    return f'<details class="history">{summary}<ol>{entries}</ol></details>'
+
+
 @attrs.frozen
 class _QueueView:
     counts: Mapping[tuple[str, ItemState], int] | None
@@ -431,6 +444,7 @@ def render_status_page(
                 f"<td>{_e(_when(item.due_at, now))}</td>"
                 f'<td class="num">{_e(item.error_count)}'
                 f"{'<br><code>' + _e(item.last_error) + '</code>' if item.last_error else ''}"
+                f"{_history(item)}"
                 f"</td><td><code>{_e(_preview(item.config))}</code></td></tr>"
             )
 
