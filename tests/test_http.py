@@ -464,6 +464,27 @@ async def test_status_page_lists_a_bounded_number_of_rows(autojump_clock: trio.a
     assert "and 30 more" in page
 
 
+async def test_status_page_flags_due_specs_no_driver_owns(autojump_clock: trio.abc.Clock) -> None:
+    """Due items of a spec outside owned_specs get a warning row naming the spec and count."""
+    queue = MemoryQueue()
+    await queue.enqueue("report")
+    for _ in range(2):
+        await queue.enqueue("<b>orphan</b>")
+    await queue.enqueue("later", due_at=queue.clock.now() + dt.timedelta(hours=1))
+    app = OperationsApp(
+        FakeSource(), CollectorRegistry(), queue=queue, owned_specs=frozenset({"report"})
+    )
+    page = (await asgi_get(app, "/"))[1].decode()
+    rows = re.findall(r'<tr class="warning">(.*?)</tr>', page)
+    assert rows == [
+        '<td>&lt;b&gt;orphan&lt;/b&gt;</td><td class="num">2</td>'
+        "<td>due, but no driver of this service owns spec "
+        "&#x27;&lt;b&gt;orphan&lt;/b&gt;&#x27;</td>"
+    ]
+    unchecked = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    assert 'id="unowned"' not in (await asgi_get(unchecked, "/"))[1].decode()
+
+
 # -- odd data --------------------------------------------------------------------------------------
 
 SURROGATE = "lone \udcff surrogate"
