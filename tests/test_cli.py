@@ -314,6 +314,32 @@ def test_a_stored_traceback_is_shown_below_its_error(
     assert "Traceback" not in listed
 
 
+def test_items_show_lists_the_error_history(cli: Callable[..., Result], database_url: str) -> None:
+    """`items show` lists each recorded error (worker, attempt, text); `--json` has them too."""
+    cli("migrate")
+    cli("items", "enqueue", "job", "--id", "h-1")
+
+    async def fail() -> None:
+        async with open_queue(database_url) as queue:
+            [claimed] = await queue.claim_due(["job"], "w-7", 30.0, 1)
+            await queue.mark_error(claimed.id, claimed.lease_version, "ValueError: one")
+            await queue.mark_error(claimed.id, claimed.lease_version, "ValueError: two")
+
+    trio.run(fail)
+    shown = [line for line in cli("items", "show", "h-1").out.splitlines() if "error " in line]
+    assert [line.split("): ", 1)[1] for line in shown[-2:]] == [
+        "ValueError: one",
+        "ValueError: two",
+    ]
+    assert shown[-2].startswith("error 1 ")
+    assert "by w-7 (attempt 1)" in shown[-2]
+    errors = json.loads(cli("items", "show", "h-1", "--json").out)["errors"]
+    assert [(e["worker"], e["attempt"], e["error"]) for e in errors] == [
+        ("w-7", 1, "ValueError: one"),
+        ("w-7", 1, "ValueError: two"),
+    ]
+
+
 def test_retrying_a_queued_item_needs_now(cli: Callable[..., Result]) -> None:
     """`items retry` refuses to pull a queued item's future due time to now unless --now."""
     cli("migrate")

@@ -15,7 +15,15 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry, Counter
 
-from trio_supervise import ItemState, MemoryQueue, QueueUnavailable, Shutdown, WorkItem
+from trio_supervise import (
+    ItemState,
+    MemoryQueue,
+    QueueUnavailable,
+    SettleKind,
+    Settlement,
+    Shutdown,
+    WorkItem,
+)
 from trio_supervise._http import (
     CONTENT_SECURITY_POLICY,
     SCRAPE_CACHE_SECONDS,
@@ -210,6 +218,30 @@ async def test_status_page_escapes_every_piece_of_item_data(server: Server) -> N
     assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page
     assert "&lt;b&gt;spec&lt;/b&gt;" in page
     assert "&quot;&gt;&lt;script&gt;alert(2)&lt;/script&gt;" in page
+
+
+async def test_status_page_shows_an_items_error_history_escaped(server: Server) -> None:
+    """A due item's error history is listed oldest first, worker and error text escaped."""
+    await server.queue.enqueue("report", item_id="item-1")
+    [item] = await server.queue.claim_due(["report"], "<b>w1</b>", 30, 1)
+    await server.queue.mark_error("item-1", item.lease_version, "first")
+    await server.queue.settle_many(
+        [
+            Settlement(
+                item_id="item-1",
+                lease_version=item.lease_version,
+                kind=SettleKind.RETRY,
+                error=HOSTILE,
+            )
+        ]
+    )
+    with trio.fail_after(10):
+        page = (await server.client.get("/")).text
+    assert "<summary>history (2)</summary>" in page
+    assert "<b>w1" not in page
+    assert "&lt;b&gt;w1&lt;/b&gt; (attempt 1)" in page
+    assert "<script" not in page
+    assert page.index("<code>first</code></li>") < page.index("onerror=alert(1)&gt;</code></li>")
 
 
 async def test_status_page_has_a_strict_content_security_policy(server: Server) -> None:
@@ -430,6 +462,27 @@ async def test_status_page_lists_a_bounded_number_of_rows(autojump_clock: trio.a
     assert "and 70 more" in page
     assert page.count("<code>e") == 50
     assert "and 30 more" in page
+
+
+async def test_status_page_flags_due_specs_no_driver_owns(autojump_clock: trio.abc.Clock) -> None:
+    """Due items of a spec outside owned_specs get a warning row naming the spec and count."""
+    queue = MemoryQueue()
+    await queue.enqueue("report")
+    for _ in range(2):
+        await queue.enqueue("<b>orphan</b>")
+    await queue.enqueue("later", due_at=queue.clock.now() + dt.timedelta(hours=1))
+    app = OperationsApp(
+        FakeSource(), CollectorRegistry(), queue=queue, owned_specs=frozenset({"report"})
+    )
+    page = (await asgi_get(app, "/"))[1].decode()
+    rows = re.findall(r'<tr class="warning">(.*?)</tr>', page)
+    assert rows == [
+        '<td>&lt;b&gt;orphan&lt;/b&gt;</td><td class="num">2</td>'
+        "<td>due, but no driver of this service owns spec "
+        "&#x27;&lt;b&gt;orphan&lt;/b&gt;&#x27;</td>"
+    ]
+    unchecked = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    assert 'id="unowned"' not in (await asgi_get(unchecked, "/"))[1].decode()
 
 
 # -- odd data --------------------------------------------------------------------------------------

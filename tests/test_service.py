@@ -57,6 +57,7 @@ async def test_a_running_service_serves_every_endpoint_and_stops_cleanly() -> No
     """Runner, HTTP and a user worker run under one supervisor; stop() drains and returns 0."""
     queue = MemoryQueue()
     item = await queue.enqueue("job", config={"stop": True})
+    await queue.enqueue("stray")  # no driver owns it: the status page says so
     service = Service(
         drivers=[Finisher()],
         settings=settings(shutdown_grace=1.0),
@@ -93,6 +94,7 @@ async def test_a_running_service_serves_every_endpoint_and_stops_cleanly() -> No
             assert "trio_supervise_evaluation_seconds_bucket" in metrics.text
             assert page.status_code == 200
             assert "<title>svc</title>" in page.text
+            assert '<tr class="warning"><td>stray</td><td class="num">1</td>' in page.text
             assert wrong.status_code == 405
             service.stop("test over")
 

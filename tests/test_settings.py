@@ -107,6 +107,8 @@ def test_test_suite_variables_are_not_settings() -> None:
         ({"TRIO_SUPERVISE_LOG_LEVEL": "loud"}, "log_level: expected one of debug, info"),
         ({"TRIO_SUPERVISE_HTTP": "x"}, "http: is a table of settings"),
         ({"TRIO_SUPERVISE_HTTP__PORT__X": "1"}, "http.port: is a value, not a table"),
+        ({"TRIO_SUPERVISE_RUNNER__QUEUES": "x"}, "runner.queues: expected a table of names"),
+        ({"TRIO_SUPERVISE_RUNNER__QUEUES": "3"}, "runner.queues: expected a table of names"),
     ],
 )
 def test_environment_errors_name_the_field_path_and_the_rule(
@@ -129,6 +131,8 @@ def test_environment_errors_name_the_field_path_and_the_rule(
         ('log_level = "loud"\n', "log_level: expected one of debug, info, warning, error"),
         ('http = "x"\n', "http: expected a table of settings"),
         ("jitter_seed = 1.5\n", "jitter_seed: expected int, got float"),
+        ('[runner]\nqueues = "x"\n', "runner.queues: expected a table of names to values"),
+        ("[runner]\nqueues = [1]\n", "runner.queues: expected a table of names to values"),
     ],
 )
 def test_file_errors_name_the_field_path_and_the_rule(

@@ -74,8 +74,10 @@ from ._workflow import TypedWorkflowDriver as TypedWorkflowDriver
 from ._workflow import WorkflowDriver as WorkflowDriver
 from ._workflow import run_due_pass as run_due_pass
 from .queues import DEFAULT_QUEUE as DEFAULT_QUEUE
+from .queues import MAX_ERRORS as MAX_ERRORS
 from .queues import MAX_PRIORITY as MAX_PRIORITY
 from .queues import MIN_PRIORITY as MIN_PRIORITY
+from .queues import ErrorEntry as ErrorEntry
 from .queues import ItemState as ItemState
 from .queues import Lease as Lease
 from .queues import LeaseStatus as LeaseStatus
@@ -90,6 +92,7 @@ from .queues import open_queue as open_queue
 
 __all__ = [
     "DEFAULT_QUEUE",
+    "MAX_ERRORS",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "AnyWorkflowDriver",
@@ -105,6 +108,7 @@ __all__ = [
     "DriverError",
     "DriverRegistry",
     "DuplicateItem",
+    "ErrorEntry",
     "EvaluationTimedOut",
     "ErrorRecord",
     "HttpSettings",

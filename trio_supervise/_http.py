@@ -357,12 +357,27 @@ def _rows(
         yield f'<tr><td colspan="{columns}" class="muted">{_e(empty)}</td></tr>'
 
 
+def _history(item: WorkItem) -> str:
+    """The item's error history (oldest first) as a folded list, every piece escaped."""
+    if not item.errors:
+        return ""
+    entries = "".join(
+        f"<li>{_e(_stamp(each.at))} by {_e(each.worker or '?')} (attempt {_e(each.attempt)}): "
+        f"<code>{_e(each.error)}</code></li>"
+        for each in item.errors
+    )
+    summary = f"<summary>history ({len(item.errors)})</summary>"
+    return f'<details class="history">{summary}<ol>{entries}</ol></details>'
+
+
 @attrs.frozen
 class _QueueView:
     counts: Mapping[tuple[str, ItemState], int] | None
     due: Sequence[WorkItem]
     now: dt.datetime | None
     problem: str | None
+    unowned: Sequence[tuple[str, int]] = ()
+    """(spec, queued count) of due specs no driver of this service owns."""
 
 
 def render_status_page(
@@ -419,6 +434,19 @@ def render_status_page(
 
             out.extend(_rows(specs, spec_row, columns=len(states) + 1, what="spec", empty="empty"))
             add("</tbody></table>")
+        if queue.unowned:
+            add('<table id="unowned"><thead><tr><th>unowned spec</th><th>queued</th>')
+            add("<th>warning</th></tr></thead><tbody>")
+
+            def unowned_row(entry: tuple[str, int]) -> str:
+                spec, count = entry
+                return (
+                    f'<tr class="warning"><td>{_e(spec)}</td><td class="num">{_e(count)}</td>'
+                    f"<td>due, but no driver of this service owns spec {_e(repr(spec))}</td></tr>"
+                )
+
+            out.extend(_rows(queue.unowned, unowned_row, columns=3, what="spec", empty=""))
+            add("</tbody></table>")
         add('<h2>Due soon</h2><table id="due"><thead><tr><th>id</th><th>spec</th>')
         add("<th>tenant</th><th>subject</th><th>due</th><th>errors</th><th>config</th>")
         add("</tr></thead><tbody>")
@@ -431,6 +459,7 @@ def render_status_page(
                 f"<td>{_e(_when(item.due_at, now))}</td>"
                 f'<td class="num">{_e(item.error_count)}'
                 f"{'<br><code>' + _e(item.last_error) + '</code>' if item.last_error else ''}"
+                f"{_history(item)}"
                 f"</td><td><code>{_e(_preview(item.config))}</code></td></tr>"
             )
 
@@ -468,6 +497,8 @@ class OperationsApp:
     :param refresh: seconds between status page refreshes.
     :param due_limit: how many due-soon items the status page lists.
     :param cache_for: seconds one read of the queue serves every scrape and page view.
+    :param owned_specs: the spec ids this service's drivers own; when given, the status page
+        flags due items of any other spec (nothing here will ever run them). None: no check.
     """
 
     source: StatusSource
@@ -477,6 +508,7 @@ class OperationsApp:
     refresh: float = attrs.field(default=5.0, kw_only=True)
     due_limit: int = attrs.field(default=20, kw_only=True)
     cache_for: float = attrs.field(default=SCRAPE_CACHE_SECONDS, kw_only=True)
+    owned_specs: frozenset[str] | None = attrs.field(default=None, kw_only=True)
     _depth: QueueDepthCollector | None = attrs.field(init=False, default=None)
     _due: SharedRead[Sequence[WorkItem]] | None = attrs.field(init=False, default=None)
 
@@ -582,7 +614,33 @@ class OperationsApp:
             now = self.queue.clock.now()
         except Exception:
             logger.debug("queue clock failed", exc_info=True)
-        return _QueueView(counts=counts.value, due=due.value or (), now=now, problem=problem)
+        unowned = await self._unowned(counts.value, now)
+        return _QueueView(
+            counts=counts.value, due=due.value or (), now=now, problem=problem, unowned=unowned
+        )
+
+    async def _unowned(
+        self, counts: Mapping[tuple[str, ItemState], int] | None, now: dt.datetime | None
+    ) -> list[tuple[str, int]]:
+        """(spec, queued count) of specs with due work that no driver of this service owns."""
+        if self.owned_specs is None or counts is None or now is None:
+            return []
+        assert self.queue is not None
+        queued = {
+            spec: count
+            for (spec, state), count in counts.items()
+            if state == ItemState.QUEUED and count and spec not in self.owned_specs
+        }
+        found = []
+        for spec in sorted(queued)[:_MAX_ROWS]:
+            try:
+                due = await self.queue.next_due_at([spec])
+            except Exception:
+                logger.debug("next_due_at(%r) failed", spec, exc_info=True)
+                continue
+            if due is not None and due <= now:
+                found.append((spec, queued[spec]))
+        return found
 
     async def _page(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         queue = None if self.queue is None else await self._queue_view()

@@ -260,6 +260,11 @@ class Service:
                 queue=queue,
                 title=self.name,
                 refresh=settings.http.refresh,
+                owned_specs=(
+                    frozenset(spec for driver in self.drivers for spec in driver.spec_ids)
+                    if self.drivers
+                    else None
+                ),
             )
             children.append(
                 ChildSpec(

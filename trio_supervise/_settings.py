@@ -17,6 +17,7 @@ keys are refused by name, in the file and in the environment alike.
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
 import enum
 import ipaddress
@@ -329,11 +330,18 @@ def _field_names(cls: Any) -> list[str]:
     return list(_field_types(cls))
 
 
+_MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
+
+
 def _leaf_message(error: BaseException, field_type: Any) -> str:
     inner, _ = _unwrap_optional(field_type)
     is_table = isinstance(inner, type) and attrs.has(inner)
     if is_table and isinstance(error, AttributeError | TypeError):
         return "expected a table of settings"
+    # A mapping field (runner.queues) given a string or a number: cattrs' own error is about
+    # the value's missing .items(), so say what the field wants instead.
+    if typing.get_origin(inner) in _MAPPINGS and isinstance(error, AttributeError | TypeError):
+        return 'expected a table of names to values (TOML [section] or JSON {"name": 4})'
     return str(error)
 
 

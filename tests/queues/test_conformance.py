@@ -20,6 +20,8 @@ from trio_supervise import (
     LeaseLost,
 )
 from trio_supervise.queues import (
+    MAX_ERRORS,
+    ErrorEntry,
     ItemState,
     Lease,
     LeaseStatus,
@@ -482,6 +484,82 @@ async def test_error_count_semantics(queue: WorkQueue, clock: ManualClock) -> No
     got = await settle(SettleKind.DEAD, error="last")
     assert (got.state, got.error_count, got.last_error) == (ItemState.DEAD, 2, "last")
     assert await queue.claim_due(["spec"], "w", 30, 1) == []
+
+
+async def test_error_history_is_appended_in_order(queue: WorkQueue, clock: ManualClock) -> None:
+    """mark_error, retry and dead each append {at, worker, attempt, error}; other outcomes don't."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue, "w1")
+    await queue.mark_error("x", item.lease_version, "marked")
+    clock.advance(1)
+    assert await queue.settle_many(
+        [
+            Settlement(
+                item_id="x", lease_version=item.lease_version, kind=SettleKind.RETRY, error="e1"
+            )
+        ]
+    ) == [True]
+    item = await claim_one(queue, "w2")
+    assert await queue.settle_many(
+        [Settlement(item_id="x", lease_version=item.lease_version, kind=SettleKind.CONTINUE)]
+    ) == [True]
+    item = await claim_one(queue, "w3")
+    clock.advance(1)
+    assert await queue.settle_many(
+        [
+            Settlement(
+                item_id="x", lease_version=item.lease_version, kind=SettleKind.DEAD, error="e2"
+            )
+        ]
+    ) == [True]
+    got = await queue.get("x")
+    assert got.errors == (
+        ErrorEntry(at=START, worker="w1", attempt=1, error="marked"),
+        ErrorEntry(at=START + S, worker="w1", attempt=1, error="e1"),
+        ErrorEntry(at=START + 2 * S, worker="w3", attempt=1, error="e2"),
+    )
+    assert [each.error for each in (await queue.list_items())[0].errors] == ["marked", "e1", "e2"]
+
+
+async def test_error_history_is_bounded(queue: WorkQueue, clock: ManualClock) -> None:
+    """Past MAX_ERRORS errors the oldest are dropped; the newest MAX_ERRORS stay, in order."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    for n in range(MAX_ERRORS + 3):
+        await queue.mark_error("x", item.lease_version, f"e{n}")
+    got = await queue.get("x")
+    assert [each.error for each in got.errors] == [f"e{n}" for n in range(3, MAX_ERRORS + 3)]
+    assert got.error_count == MAX_ERRORS + 3
+
+
+async def test_error_history_is_kept_across_retry(queue: WorkQueue) -> None:
+    """retry() puts a dead item back with its error history: it is history, not state."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    await queue.settle_many(
+        [
+            Settlement(
+                item_id="x", lease_version=item.lease_version, kind=SettleKind.DEAD, error="gone"
+            )
+        ]
+    )
+    got = await queue.retry("x")
+    assert [each.error for each in got.errors] == ["gone"]
+    item = await claim_one(queue, "w2")
+    await queue.mark_error("x", item.lease_version, "again")
+    assert [(e.worker, e.error) for e in (await queue.get("x")).errors] == [
+        ("w1", "gone"),
+        ("w2", "again"),
+    ]
+
+
+async def test_error_history_stores_unstorable_text_escaped(queue: WorkQueue) -> None:
+    """An error with a NUL or a lone surrogate is kept in the history escaped, like last_error."""
+    await queue.enqueue("spec", item_id="x")
+    item = await claim_one(queue)
+    await queue.mark_error("x", item.lease_version, "nul \x00 and \udcff")
+    got = await queue.get("x")
+    assert got.errors[0].error == got.last_error == storable_text("nul \x00 and \udcff")
 
 
 async def test_settle_many_mixed(queue: WorkQueue, clock: ManualClock) -> None:

@@ -239,6 +239,14 @@ def print_item(item: WorkItem, as_json: bool) -> None:
     ]
     if item.result is not None:
         fields.append(("result", json.dumps(item.result, sort_keys=True)))
+    # The error history, oldest first, each with its (trimmed) traceback below it.
+    fields.extend(
+        (
+            f"error {n}",
+            f"{stamp(each.at)} UTC by {each.worker or '?'} (attempt {each.attempt}): {each.error}",
+        )
+        for n, each in enumerate(item.errors, start=1)
+    )
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
         # A stored error's traceback (its lines after the first) is shown indented below it.

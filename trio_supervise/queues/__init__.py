@@ -8,9 +8,11 @@ from ._memory import MemoryQueue as MemoryQueue
 from ._memory import QueueEvent as QueueEvent
 from ._postgres import PostgresQueue as PostgresQueue
 from ._protocol import DEFAULT_QUEUE as DEFAULT_QUEUE
+from ._protocol import MAX_ERRORS as MAX_ERRORS
 from ._protocol import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from ._protocol import MAX_PRIORITY as MAX_PRIORITY
 from ._protocol import MIN_PRIORITY as MIN_PRIORITY
+from ._protocol import ErrorEntry as ErrorEntry
 from ._protocol import ItemState as ItemState
 from ._protocol import JSONValue as JSONValue
 from ._protocol import Lease as Lease
@@ -30,10 +32,12 @@ __all__ = [
     "DEFAULT_DATABASE_URL",
     "DEFAULT_QUEUE",
     "DEFAULT_SQLITE_PATH",
+    "MAX_ERRORS",
     "MAX_JSON_DEPTH",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "QueueInfo",
+    "ErrorEntry",
     "ItemState",
     "JSONValue",
     "Lease",

@@ -30,6 +30,7 @@ from .._clock import Clock, TrioClock, utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
 from ._protocol import (
     DEFAULT_QUEUE,
+    ErrorEntry,
     ItemState,
     JSONValue,
     Lease,
@@ -39,6 +40,7 @@ from ._protocol import (
     Settlement,
     SingleWrites,
     WorkItem,
+    append_error,
     check_json,
     check_new_item,
     check_queue_name,
@@ -82,6 +84,14 @@ class _Heap(list[_Entry]):
     def __init__(self) -> None:
         super().__init__()
         self.sweep_at = _SWEEP_MIN
+
+
+def _with_error(item: WorkItem, now: dt.datetime, error: str | None) -> tuple[ErrorEntry, ...]:
+    """*item*'s error history with *error* appended, by its current lease owner and attempt."""
+    entry = ErrorEntry(
+        at=now, worker=item.lease_owner or "", attempt=item.attempt, error=error or ""
+    )
+    return append_error(item.errors, entry)
 
 
 def _other_than(generation: int) -> Callable[[int], bool]:
@@ -281,13 +291,18 @@ class MemoryQueue(SingleWrites):
                     now,
                     error_count=item.error_count + 1,
                     last_error=s.error,
+                    errors=_with_error(item, now, s.error),
                 )
             case SettleKind.COMPLETE | SettleKind.CANCEL | SettleKind.DEAD:
                 changes: dict[str, Any] = {}
                 if s.kind is SettleKind.COMPLETE and s.result is not None:
                     changes = {"result": check_json(s.result, what="result")}
                 if s.kind is SettleKind.DEAD:
-                    changes = {"error_count": item.error_count + 1, "last_error": s.error}
+                    changes = {
+                        "error_count": item.error_count + 1,
+                        "last_error": s.error,
+                        "errors": _with_error(item, now, s.error),
+                    }
                 self._put(
                     item,
                     now,
@@ -518,7 +533,14 @@ class MemoryQueue(SingleWrites):
         await trio.lowlevel.checkpoint()
         item = self._fenced("mark_error", item_id, lease_version)
         error = storable_text(error)
-        self._put(item, error_count=item.error_count + 1, last_error=error)
+        now = self._now()
+        self._put(
+            item,
+            now,
+            error_count=item.error_count + 1,
+            last_error=error,
+            errors=_with_error(item, now, error),
+        )
         self._log("mark_error", item_id, lease_version, error=error)
 
     async def _settle_one(self, settlement: Settlement) -> None:

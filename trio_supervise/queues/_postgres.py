@@ -45,7 +45,7 @@ import trio_util
 from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
-from ._protocol import JSONValue, Lease
+from ._protocol import MAX_ERRORS, JSONValue, Lease
 from ._sql import redact_dsn, scrub_dsn
 from ._sqlbase import SettleEntry, SQLQueue
 
@@ -501,6 +501,7 @@ class PostgresQueue(SQLQueue):
             "errors": [s.error for _, s, _ in entries],
             "results": [values["result"] for _, _, values in entries],
             "now": now,
+            "max_errors": MAX_ERRORS,
         }
         return conn.execute(_Q["settle_many"], params).fetchall()
 

@@ -31,6 +31,10 @@ Errors and retries
     ``reschedule`` settlement (a successful evaluation) sets it back to zero. ``release`` (a lease
     handed back without an outcome) leaves it alone. Text the library writes there is made
     storable first (:func:`storable_text`): a NUL or a lone surrogate is escaped, never dropped.
+    Each such error is also appended to the item's ``errors`` history (:class:`ErrorEntry`:
+    when, the lease owner that held the item, its attempt, the error text), newest last and
+    bounded at :data:`MAX_ERRORS` (the oldest entry is dropped). The history is never reset:
+    not by a successful evaluation, not by :meth:`WorkQueue.retry`; it is history.
 
 Attempts
     ``attempt`` counts the claims since the last successful evaluation, and the claim statement
@@ -313,6 +317,27 @@ class ItemState(enum.StrEnum):
         return self in (ItemState.COMPLETED, ItemState.CANCELLED, ItemState.DEAD)
 
 
+MAX_ERRORS = 10
+"""How many errors an item's ``errors`` history keeps (the oldest is dropped first)."""
+
+
+@attrs.frozen(kw_only=True)
+class ErrorEntry:
+    """One recorded error of an item: when, by which worker, on which attempt, and what."""
+
+    at: dt.datetime = attrs.field(converter=utc)
+    worker: str
+    """The lease owner that held the item when the error was written."""
+    attempt: int
+    error: str
+    """The stored error text (as in ``last_error``)."""
+
+
+def append_error(errors: tuple[ErrorEntry, ...], entry: ErrorEntry) -> tuple[ErrorEntry, ...]:
+    """*errors* with *entry* appended, keeping the newest :data:`MAX_ERRORS`."""
+    return (*errors, entry)[-MAX_ERRORS:]
+
+
 @attrs.frozen(kw_only=True)
 class WorkItem:
     """One unit of durable work, as the queue last stored it."""
@@ -346,6 +371,8 @@ class WorkItem:
     """Seconds one evaluation may take, overriding the driver's ``timeout``; None: the driver's."""
     result: JSONValue = None
     """The JSON result a completed item was stopped with (``Stop(result=...)``), else None."""
+    errors: tuple[ErrorEntry, ...] = ()
+    """The last :data:`MAX_ERRORS` errors, oldest first (kept across retries)."""
 
     @property
     def lease(self) -> Lease:
@@ -393,6 +420,7 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     _set(new, "queue", get("queue", item.queue))
     _set(new, "timeout", get("timeout", item.timeout))
     _set(new, "result", get("result", item.result))
+    _set(new, "errors", get("errors", item.errors))
     return new
 
 

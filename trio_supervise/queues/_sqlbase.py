@@ -33,6 +33,8 @@ from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost, Qu
 from . import _sql
 from ._protocol import (
     DEFAULT_QUEUE,
+    MAX_ERRORS,
+    ErrorEntry,
     ItemState,
     JSONValue,
     Lease,
@@ -54,6 +56,22 @@ __all__ = ["SQLQueue", "SettleEntry"]
 T = TypeVar("T")
 Row = Any
 """A row as the driver returns it, read by column name (``sqlite3.Row``, a psycopg dict)."""
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
+    """The stored ``errors`` JSON array (``at`` in microseconds since the epoch) as entries."""
+    return tuple(
+        ErrorEntry(
+            at=_EPOCH + dt.timedelta(microseconds=each["at"]),
+            worker=each["worker"],
+            attempt=each["attempt"],
+            error=each["error"] or "",
+        )
+        for each in stored
+    )
+
 
 _STATES = {str(state): state for state in ItemState}
 """``ItemState(text)`` as a dict lookup (the enum call costs ten times as much per row)."""
@@ -165,6 +183,7 @@ class SQLQueue(SingleWrites):
             queue=row["queue"],
             timeout=row["timeout"],
             result=None if (result := row["result"]) is None else self._from_config(result),
+            errors=_error_entries(self._from_config(row["errors"])),
         )
 
     def _why(self, conn: Any, item_id: str) -> str:
@@ -385,6 +404,7 @@ class SQLQueue(SingleWrites):
             "version": lease_version,
             "error": storable_text(error),
             "now": self._now(),
+            "max_errors": MAX_ERRORS,
         }
         query = self._queries["mark_error"]
 

@@ -44,7 +44,7 @@ import trio_util
 from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
-from ._protocol import JSONValue, Lease
+from ._protocol import MAX_ERRORS, JSONValue, Lease
 from ._sqlbase import SettleEntry, SQLQueue
 
 __all__ = ["DEFAULT_SQLITE_PATH", "SQLiteQueue"]
@@ -426,6 +426,7 @@ class SQLiteQueue(SQLQueue):
                 "kind": str(s.kind),
                 "error": s.error,
                 "now": now,
+                "max_errors": MAX_ERRORS,
                 **values,
             }
             row = conn.execute(query, params).fetchone()

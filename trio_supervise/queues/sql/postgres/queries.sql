@@ -133,6 +133,16 @@ RETURNING i.id, i.lease_version, i.lease_owner, i.cancel_requested;
 UPDATE trio_supervise_items SET
     error_count = error_count + 1,
     last_error = %(error)s,
+    errors = (
+        -- The history with this error appended (lease owner and attempt as stored), the newest
+        -- max_errors kept; SET reads the row as it was, so errors is the old array.
+        SELECT jsonb_agg(e.value ORDER BY e.n)
+        FROM jsonb_array_elements(errors || jsonb_build_array(jsonb_build_object(
+            'at', (extract(epoch FROM coalesce(%(now)s::timestamptz, now())) * 1000000)::bigint,
+            'worker', coalesce(lease_owner, ''), 'attempt', attempt, 'error', %(error)s::text
+        ))) WITH ORDINALITY AS e(value, n)
+        WHERE e.n > jsonb_array_length(errors) + 1 - %(max_errors)s::int
+    ),
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s AND lease_version = %(version)s AND state = 'running'
 RETURNING id;
@@ -161,6 +171,16 @@ UPDATE trio_supervise_items AS i SET
         ELSE i.error_count
     END,
     last_error = CASE WHEN s.kind IN ('retry', 'dead') THEN s.error ELSE i.last_error END,
+    errors = CASE WHEN s.kind IN ('retry', 'dead') THEN (
+            -- The history with this error appended (lease owner and attempt as stored), the newest
+            -- max_errors kept; SET reads the row as it was, so errors is the old array.
+            SELECT jsonb_agg(e.value ORDER BY e.n)
+            FROM jsonb_array_elements(i.errors || jsonb_build_array(jsonb_build_object(
+                'at', (extract(epoch FROM coalesce(%(now)s::timestamptz, now())) * 1000000)::bigint,
+                'worker', coalesce(i.lease_owner, ''), 'attempt', i.attempt, 'error', s.error
+            ))) WITH ORDINALITY AS e(value, n)
+            WHERE e.n > jsonb_array_length(i.errors) + 1 - %(max_errors)s::int
+        ) ELSE i.errors END,
     attempt = CASE
         WHEN s.kind IN ('continue', 'reschedule') THEN 0
         WHEN s.kind = 'release' THEN greatest(i.attempt - 1, 0)

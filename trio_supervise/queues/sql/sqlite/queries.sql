@@ -112,6 +112,14 @@ RETURNING id, lease_version, lease_owner, cancel_requested;
 UPDATE trio_supervise_items SET
     error_count = error_count + 1,
     last_error = :error,
+    errors = (
+        -- The history with this error appended (lease owner and attempt as stored), the newest
+        -- :max_errors kept; SET reads the row as it was, so errors is the old array.
+        SELECT json_group_array(json(value)) FROM json_each(json_insert(errors, '$[#]', json_object(
+            'at', :now, 'worker', coalesce(lease_owner, ''), 'attempt', attempt, 'error', :error
+        )))
+        WHERE key > json_array_length(errors) - :max_errors
+    ),
     updated_at = :now
 WHERE id = :id AND lease_version = :version AND state = 'running'
 RETURNING id;
@@ -138,6 +146,14 @@ UPDATE trio_supervise_items SET
         ELSE error_count
     END,
     last_error = CASE WHEN :kind IN ('retry', 'dead') THEN :error ELSE last_error END,
+    errors = CASE WHEN :kind IN ('retry', 'dead') THEN (
+            -- The history with this error appended (lease owner and attempt as stored), the newest
+            -- :max_errors kept; SET reads the row as it was, so errors is the old array.
+            SELECT json_group_array(json(value)) FROM json_each(json_insert(errors, '$[#]', json_object(
+                'at', :now, 'worker', coalesce(lease_owner, ''), 'attempt', attempt, 'error', :error
+            )))
+            WHERE key > json_array_length(errors) - :max_errors
+        ) ELSE errors END,
     attempt = CASE
         WHEN :kind IN ('continue', 'reschedule') THEN 0
         WHEN :kind = 'release' THEN max(attempt - 1, 0)
