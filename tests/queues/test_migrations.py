@@ -49,6 +49,8 @@ def test_sql_files_ship_in_the_package() -> None:
             "queries.sql",
             "migrations/0001_initial.sql",
             "migrations/0002_attempts_and_reads.sql",
+            "migrations/0003_job_model_claiming.sql",
+            "migrations/0004_job_model_producing.sql",
         ):
             assert root.joinpath(backend, name).is_file()
 

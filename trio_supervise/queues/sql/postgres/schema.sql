@@ -28,6 +28,11 @@ CREATE TABLE trio_supervise_items (
     timeout          double precision,
     result           jsonb,
     errors           jsonb       NOT NULL DEFAULT '[]',
+    parent_id        text,
+    waiting_children integer     NOT NULL DEFAULT 0,
+    unique_scope     text        NOT NULL DEFAULT 'forever',
+    unique_until     timestamptz,
+    released_key     text,
     CONSTRAINT trio_supervise_items_lease_check
         CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
@@ -50,6 +55,21 @@ CREATE INDEX trio_supervise_items_spec_state_idx
 -- Serves listing: one range per state in (due_at, id) order, so a page costs the rows shown.
 CREATE INDEX trio_supervise_items_state_due_idx
     ON trio_supervise_items (state, due_at, id);
+
+-- Serves a parent's reads of its children and the fan-in on a child's settlement.
+CREATE INDEX trio_supervise_items_parent_idx
+    ON trio_supervise_items (parent_id)
+    WHERE parent_id IS NOT NULL;
+
+-- Serves lookups by a released key (items show --key, uniqueness).
+CREATE INDEX trio_supervise_items_released_key_idx
+    ON trio_supervise_items (released_key)
+    WHERE released_key IS NOT NULL;
+
+-- Serves retention: one finished state's oldest items first, by when they last changed.
+CREATE INDEX trio_supervise_items_finished_idx
+    ON trio_supervise_items (state, updated_at)
+    WHERE state IN ('completed', 'cancelled', 'dead');
 
 -- Queues paused across the fleet: their items are not claimed until resumed.
 CREATE TABLE trio_supervise_paused_queues (
