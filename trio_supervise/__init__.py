@@ -39,6 +39,8 @@ from ._runner import RunnerState as RunnerState
 from ._runner import WorkflowRunner as WorkflowRunner
 from ._schedules import MissedFires as MissedFires
 from ._schedules import Schedule as Schedule
+from ._retention import Pruner as Pruner
+from ._retention import RetentionSettings as RetentionSettings
 from ._schedules import Scheduler as Scheduler
 from ._service import Service as Service
 from ._service import ServiceHandle as ServiceHandle
@@ -132,6 +134,7 @@ __all__ = [
     "OperationsApp",
     "Outcome",
     "PassStats",
+    "Pruner",
     "QueueError",
     "QueueFailed",
     "QueueInfo",
@@ -140,6 +143,7 @@ __all__ = [
     "Reschedule",
     "RestartPolicy",
     "RestartType",
+    "RetentionSettings",
     "RunnerEvent",
     "RunnerEventKind",
     "RunnerMetrics",
