@@ -259,6 +259,7 @@ async def test_retention_is_off_by_default_and_a_service_task_replaces_it(
     await harness.run_service(plain)
     assert "maintenance-retention" not in {row.worker for row in plain.workers_status()}
     own = Pruner(settings=RetentionSettings(completed="1h"))
-    replaced = Service(drivers=[Done()], settings=_settings(), maintenance=[own])
+    replaced = Service(drivers=[Done()], settings=_settings())
+    replaced.maintenance = (own,)
     tasks = replaced._maintenance_tasks(_settings())
     assert tasks == [own]

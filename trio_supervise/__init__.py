@@ -31,6 +31,8 @@ from ._maintenance import MaintenanceTask as MaintenanceTask
 from ._policy import Jitter as Jitter
 from ._policy import JitterMode as JitterMode
 from ._policy import RestartPolicy as RestartPolicy
+from ._retention import Pruner as Pruner
+from ._retention import RetentionSettings as RetentionSettings
 from ._runner import RecentError as RecentError
 from ._runner import RunnerEvent as RunnerEvent
 from ._runner import RunnerEventKind as RunnerEventKind
@@ -39,8 +41,6 @@ from ._runner import RunnerState as RunnerState
 from ._runner import WorkflowRunner as WorkflowRunner
 from ._schedules import MissedFires as MissedFires
 from ._schedules import Schedule as Schedule
-from ._retention import Pruner as Pruner
-from ._retention import RetentionSettings as RetentionSettings
 from ._schedules import Scheduler as Scheduler
 from ._service import Service as Service
 from ._service import ServiceHandle as ServiceHandle

@@ -104,18 +104,24 @@ def format_period(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def _keep(name: str) -> Any:
-    def convert(value: object) -> Period:
-        return Period(parse_period(value, what=name, forever=True))
+def _keep_completed(value: object) -> Period:
+    return Period(parse_period(value, what="completed", forever=True))
 
-    return convert
+
+def _keep_cancelled(value: object) -> Period:
+    return Period(parse_period(value, what="cancelled", forever=True))
+
+
+def _keep_dead(value: object) -> Period:
+    return Period(parse_period(value, what="dead", forever=True))
 
 
 def _every(value: object) -> Period:
     return Period(parse_period(value, what="interval"))
 
 
-def _batch(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+def _batch(instance: object, attribute: attrs.Attribute[int], given: int) -> None:
+    value: object = given
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
         raise ValueError(f"{attribute.name} must be an integer from 1 to 100000, got {value!r}")
 
@@ -152,15 +158,15 @@ class RetentionSettings:
     default, so that upgrading deletes nothing and a time-travel test still sees every item it
     ran; turn it on in production (``TRIO_SUPERVISE_RETENTION__ENABLED=true``)."""
     completed: Period = attrs.field(
-        default=Period(DEFAULT_RETENTION[ItemState.COMPLETED]), converter=_keep("completed")
+        default=Period(DEFAULT_RETENTION[ItemState.COMPLETED]), converter=_keep_completed
     )
     """How long completed items are kept (default 7 days)."""
     cancelled: Period = attrs.field(
-        default=Period(DEFAULT_RETENTION[ItemState.CANCELLED]), converter=_keep("cancelled")
+        default=Period(DEFAULT_RETENTION[ItemState.CANCELLED]), converter=_keep_cancelled
     )
     """How long cancelled items are kept (default 7 days)."""
     dead: Period = attrs.field(
-        default=Period(DEFAULT_RETENTION[ItemState.DEAD]), converter=_keep("dead")
+        default=Period(DEFAULT_RETENTION[ItemState.DEAD]), converter=_keep_dead
     )
     """How long dead items are kept (default 30 days)."""
     interval: Period = attrs.field(default=Period(300.0), converter=_every)
@@ -226,6 +232,10 @@ def _effective_ages(
     return ages, raised
 
 
+def _as_tuple(schedules: Iterable[Schedule]) -> tuple[Schedule, ...]:
+    return tuple(schedules)
+
+
 @attrs.define(eq=False, kw_only=True)
 class Pruner:
     """The maintenance task that deletes old finished items (see the module doc).
@@ -242,7 +252,7 @@ class Pruner:
     """
 
     settings: RetentionSettings = attrs.field(factory=RetentionSettings)
-    schedules: Sequence[Schedule] = attrs.field(default=(), converter=tuple)
+    schedules: Sequence[Schedule] = attrs.field(default=(), converter=_as_tuple)
     metrics: PruneMetrics = attrs.field(factory=PruneMetrics)
     name: str = "retention"
     restart: RestartPolicy | None = None

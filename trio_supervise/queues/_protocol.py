@@ -329,16 +329,16 @@ class ItemState(enum.StrEnum):
         return self in (ItemState.COMPLETED, ItemState.CANCELLED, ItemState.DEAD)
 
 
-def check_prune(
-    older_than: Mapping[ItemState, float], limit: int | None
-) -> dict[ItemState, float]:
+def check_prune(older_than: Mapping[ItemState, float], limit: int | None) -> dict[ItemState, float]:
     """Validate :meth:`WorkQueue.prune`'s arguments the same way on every backend; return the
     ages by state (``ValueError`` naming the state or the limit and the rule)."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    bound: object = limit  # checked as whatever it was given
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
         raise ValueError(f"limit must be None or an integer >= 1, got {limit!r}")
     ages: dict[ItemState, float] = {}
-    for state, seconds in older_than.items():
+    for state, age in older_than.items():
         state = ItemState(state)
+        seconds: object = age
         if not state.finished:
             raise ValueError(
                 f"only finished items are pruned (completed, cancelled, dead), got {state}"
