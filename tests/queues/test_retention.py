@@ -265,3 +265,109 @@ async def test_postgres_prune_walks_the_finished_index() -> None:
         plan = await trio.to_thread.run_sync(explain)
         assert "trio_supervise_items_finished_idx" in plan, plan
         assert "Seq Scan" not in plan, plan
+
+
+# -- counts kept by the database (what /metrics and the status page read) -------------------------
+
+
+async def test_counts_follow_every_write_and_prune(queue: WorkQueue, clock: ManualClock) -> None:
+    """Enqueue, claim, settle, retry, delete and prune all move the counts, exactly."""
+    await finish(queue, "done", SettleKind.COMPLETE)
+    await finish(queue, "dead", SettleKind.DEAD)
+    await queue.enqueue("spec", item_id="q", queue="mail")
+    await queue.enqueue("other", item_id="o")
+    await queue.claim_due(["other"], "w", 30, 1)
+    assert dict(await queue.counts()) == {
+        ("spec", ItemState.COMPLETED): 1,
+        ("spec", ItemState.DEAD): 1,
+        ("spec", ItemState.QUEUED): 1,
+        ("other", ItemState.RUNNING): 1,
+    }
+    await queue.retry("dead")
+    await queue.delete("q")
+    await queue.prune({ItemState.COMPLETED: 0.0})
+    assert dict(await queue.counts()) == {
+        ("spec", ItemState.QUEUED): 1,
+        ("other", ItemState.RUNNING): 1,
+    }
+    by_queue = {info.name: dict(info.counts) for info in await queue.list_queues()}
+    assert by_queue == {"default": {ItemState.QUEUED: 1, ItemState.RUNNING: 1}}
+
+
+async def test_sqlite_counts_are_kept_for_writes_from_outside(tmp_path: Path) -> None:
+    """Rows written by another program (plain SQL) are counted too: the triggers see them."""
+    from trio_supervise.queues import SQLiteQueue
+
+    path = tmp_path / "q.db"
+    await migrate_path(path)
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, created_at, updated_at)"
+            " VALUES (?, 's', ?, 0, 0, 0)",
+            [(f"i{n}", "completed" if n % 4 else "queued") for n in range(100)],
+        )
+        conn.execute("UPDATE trio_supervise_items SET state = 'dead' WHERE id = 'i1'")
+        conn.execute("DELETE FROM trio_supervise_items WHERE id IN ('i2', 'i4')")
+    async with await SQLiteQueue.connect(path) as queue:
+        assert dict(await queue.counts()) == {
+            ("s", ItemState.COMPLETED): 73,
+            ("s", ItemState.DEAD): 1,
+            ("s", ItemState.QUEUED): 24,
+        }
+
+
+@pytest.mark.postgres
+async def test_postgres_counts_stay_exact_under_concurrent_writers_and_folds() -> None:
+    """Eight writers at once, folds in between, writes with another search_path and a
+    TRUNCATE: the counts always equal a count of the rows."""
+    import psycopg
+
+    from trio_supervise.queues import PostgresQueue
+
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, pool_size=8
+        ) as queue:
+
+            async def worker(n: int) -> None:
+                for k in range(25):
+                    await queue.enqueue("spec", item_id=f"w{n}-{k}")
+                    for item in await queue.claim_due(["spec"], f"w{n}", 30, 2):
+                        kind = SettleKind.COMPLETE if k % 3 else SettleKind.DEAD
+                        error = "boom" if kind is SettleKind.DEAD else None
+                        await queue.settle_many(
+                            [Settlement(item_id=item.id, lease_version=item.lease_version,
+                                        kind=kind, error=error)]
+                        )  # fmt: skip
+
+            async with trio.open_nursery() as nursery:
+                for n in range(8):
+                    nursery.start_soon(worker, n)
+
+            def sql(statement: str, path: str = schema) -> list[tuple[object, ...]]:
+                with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={path}") as c:
+                    cursor = c.execute(statement.encode())
+                    return cursor.fetchall() if cursor.description else []
+
+            def truth() -> dict[tuple[str, ItemState], int]:
+                rows = sql(
+                    "SELECT spec_id, state, count(*) FROM trio_supervise_items GROUP BY 1, 2"
+                )
+                return {(str(s), ItemState(str(t))): int(str(n)) for s, t, n in rows}
+
+            assert dict(await queue.counts()) == truth()
+            assert sum(truth().values()) == 200
+            await trio.to_thread.run_sync(sql, "SELECT trio_supervise_fold_counts()")
+            assert sql("SELECT count(*) FROM trio_supervise_count_deltas") == [(0,)]
+            assert dict(await queue.counts()) == truth()
+            # A write naming the table by its schema, from a session whose search_path is
+            # elsewhere, is counted in that schema (the functions pin their search_path).
+            await trio.to_thread.run_sync(
+                sql,
+                f'INSERT INTO "{schema}".trio_supervise_items (id, spec_id, due_at, created_at,'
+                " updated_at) VALUES ('outside', 'x', now(), now(), now())",
+                "public",
+            )
+            assert (await queue.counts())[("x", ItemState.QUEUED)] == 1
+            await trio.to_thread.run_sync(sql, "TRUNCATE trio_supervise_items")
+            assert dict(await queue.counts()) == {}

@@ -61,7 +61,15 @@ ORDER BY due_at, id
 LIMIT %(limit)s;
 
 -- name: counts
-SELECT spec_id, state, count(*) AS n FROM trio_supervise_items GROUP BY spec_id, state;
+-- The folded counts plus the deltas not folded yet, in one snapshot: exact, and a few rows
+-- however many items there are (schema 0004).
+SELECT spec_id, state, sum(n)::bigint AS n FROM (
+    SELECT spec_id, state, n FROM trio_supervise_counts
+    UNION ALL
+    SELECT spec_id, state, n FROM trio_supervise_count_deltas
+) AS c
+GROUP BY spec_id, state
+HAVING sum(n) > 0;
 
 -- name: request_cancel
 -- Queued: cancelled at once. Running: flagged for its owner. Otherwise: unchanged.
@@ -224,7 +232,13 @@ DELETE FROM trio_supervise_paused_queues WHERE queue = %(queue)s RETURNING queue
 SELECT queue, paused_at FROM trio_supervise_paused_queues;
 
 -- name: queue_counts
-SELECT queue, state, count(*) AS n FROM trio_supervise_items GROUP BY queue, state;
+SELECT queue, state, sum(n)::bigint AS n FROM (
+    SELECT queue, state, n FROM trio_supervise_counts
+    UNION ALL
+    SELECT queue, state, n FROM trio_supervise_count_deltas
+) AS c
+GROUP BY queue, state
+HAVING sum(n) > 0;
 
 -- Retention and editing (issue 15): prune, delete, edit_config.
 
