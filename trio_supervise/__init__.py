@@ -31,6 +31,8 @@ from ._maintenance import MaintenanceTask as MaintenanceTask
 from ._policy import Jitter as Jitter
 from ._policy import JitterMode as JitterMode
 from ._policy import RestartPolicy as RestartPolicy
+from ._retention import Pruner as Pruner
+from ._retention import RetentionSettings as RetentionSettings
 from ._runner import RecentError as RecentError
 from ._runner import RunnerEvent as RunnerEvent
 from ._runner import RunnerEventKind as RunnerEventKind
@@ -132,6 +134,7 @@ __all__ = [
     "OperationsApp",
     "Outcome",
     "PassStats",
+    "Pruner",
     "QueueError",
     "QueueFailed",
     "QueueInfo",
@@ -140,6 +143,7 @@ __all__ = [
     "Reschedule",
     "RestartPolicy",
     "RestartType",
+    "RetentionSettings",
     "RunnerEvent",
     "RunnerEventKind",
     "RunnerMetrics",

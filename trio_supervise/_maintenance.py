@@ -1,10 +1,11 @@
 """Maintenance children: the small contract of a service's background upkeep (as Oban's plugins).
 
 A maintenance task is something a :class:`~trio_supervise.Service` runs beside its workers to look
-after the queue: the :class:`~trio_supervise.Scheduler` that enqueues periodic schedules, later a
-pruner of finished items. Each is one object with a ``name`` and an ``async def run(queue, *,
-task_status)``; the service runs each as a supervised child named ``maintenance-<name>`` on the
-service's queue, restarted with the task's ``restart`` policy (or :data:`MAINTENANCE_RESTART`).
+after the queue: the :class:`~trio_supervise.Scheduler` that enqueues periodic schedules, and the
+:class:`~trio_supervise.Pruner` that deletes old finished items (retention). Each is one object
+with a ``name`` and an ``async def run(queue, *, task_status)``; the service runs each as a
+supervised child named ``maintenance-<name>`` on the service's queue, restarted with the task's
+``restart`` policy (or :data:`MAINTENANCE_RESTART`).
 
 Rules a task keeps, so that any number of service processes may run it on one database:
 

@@ -28,6 +28,7 @@ from ._lifecycle import Shutdown
 from ._logging import configure_logging
 from ._maintenance import MaintenanceTask, maintenance_children
 from ._policy import Jitter
+from ._retention import PruneMetrics, Pruner
 from ._runner import FORCED_RELEASE_BOUND, RunnerEvent, RunnerState, WorkflowRunner
 from ._schedules import Schedule, Scheduler, check_schedules
 from ._settings import Settings, load_settings
@@ -138,6 +139,11 @@ class Service:
         of theirs (a service without drivers may enqueue for another's runner).
     :param maintenance: more :class:`MaintenanceTask` s, each run as the supervised child
         ``maintenance-<name>`` on the service's queue, started last (so stopped first).
+
+    With ``settings.retention.enabled`` (off by default), a service with drivers also runs a
+    :class:`Pruner` (child ``maintenance-retention``) that deletes old finished items per
+    ``settings.retention`` (completed and cancelled items kept 7 days, dead ones 30, unless
+    set otherwise); a task named ``"retention"`` among *maintenance* takes its place.
     """
 
     drivers: Sequence[AnyWorkflowDriver[Any]] = attrs.field(default=(), converter=_drivers)
@@ -168,6 +174,7 @@ class Service:
     """The bound HTTP port once the server is up (useful with port 0)."""
     _http_sockets: Any = attrs.field(init=False, default=None, repr=False)
     _forced_by: int | None = attrs.field(init=False, default=None)
+    _prune_metrics: PruneMetrics | None = attrs.field(init=False, default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         specs = [spec for driver in self.drivers for spec in driver.spec_ids]
@@ -301,7 +308,7 @@ class Service:
             name=self.name, queue=queue, shutdown=self.shutdown, settings=settings
         )
         children.extend(_with_handle(worker, handle) for worker in self.workers)
-        children.extend(maintenance_children(self._maintenance_tasks(), queue))
+        children.extend(maintenance_children(self._maintenance_tasks(settings), queue))
         self.supervisor = Supervisor(
             name=self.name,
             children=children,
@@ -313,8 +320,19 @@ class Service:
         )
         return self.supervisor
 
-    def _maintenance_tasks(self) -> list[MaintenanceTask]:
+    def _maintenance_tasks(self, settings: Settings) -> list[MaintenanceTask]:
         tasks: list[MaintenanceTask] = [Scheduler(self.schedules)] if self.schedules else []
+        own = {task.name for task in self.maintenance}
+        if self.drivers and settings.retention.enabled and "retention" not in own:
+            if self._prune_metrics is None:  # once per service: a registry takes a name once
+                self._prune_metrics = PruneMetrics(self.registry)
+            tasks.append(
+                Pruner(
+                    settings=settings.retention,
+                    schedules=self.schedules,
+                    metrics=self._prune_metrics,
+                )
+            )
         return tasks + list(self.maintenance)
 
     async def _serve_http(

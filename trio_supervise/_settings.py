@@ -41,6 +41,7 @@ from ._convert import converter as _shared_converter
 from ._convert import nested_too_deeply, nesting_exceeds
 from ._errors import SettingsError
 from ._logging import LogFormat
+from ._retention import Period, RetentionSettings, structure_period
 from ._workflow import RunnerSettings
 from .queues._factory import DEFAULT_DATABASE_URL
 from .queues._sql import redact_dsn
@@ -177,6 +178,8 @@ class Settings:
     """The operations HTTP server."""
     runner: RunnerSettings = attrs.field(factory=_default_runner)
     """How the workflow runner claims and evaluates items (``worker_id`` defaults to host-pid)."""
+    retention: RetentionSettings = attrs.field(factory=RetentionSettings)
+    """How long finished items are kept, and how the service's pruner deletes them."""
 
     def redacted(self) -> dict[str, Any]:
         """The settings as plain data, with secrets masked (DSN passwords, secret fields)."""
@@ -198,6 +201,7 @@ def _settings_converter() -> cattrs.Converter:
     made = _shared_converter.copy()
     for base in (enum.Enum, enum.StrEnum, enum.IntEnum):
         made.register_structure_hook(base, _structure_enum)
+    made.register_structure_hook(Period, structure_period)
     return made
 
 

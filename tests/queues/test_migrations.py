@@ -263,12 +263,17 @@ async def _check_upgraded(queue: WorkQueue) -> None:
         assert (items[item_id].state, items[item_id].error_count) == (ItemState(state), errors)
         assert items[item_id].attempt == 0
         assert (items[item_id].queue, items[item_id].priority) == ("default", 0)
+    expected: dict[tuple[str, ItemState], int] = {}
+    for _, state, _, _, _ in V1_ROWS:  # the items already there were counted by the migration
+        expected[("spec", ItemState(state))] = expected.get(("spec", ItemState(state)), 0) + 1
+    assert dict(await queue.counts()) == expected
     claimed = await queue.claim_due(["spec"], "w", 30, 10)
     assert sorted(i.id for i in claimed) == ["queued", "running-expired"]
     assert {i.attempt for i in claimed} == {1}
     for finished in ("completed", "cancelled", "dead"):
         assert (await queue.retry(finished)).state is ItemState.QUEUED
     assert len(await queue.claim_due(["spec"], "w", 30, 10)) == 3
+    assert dict(await queue.counts()) == {("spec", ItemState.RUNNING): len(V1_ROWS)}
 
 
 @pytest.mark.parametrize("version", [1, 2])

@@ -480,6 +480,58 @@ class QueueMachine(RuleBasedStateMachine):
         assert isinstance(got, WorkItem)
         assert view(got) == m.view()
 
+    @rule(index=st.integers(0, 99), missing=st.booleans())
+    def delete(self, index: int, missing: bool) -> None:
+        """A deleted item is gone (its id and key free again); a running one stays."""
+        if missing or not self.model:
+            assert outcome(self.portal, self.queue.delete, "missing") is ItemNotFound
+            return
+        m = self.pick(index)
+        got = outcome(self.portal, self.queue.delete, m.id)
+        if m.state is ItemState.RUNNING:
+            assert got is ItemStateError
+            return
+        assert isinstance(got, WorkItem)
+        assert view(got) == m.view()
+        del self.model[m.id]
+
+    @rule(index=st.integers(0, 99), missing=st.booleans(), n=st.integers(0, 9))
+    def edit_config(self, index: int, missing: bool, n: int) -> None:
+        """A queued or finished item takes the new config; a running one keeps its own."""
+        if missing or not self.model:
+            got = outcome(self.portal, self.queue.edit_config, "missing", {"e": n})
+            assert got is ItemNotFound
+            return
+        m = self.pick(index)
+        got = outcome(self.portal, self.queue.edit_config, m.id, {"e": n})
+        if m.state is ItemState.RUNNING:
+            assert got is ItemStateError
+            return
+        m.config = {"e": n}
+        assert isinstance(got, WorkItem)
+        assert view(got) == m.view()
+
+    @rule(
+        states=st.lists(
+            st.sampled_from([ItemState.COMPLETED, ItemState.CANCELLED, ItemState.DEAD]),
+            unique=True,
+            min_size=1,
+        ),
+        dry_run=st.booleans(),
+    )
+    def prune(self, states: list[ItemState], dry_run: bool) -> None:
+        """An age of 0 takes every finished item of those states (none with dry_run)."""
+        doomed = [m for m in self.model.values() if m.state in states]
+
+        async def call() -> dict[ItemState, int]:
+            return await self.queue.prune(dict.fromkeys(states, 0.0), dry_run=dry_run)
+
+        got = self.portal.run(call)
+        assert got == {state: sum(m.state is state for m in doomed) for state in states}
+        if not dry_run:
+            for m in doomed:
+                del self.model[m.id]
+
     @precondition(lambda self: self.model)
     @rule(
         index=st.integers(0, 99),

@@ -1,4 +1,7 @@
-"""``items list|show|enqueue|cancel|retry``: inspect and change work items."""
+"""``items list|show|enqueue|cancel|retry``: inspect and change work items.
+
+``items prune|delete|edit`` live in ``_items_edit``, registered here.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from .._settings import MAX_COUNT
 from .._workflow import first_line
 from ..queues import ItemState, WorkItem, WorkQueue
 from ..queues._protocol import DEFAULT_QUEUE, MAX_PRIORITY, MIN_PRIORITY, check_priority
+from . import _items_edit
 from ._common import (
     AS_JSON,
     DATABASE,
@@ -100,6 +104,7 @@ def register(commands: Subparsers) -> None:
     )
     moment.add_argument("--now", action="store_true", help="a queued item too: make it due now")
     retry.set_defaults(handler=_cmd_retry)
+    _items_edit.register(actions)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

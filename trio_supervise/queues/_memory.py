@@ -41,8 +41,10 @@ from ._protocol import (
     SingleWrites,
     WorkItem,
     append_error,
+    check_config,
     check_json,
     check_new_item,
+    check_prune,
     check_queue_name,
     replace_trusted,
     storable_text,
@@ -431,6 +433,67 @@ class MemoryQueue(SingleWrites):
         )
         self._log("retry", item_id)
         self._changed()
+        return item
+
+    # -- retention and editing ---------------------------------------------------------------
+
+    async def prune(
+        self,
+        older_than: Mapping[ItemState, float],
+        *,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> dict[ItemState, int]:
+        await trio.lowlevel.checkpoint()
+        ages = check_prune(older_than, limit)
+        now = self._now()
+        found: dict[ItemState, list[WorkItem]] = {state: [] for state in ages}
+        cutoffs = {state: now - dt.timedelta(seconds=age) for state, age in ages.items()}
+        for item in self._items.values():
+            cutoff = cutoffs.get(item.state)
+            if cutoff is not None and item.updated_at <= cutoff:
+                found[item.state].append(item)
+        counts: dict[ItemState, int] = {}
+        for state, items in found.items():
+            items.sort(key=lambda item: (item.updated_at, item.id))
+            chosen = items if limit is None else items[:limit]
+            counts[state] = len(chosen)
+            if not dry_run:
+                for item in chosen:
+                    self._remove(item)
+        if not dry_run and any(counts.values()):
+            self._log("prune", "", counts={str(k): v for k, v in counts.items()})
+            self._changed()
+        return counts
+
+    def _remove(self, item: WorkItem) -> None:
+        """Forget *item* (its heap entries go stale and are dropped as usual)."""
+        del self._items[item.id]
+        if item.idempotency_key is not None and self._keys.get(item.idempotency_key) == item.id:
+            del self._keys[item.idempotency_key]
+
+    async def delete(self, item_id: str) -> WorkItem:
+        await trio.lowlevel.checkpoint()
+        item = self._item(item_id)
+        if item.state is ItemState.RUNNING:
+            raise ItemStateError(f"item {item_id!r} is running; cancel it first")
+        if getattr(item, "waiting_children", 0):
+            raise ItemStateError(f"item {item_id!r} is waiting for its children")
+        self._remove(item)
+        self._log("delete", item_id)
+        self._changed()
+        return item
+
+    async def edit_config(self, item_id: str, config: JSONValue) -> WorkItem:
+        await trio.lowlevel.checkpoint()
+        config = check_config(config)
+        item = self._item(item_id)
+        if item.state is ItemState.RUNNING:
+            raise ItemStateError(
+                f"item {item_id!r} is running; its config can change once it is not"
+            )
+        item = self._put(item, config=config)
+        self._log("edit_config", item_id)
         return item
 
     # -- the worker side ---------------------------------------------------------------------

@@ -59,6 +59,16 @@ Exact wake-ups (optional)
     structural type, so existing queues need no change. :class:`MemoryQueue` sets it when its
     clock is a :class:`TrioClock` (all its writes happen in this process).
 
+Retention and editing
+    :meth:`WorkQueue.prune` deletes finished items (``completed``, ``cancelled``, ``dead``) whose
+    ``updated_at`` is at least a given age, oldest first, at most ``limit`` per state per call:
+    each call is one short transaction, so a big backlog is pruned in bounded batches that never
+    hold claims or renewals up for long, and any number of pruners may run at once (PostgreSQL
+    skips the rows another pruner holds). :meth:`WorkQueue.delete` removes one item that is not
+    running; :meth:`WorkQueue.edit_config` replaces the config of one that is not running (a queued
+    item before it runs, a dead one before a retry). A deleted item's id and idempotency key are
+    free again. An item still waiting for children is neither deleted nor pruned (it is queued).
+
 Cancellation
     :meth:`WorkQueue.request_cancel` cancels a queued item at once. On a running item it sets
     ``cancel_requested``; the owner learns it from its next renewal
@@ -95,7 +105,9 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "QueueInfo",
+    "check_config",
     "check_priority",
+    "check_prune",
     "check_queue_name",
     "check_timeout",
     "check_json",
@@ -315,6 +327,42 @@ class ItemState(enum.StrEnum):
     def finished(self) -> bool:
         """True for the states an item never leaves on its own."""
         return self in (ItemState.COMPLETED, ItemState.CANCELLED, ItemState.DEAD)
+
+
+def check_prune(older_than: Mapping[ItemState, float], limit: int | None) -> dict[ItemState, float]:
+    """Validate :meth:`WorkQueue.prune`'s arguments the same way on every backend; return the
+    ages by state (``ValueError`` naming the state or the limit and the rule)."""
+    bound: object = limit  # checked as whatever it was given
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
+        raise ValueError(f"limit must be None or an integer >= 1, got {limit!r}")
+    ages: dict[ItemState, float] = {}
+    for state, age in older_than.items():
+        state = ItemState(state)
+        seconds: object = age
+        if not state.finished:
+            raise ValueError(
+                f"only finished items are pruned (completed, cancelled, dead), got {state}"
+            )
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not (0 <= seconds <= MAX_DELAY)
+        ):
+            raise ValueError(
+                f"older_than[{state}] must be a number of seconds from 0 to {MAX_DELAY:g}, "
+                f"got {seconds!r}"
+            )
+        ages[state] = float(seconds)
+    return ages
+
+
+def check_config(config: JSONValue) -> JSONValue:
+    """An edited config, checked as ``enqueue`` checks one (attrs instances unstructured)."""
+    if attrs.has(type(config)):
+        from .._convert import unstructure
+
+        config = unstructure(config)
+    return check_json({} if config is None else config)
 
 
 MAX_ERRORS = 10
@@ -643,6 +691,32 @@ class WorkQueue(Protocol):
 
         Clears the error count and the cancel flag. A running item raises :class:`ItemStateError`.
         """
+        ...
+
+    async def prune(
+        self,
+        older_than: Mapping[ItemState, float],
+        *,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> dict[ItemState, int]:
+        """Delete finished items last updated at least ``older_than[state]`` seconds ago.
+
+        Per state of *older_than* (each must be finished, each age a finite number >= 0), the
+        oldest such items by ``updated_at`` first, at most *limit* of them (None: all). Returns
+        how many were deleted per state given (with *dry_run*, how many would be: nothing is
+        deleted). See "Retention and editing" in the module doc.
+        """
+        ...
+
+    async def delete(self, item_id: str) -> WorkItem:
+        """Delete one item and return it as it was. A running item (or one waiting for its
+        children) raises :class:`ItemStateError`; a missing one :class:`ItemNotFound`."""
+        ...
+
+    async def edit_config(self, item_id: str, config: JSONValue) -> WorkItem:
+        """Replace the config of a queued or finished item (checked as ``enqueue`` checks it:
+        :class:`ConfigError`); a running item raises :class:`ItemStateError`."""
         ...
 
     # -- the worker side ---------------------------------------------------------------------

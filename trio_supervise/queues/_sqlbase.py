@@ -44,8 +44,10 @@ from ._protocol import (
     Settlement,
     SingleWrites,
     WorkItem,
+    check_config,
     check_json,
     check_new_item,
+    check_prune,
     check_queue_name,
     storable_text,
     unstorable_outcome,
@@ -87,6 +89,8 @@ class SQLQueue(SingleWrites):
     _backend: ClassVar[_sql.Backend]
     _first_cursor: ClassVar[Any]
     """A time before every stored one: the cursor of a first page."""
+    _no_limit: ClassVar[Any] = None
+    """The ``LIMIT`` parameter meaning "all rows" (SQLite: -1; PostgreSQL: NULL)."""
     _changes: Any
 
     # -- hooks -------------------------------------------------------------------------------
@@ -328,6 +332,75 @@ class SQLQueue(SingleWrites):
         row = await self._run(run)
         self._changed()
         return self._item(row)
+
+    # -- retention and editing ---------------------------------------------------------------
+
+    async def prune(
+        self,
+        older_than: Mapping[ItemState, float],
+        *,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> dict[ItemState, int]:
+        ages = check_prune(older_than, limit)
+        query = self._queries["prune_count" if dry_run else "prune"]
+        counts: dict[ItemState, int] = {}
+        for state, age in ages.items():
+            params = {
+                "state": str(state),
+                "age_us": _sql.duration_us(f"older_than[{state}]", age),
+                "now": self._now(),
+                "limit": self._no_limit if limit is None else limit,
+            }
+
+            def count(conn: Any, params: dict[str, Any] = params) -> int:
+                return int(conn.execute(query, params).fetchone()["n"])
+
+            def delete(conn: Any, params: dict[str, Any] = params) -> int:
+                with self._write(conn):  # one short transaction per state and batch
+                    return int(conn.execute(query, params).rowcount)
+
+            counts[state] = await (self._run(count, read=True) if dry_run else self._run(delete))
+        if not dry_run and any(counts.values()):
+            self._changed()
+        return counts
+
+    async def delete(self, item_id: str) -> WorkItem:
+        params = {"id": item_id}
+        queries = self._queries
+
+        def run(conn: Any) -> Row:
+            with self._write(conn):
+                row = conn.execute(queries["delete_item"], params).fetchone()
+                if row is not None:
+                    return row
+                current = conn.execute(queries["get"], params).fetchone()
+                if current is None:
+                    raise ItemNotFound(item_id)
+                if current["state"] == "running":
+                    raise ItemStateError(f"item {item_id!r} is running; cancel it first")
+                raise ItemStateError(f"item {item_id!r} is waiting for its children")
+
+        row = await self._run(run, retry=False)  # a lost commit would read as "not found"
+        self._changed()
+        return self._item(row)
+
+    async def edit_config(self, item_id: str, config: JSONValue) -> WorkItem:
+        params = {"id": item_id, "config": json.dumps(check_config(config)), "now": self._now()}
+        queries = self._queries
+
+        def run(conn: Any) -> Row:
+            with self._write(conn):
+                row = conn.execute(queries["edit_config"], params).fetchone()
+                if row is not None:
+                    return row
+                if conn.execute(queries["get"], params).fetchone() is None:
+                    raise ItemNotFound(item_id)
+                raise ItemStateError(
+                    f"item {item_id!r} is running; its config can change once it is not"
+                )
+
+        return self._item(await self._run(run))
 
     # -- the worker side ---------------------------------------------------------------------
 

@@ -375,6 +375,7 @@ class SQLiteQueue(SQLQueue):
     _queries: ClassVar[Mapping[str, str]] = _Q
     _backend: ClassVar[_sql.Backend] = "sqlite"
     _first_cursor: ClassVar[int] = _MIN_US
+    _no_limit: ClassVar[int] = -1
 
     def _transaction(self, conn: sqlite3.Connection) -> _Transaction:
         return _Transaction(conn)

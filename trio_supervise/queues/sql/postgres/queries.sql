@@ -61,7 +61,15 @@ ORDER BY due_at, id
 LIMIT %(limit)s;
 
 -- name: counts
-SELECT spec_id, state, count(*) AS n FROM trio_supervise_items GROUP BY spec_id, state;
+-- The folded counts plus the deltas not folded yet, in one snapshot: exact, and a few rows
+-- however many items there are (schema 0004).
+SELECT spec_id, state, sum(n)::bigint AS n FROM (
+    SELECT spec_id, state, n FROM trio_supervise_counts
+    UNION ALL
+    SELECT spec_id, state, n FROM trio_supervise_count_deltas
+) AS c
+GROUP BY spec_id, state
+HAVING sum(n) > 0;
 
 -- name: request_cancel
 -- Queued: cancelled at once. Running: flagged for its owner. Otherwise: unchanged.
@@ -224,4 +232,53 @@ DELETE FROM trio_supervise_paused_queues WHERE queue = %(queue)s RETURNING queue
 SELECT queue, paused_at FROM trio_supervise_paused_queues;
 
 -- name: queue_counts
-SELECT queue, state, count(*) AS n FROM trio_supervise_items GROUP BY queue, state;
+SELECT queue, state, sum(n)::bigint AS n FROM (
+    SELECT queue, state, n FROM trio_supervise_counts
+    UNION ALL
+    SELECT queue, state, n FROM trio_supervise_count_deltas
+) AS c
+GROUP BY queue, state
+HAVING sum(n) > 0;
+
+-- Retention and editing (issue 15): prune, delete, edit_config.
+
+-- name: prune
+-- One state's oldest finished items (by updated_at), at most %(limit)s (NULL: all), in one
+-- short statement; rows another pruner (or a retry) holds are skipped, so pruners never wait
+-- on each other. A CTE (materialized, as it locks), not "id IN (subquery)": the planner may run
+-- such a subquery more than once, and its LIMIT then bounds nothing. The state list is spelled
+-- out so that even a generic plan of this prepared statement uses the partial index
+-- trio_supervise_items_finished_idx; the locked ids are deleted through the primary key.
+WITH doomed AS MATERIALIZED (
+    SELECT id FROM trio_supervise_items
+    WHERE state IN ('completed', 'cancelled', 'dead') AND state = %(state)s
+      AND updated_at <= coalesce(%(now)s::timestamptz, now())
+          - %(age_us)s::bigint * interval '1 microsecond'
+    ORDER BY updated_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM trio_supervise_items
+WHERE id = ANY (ARRAY(SELECT id FROM doomed));
+
+-- name: prune_count
+-- What prune would delete, without deleting it.
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM trio_supervise_items
+    WHERE state IN ('completed', 'cancelled', 'dead') AND state = %(state)s
+      AND updated_at <= coalesce(%(now)s::timestamptz, now())
+          - %(age_us)s::bigint * interval '1 microsecond'
+    LIMIT %(limit)s
+) AS t;
+
+-- name: delete_item
+DELETE FROM trio_supervise_items
+WHERE id = %(id)s AND state <> 'running' AND waiting_children = 0
+RETURNING *;
+
+-- name: edit_config
+UPDATE trio_supervise_items SET
+    config = %(config)s::jsonb,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND state <> 'running'
+RETURNING *;

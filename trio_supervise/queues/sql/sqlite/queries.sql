@@ -52,7 +52,10 @@ ORDER BY due_at, id
 LIMIT :limit;
 
 -- name: counts
-SELECT spec_id, state, count(*) AS n FROM trio_supervise_items GROUP BY spec_id, state;
+-- From the counts the triggers keep (schema 0004): a few rows, however many items there are.
+SELECT spec_id, state, sum(n) AS n FROM trio_supervise_counts
+GROUP BY spec_id, state
+HAVING sum(n) > 0;
 
 -- name: request_cancel
 -- Queued: cancelled at once. Running: flagged for its owner. Otherwise: unchanged.
@@ -189,4 +192,40 @@ DELETE FROM trio_supervise_paused_queues WHERE queue = :queue RETURNING queue;
 SELECT queue, paused_at FROM trio_supervise_paused_queues;
 
 -- name: queue_counts
-SELECT queue, state, count(*) AS n FROM trio_supervise_items GROUP BY queue, state;
+SELECT queue, state, sum(n) AS n FROM trio_supervise_counts
+GROUP BY queue, state
+HAVING sum(n) > 0;
+
+-- Retention and editing (issue 15): prune, delete, edit_config.
+
+-- name: prune
+-- One state's oldest finished items (by updated_at), at most :limit (-1: all), in the caller's
+-- short BEGIN IMMEDIATE transaction. The state list is spelled out so the planner uses the
+-- partial index trio_supervise_items_finished_idx (a bound :state alone cannot imply it).
+DELETE FROM trio_supervise_items
+WHERE id IN (
+    SELECT id FROM trio_supervise_items
+    WHERE state IN ('completed', 'cancelled', 'dead') AND state = :state
+      AND updated_at <= :now - :age_us
+    ORDER BY updated_at
+    LIMIT :limit
+);
+
+-- name: prune_count
+-- What prune would delete, without deleting it.
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM trio_supervise_items
+    WHERE state IN ('completed', 'cancelled', 'dead') AND state = :state
+      AND updated_at <= :now - :age_us
+    LIMIT :limit
+) AS t;
+
+-- name: delete_item
+DELETE FROM trio_supervise_items
+WHERE id = :id AND state <> 'running' AND waiting_children = 0
+RETURNING *;
+
+-- name: edit_config
+UPDATE trio_supervise_items SET config = :config, updated_at = :now
+WHERE id = :id AND state <> 'running'
+RETURNING *;

@@ -76,3 +76,41 @@ CREATE TABLE trio_supervise_paused_queues (
     queue     TEXT    PRIMARY KEY NOT NULL,
     paused_at INTEGER NOT NULL
 );
+
+-- Exact item counts per (spec, queue, state), kept by the triggers below, so that counts() and
+-- the queues' counts (every /metrics scrape and status page) read a few rows, not every item
+-- ever finished. SQLite has one writer at a time, so the triggers update the counts directly.
+-- Groups that reach 0 keep their row (n = 0), which reads skip.
+CREATE TABLE trio_supervise_counts (
+    spec_id TEXT    NOT NULL,
+    queue   TEXT    NOT NULL,
+    state   TEXT    NOT NULL,
+    n       INTEGER NOT NULL,
+    PRIMARY KEY (spec_id, queue, state)
+) WITHOUT ROWID;
+
+CREATE TRIGGER trio_supervise_items_counted_insert
+AFTER INSERT ON trio_supervise_items
+BEGIN
+    INSERT INTO trio_supervise_counts (spec_id, queue, state, n)
+    VALUES (NEW.spec_id, NEW.queue, NEW.state, 1)
+    ON CONFLICT (spec_id, queue, state) DO UPDATE SET n = n + 1;
+END;
+
+CREATE TRIGGER trio_supervise_items_counted_update
+AFTER UPDATE OF state, spec_id, queue ON trio_supervise_items
+WHEN OLD.state IS NOT NEW.state OR OLD.spec_id IS NOT NEW.spec_id OR OLD.queue IS NOT NEW.queue
+BEGIN
+    UPDATE trio_supervise_counts SET n = n - 1
+    WHERE spec_id = OLD.spec_id AND queue = OLD.queue AND state = OLD.state;
+    INSERT INTO trio_supervise_counts (spec_id, queue, state, n)
+    VALUES (NEW.spec_id, NEW.queue, NEW.state, 1)
+    ON CONFLICT (spec_id, queue, state) DO UPDATE SET n = n + 1;
+END;
+
+CREATE TRIGGER trio_supervise_items_counted_delete
+AFTER DELETE ON trio_supervise_items
+BEGIN
+    UPDATE trio_supervise_counts SET n = n - 1
+    WHERE spec_id = OLD.spec_id AND queue = OLD.queue AND state = OLD.state;
+END;
