@@ -29,9 +29,10 @@ import collections
 import contextlib
 import datetime as dt
 import enum
+import functools
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Generic
 
 import attrs
@@ -283,7 +284,9 @@ class _InFlight:
 
     item: WorkItem
     renewed_at: float
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    scope: trio.CancelScope | None = None
+    """The evaluator's scope while it evaluates this item (None before and after): cancelling it
+    stops this evaluation and nothing else."""
     reason: _Reason | None = None
     detail: str = ""
     settling: bool = False
@@ -294,6 +297,8 @@ class _InFlight:
     claimed_at: float = attrs.field(
         init=False, default=attrs.Factory(lambda self: self.renewed_at, takes_self=True)
     )
+    evaluating_since: float | None = None
+    """When its driver started, while it runs."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -303,7 +308,8 @@ class _InFlight:
         if self.reason is None or reason > self.reason:
             self.reason = reason
             self.detail = detail
-        self.scope.cancel()
+        if self.scope is not None:
+            self.scope.cancel()
 
 
 DRAIN_REPORT_INTERVAL = 5.0
@@ -335,6 +341,9 @@ class _DrainLog:
             + f", {self.outcomes['not written']} not written; the runner stops"
         )
 
+
+_Evaluate = Callable[[], Awaitable[None]]
+"""Starts one more evaluator (see :class:`_Pool`)."""
 
 _Written = Callable[[_InFlight, Settlement, bool, Exception | None], float | None]
 """Called by the settler once per item after its write: (entry, settlement, applied, error).
@@ -397,6 +406,27 @@ class _Settler:
             else:
                 for (entry, settlement), applied in zip(batch, results, strict=True):
                     self.written(entry, settlement, applied, None)
+
+
+@attrs.define(eq=False)
+class _Pool:
+    """The evaluators: long-lived tasks that take claimed items from one channel, one at a time.
+
+    A claimed item goes to an idle evaluator when there is one, else a new evaluator starts, so
+    the pool grows to the most items evaluated at once (at most the concurrency) and no task is
+    started or ended per item. ``spare`` counts the evaluators idle (or about to be) less the
+    items waiting in the channel.
+    """
+
+    nursery: trio.Nursery
+    send: trio.MemorySendChannel[_InFlight]
+    receive: trio.MemoryReceiveChannel[_InFlight]
+    spare: int = 0
+
+    @classmethod
+    def open(cls, nursery: trio.Nursery) -> _Pool:
+        send, receive = trio.open_memory_channel[_InFlight](math.inf)
+        return cls(nursery, send, receive)
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -516,13 +546,17 @@ class WorkflowRunner(Generic[ContextT]):
                         services.start_soon(self._watch_loop_lag)
                         services.start_soon(settler.run)
                         async with trio.open_nursery() as evaluations:
+                            pool = _Pool.open(evaluations)
                             self._state = RunnerState.RUNNING
                             self._emit(RunnerEventKind.STARTED)
                             task_status.started()
-                            fatal = await self._claim_loops(evaluations, context, settler)
+                            evaluate = functools.partial(self._evaluator, pool, context, settler)
+                            fatal = await self._claim_loops(pool, evaluate)
+                            # Nothing more is claimed: the evaluators end once the channel is empty.
+                            pool.send.close()
                             await self._drain()
-                        # Every item's task has ended; the outcomes they handed over are written
-                        # (or fail) before the settler stops.
+                        # Every evaluation has ended; the outcomes handed over are written (or
+                        # fail) before the settler stops.
                         await self._count.wait_value(0)
                         self._log(logging.INFO, "%s", self._drain_log.summary(trio.current_time()))
                         services.cancel_scope.cancel()
@@ -543,9 +577,7 @@ class WorkflowRunner(Generic[ContextT]):
             self._running = False
             self._emit(RunnerEventKind.STOPPED, detail=str(self._state))
 
-    async def _claim_loops(
-        self, nursery: trio.Nursery, context: ContextT, settler: _Settler
-    ) -> Exception | None:
+    async def _claim_loops(self, pool: _Pool, evaluate: _Evaluate) -> Exception | None:
         """One claim loop per served queue, each under its own limit; the first fatal error
         ends them all."""
         limits = self._settings.queue_limits
@@ -553,11 +585,11 @@ class WorkflowRunner(Generic[ContextT]):
             self._busy.setdefault(name, trio_util.AsyncValue(0))
         if len(limits) == 1:
             [(name, limit)] = limits.items()
-            return await self._claim_loop(nursery, context, settler, name, limit)
+            return await self._claim_loop(pool, evaluate, name, limit)
         fatal: list[Exception] = []
 
         async def one(name: str, limit: int, scope: trio.CancelScope) -> None:
-            error = await self._claim_loop(nursery, context, settler, name, limit)
+            error = await self._claim_loop(pool, evaluate, name, limit)
             if error is not None:
                 fatal.append(error)
                 scope.cancel()
@@ -568,12 +600,7 @@ class WorkflowRunner(Generic[ContextT]):
         return fatal[0] if fatal else None
 
     async def _claim_loop(
-        self,
-        nursery: trio.Nursery,
-        context: ContextT,
-        settler: _Settler,
-        queue: str,
-        concurrency: int,
+        self, pool: _Pool, evaluate: _Evaluate, queue: str, concurrency: int
     ) -> Exception | None:
         settings = self._settings
         busy = self._busy[queue]
@@ -637,7 +664,7 @@ class WorkflowRunner(Generic[ContextT]):
                 self._claim_failures = 0
             self._queue_answered()
             for item in items:
-                self._start(nursery, item, started, context, settler)
+                self._start(pool, evaluate, item, started)
             self._count.value = len(self._in_flight)
             busy.value += len(items)
             if len(items) < limit:
@@ -683,21 +710,18 @@ class WorkflowRunner(Generic[ContextT]):
                     return
                 await trio.sleep_forever()
 
-    def _start(
-        self,
-        nursery: trio.Nursery,
-        item: WorkItem,
-        claimed_at: float,
-        context: ContextT,
-        settler: _Settler,
-    ) -> None:
+    def _start(self, pool: _Pool, evaluate: _Evaluate, item: WorkItem, claimed_at: float) -> None:
         entry = _InFlight(item, renewed_at=claimed_at)
         self._in_flight[entry.key] = entry  # the caller updates _count after the batch
         self._metrics.for_spec(self._metrics.claimed, item.spec_id).inc()
         self._emit(RunnerEventKind.CLAIMED, item)
         if self._shutdown.requested:
             entry.stop(_Reason.SHUTDOWN, "claimed during shutdown")
-        nursery.start_soon(self._run_item, entry, context, settler)
+        pool.send.send_nowait(entry)
+        if pool.spare > 0:
+            pool.spare -= 1
+        else:
+            pool.nursery.start_soon(evaluate)
 
     async def _drain(self) -> None:
         self._state = RunnerState.DRAINING
@@ -773,17 +797,69 @@ class WorkflowRunner(Generic[ContextT]):
 
     # -- one item ------------------------------------------------------------------------------
 
-    async def _run_item(self, entry: _InFlight, context: ContextT, settler: _Settler) -> None:
-        handed_over = False
+    async def _evaluator(self, pool: _Pool, context: ContextT, settler: _Settler) -> None:
+        """Evaluate items from the pool's channel until it is closed and empty.
+
+        The evaluator runs its items inside one cancel scope, which each item's ``scope`` points
+        at while it is evaluated: stopping that item cancels the scope, the evaluation ends, the
+        item is settled after the scope, and the evaluator goes on in a fresh scope. The happy
+        path enters no scope per item and starts no task.
+        """
+        receive = pool.receive
+        while True:
+            current: _InFlight | None = None
+            try:
+                with trio.CancelScope() as scope:
+                    while True:
+                        try:
+                            entry = receive.receive_nowait()
+                        except trio.WouldBlock:
+                            try:
+                                entry = await receive.receive()
+                            except trio.EndOfChannel:
+                                return
+                        except trio.EndOfChannel:
+                            return
+                        current = entry
+                        entry.scope = scope
+                        found = await self._evaluate(entry, context)
+                        entry.scope = None
+                        current = None
+                        self._hand_over(entry, settler, *found)
+                        pool.spare += 1
+                        if scope.cancel_called:
+                            break  # cancelled as the evaluation ended: a fresh scope for the next
+                if current is not None:
+                    # Stopped mid-evaluation (lost lease, cancel request, shutdown).
+                    entry, current = current, None
+                    entry.scope = None
+                    self._observe(entry)
+                    self._hand_over(entry, settler, None, None, None)
+                    pool.spare += 1
+            finally:
+                if current is not None:
+                    # Something escaped the evaluation (a BaseException): the slot is freed.
+                    self._free(current)
+
+    def _hand_over(
+        self,
+        entry: _InFlight,
+        settler: _Settler,
+        settlement: Settlement | None,
+        error: str | None,
+        failure: Exception | None,
+    ) -> None:
+        """Give the evaluation's outcome to the settler; the slot is freed once it is written
+        (at once when there is nothing to write: the lease was lost)."""
+        entry.settling = True
+        outcome: Settlement | None = None
         try:
-            settlement = await self._evaluate(entry, context)
-            entry.settling = True
-            if settlement is not None:
-                settler.submit(entry, settlement)
-                handed_over = True  # the slot is freed in _written, once the outcome is written
+            outcome = self._outcome(entry, settlement, error, failure)
         finally:
-            if not handed_over:
+            if outcome is None:
                 self._free(entry)
+            else:
+                settler.submit(entry, outcome)
 
     def _free(self, entry: _InFlight) -> None:
         if self._in_flight.pop(entry.key, None) is not None:
@@ -792,7 +868,20 @@ class WorkflowRunner(Generic[ContextT]):
                 busy.value -= 1
         self._count.value = len(self._in_flight)
 
-    async def _evaluate(self, entry: _InFlight, context: ContextT) -> Settlement | None:
+    def _observe(self, entry: _InFlight) -> None:
+        """Observe how long *entry*'s driver ran (if it ran)."""
+        started = entry.evaluating_since
+        if started is not None:
+            entry.evaluating_since = None
+            self._metrics.for_spec(self._metrics.evaluation_seconds, entry.item.spec_id).observe(
+                trio.current_time() - started
+            )
+
+    async def _evaluate(
+        self, entry: _InFlight, context: ContextT
+    ) -> tuple[Settlement | None, str | None, Exception | None]:
+        """Run *entry*'s driver (unless it is stopped already or out of attempts): (settlement,
+        error, the exception). Cancelled when the item is stopped meanwhile."""
         item = entry.item
         settings = self._settings
         if item.cancel_requested:
@@ -806,21 +895,29 @@ class WorkflowRunner(Generic[ContextT]):
             self._record_error(item.id, item.spec_id, str(settlement.error))
             log_dead(logger, settings.worker_id, item, str(settlement.error))
         elif entry.reason is None:
-            started = trio.current_time()
-            with entry.scope:
-                try:
-                    settlement = await evaluate_item(
-                        self._registry.for_spec(item.spec_id),
-                        context,
-                        item,
-                        requeue_delay=settings.requeue_delay,
-                    )
-                except Exception as exc:
-                    error, failure = describe_failure(exc), exc
-            self._metrics.for_spec(self._metrics.evaluation_seconds, item.spec_id).observe(
-                trio.current_time() - started
-            )
+            entry.evaluating_since = trio.current_time()
+            try:
+                settlement = await evaluate_item(
+                    self._registry.for_spec(item.spec_id),
+                    context,
+                    item,
+                    requeue_delay=settings.requeue_delay,
+                )
+            except Exception as exc:
+                error, failure = describe_failure(exc), exc
+            self._observe(entry)
+        return settlement, error, failure
 
+    def _outcome(
+        self,
+        entry: _InFlight,
+        settlement: Settlement | None,
+        error: str | None,
+        failure: Exception | None,
+    ) -> Settlement | None:
+        """The settlement to write for *entry*'s evaluation, or None when the lease was lost."""
+        item = entry.item
+        settings = self._settings
         match entry.reason:
             case _Reason.LOST:
                 self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
