@@ -238,6 +238,9 @@ class RunnerMetrics:
             self.for_spec(counter, spec_id).inc()
 
 
+RENEWAL_CHUNK = 1000
+"""Leases renewed per ``renew_many`` call; a round checkpoints between its calls."""
+
 LAG_WARNING_FRACTION = 1 / 3
 """A loop blocked longer than this fraction of the lease (one renewal interval) is warned about."""
 _LAG_CHECKS_PER_RENEWAL = 4
@@ -299,6 +302,8 @@ class _InFlight:
     )
     evaluating_since: float | None = None
     """When its driver started, while it runs."""
+    lease: Lease | None = None
+    """The lease the renewals send, built at the first renewal."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -1096,7 +1101,6 @@ class WorkflowRunner(Generic[ContextT]):
                 deadline = now + interval
 
     async def _renew_round(self, interval: float) -> None:
-        settings = self._settings
         now = trio.current_time()
         # Renew every lease not lost and not renewed in the last half interval (a lease claimed
         # just before this round waits for the next one).
@@ -1112,10 +1116,34 @@ class WorkflowRunner(Generic[ContextT]):
             due[entry.item.id] = entry
         if not due:
             return
-        leases = [
-            Lease(item_id, entry.item.lease_version, settings.worker_id)
-            for item_id, entry in due.items()
-        ]
+        # In chunks, with a checkpoint between: a round over thousands of leases must not block
+        # the event loop (the drivers, the watchdog) for its whole length.
+        entries = list(due.values())
+        for start in range(0, len(entries), RENEWAL_CHUNK):
+            if start:
+                await trio.lowlevel.checkpoint()
+            chunk = [e for e in entries[start : start + RENEWAL_CHUNK] if self._is_held(e)]
+            failed = await self._renew_chunk(chunk, interval) if chunk else None
+            if failed is not None:
+                # The queue failed: the rest of the round would fail the same way.
+                self._renewal_failed(entries[start + RENEWAL_CHUNK :], failed, interval)
+                return
+
+    def _is_held(self, entry: _InFlight) -> bool:
+        """Whether *entry* is still in flight (not written and freed meanwhile)."""
+        return self._in_flight.get(entry.key) is entry
+
+    async def _renew_chunk(self, chunk: list[_InFlight], interval: float) -> str | None:
+        """Renew *chunk*'s leases in one ``renew_many`` call; the error if the call failed."""
+        settings = self._settings
+        now = trio.current_time()
+        leases = []
+        for entry in chunk:
+            lease = entry.lease
+            if lease is None:
+                item = entry.item
+                lease = entry.lease = Lease(item.id, item.lease_version, settings.worker_id)
+            leases.append(lease)
         try:
             statuses = await self._queue.renew_many(leases, settings.lease)
         except Exception as error:
@@ -1130,17 +1158,11 @@ class WorkflowRunner(Generic[ContextT]):
                 error=text,
             )
             self._queue_unreachable(error)
-            for entry in due.values():
-                self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
-                self._emit(RunnerEventKind.RENEWAL_FAILED, entry.item, detail=text)
-                # Keep evaluating while the lease outlives the next round; otherwise stop.
-                if not entry.settling and (
-                    entry.renewed_at + settings.lease - trio.current_time() <= interval
-                ):
-                    entry.stop(_Reason.RENEWAL_FAILED, text)
-            return
+            self._renewal_failed(chunk, text, interval)
+            return text
         self._queue_answered()
-        for entry in due.values():
+        emit = self._on_event is not None
+        for entry in chunk:
             if self._in_flight.get(entry.key) is not entry:
                 continue  # written meanwhile
             status = statuses.get(entry.item.id, LeaseStatus.LOST)
@@ -1155,12 +1177,26 @@ class WorkflowRunner(Generic[ContextT]):
                 self._lose(entry, "renewal refused")
                 continue
             entry.renewed_at = now
-            self._emit(RunnerEventKind.RENEWED, entry.item, detail=str(status))
+            if emit:
+                self._emit(RunnerEventKind.RENEWED, entry.item, detail=str(status))
             if status is LeaseStatus.CANCEL_REQUESTED and entry.reason is not (
                 _Reason.CANCEL_REQUESTED
             ):
                 self._emit(RunnerEventKind.CANCEL_REQUESTED, entry.item)
                 entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested")
+        return None
+
+    def _renewal_failed(self, entries: list[_InFlight], text: str, interval: float) -> None:
+        """A renewal call failed: count it for *entries*, and stop those whose lease would run
+        out before the next round (the others keep evaluating while their leases last)."""
+        lease = self._settings.lease
+        for entry in entries:
+            if not self._is_held(entry):
+                continue
+            self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
+            self._emit(RunnerEventKind.RENEWAL_FAILED, entry.item, detail=text)
+            if not entry.settling and (entry.renewed_at + lease - trio.current_time() <= interval):
+                entry.stop(_Reason.RENEWAL_FAILED, text)
 
     # -- the loop-lag watchdog ------------------------------------------------------------------
 
@@ -1185,6 +1221,8 @@ class WorkflowRunner(Generic[ContextT]):
             woke = trio.current_time()
             lag = max(0.0, woke - expected)
             lag_metric.observe(lag)
+            if lag <= settings.lease * LAG_WARNING_FRACTION:
+                continue  # harmless (lease_risk says None): no list of 10,000 entries to build
             entries = [(e.item.id, e.renewed_at) for e in self._in_flight.values()]
             warning = lease_risk(entries, woke=woke, lag=lag, lease=settings.lease)
             if warning is not None:
