@@ -369,6 +369,8 @@ class _Settler:
     queue: WorkQueue
     batch: int
     written: _Written
+    flushed: Callable[[], None] = lambda: None
+    """Called after each call's results are all reported (the per-batch bookkeeping)."""
     _send: trio.MemorySendChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
     _receive: trio.MemoryReceiveChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
 
@@ -411,6 +413,7 @@ class _Settler:
             else:
                 for (entry, settlement), applied in zip(batch, results, strict=True):
                     self.written(entry, settlement, applied, None)
+            self.flushed()
 
 
 @attrs.define(eq=False)
@@ -482,6 +485,8 @@ class WorkflowRunner(Generic[ContextT]):
     _wait_scopes: set[trio.CancelScope] = attrs.field(init=False, factory=set)
     """The waits shutdown must cut short: one per claim loop (one per served queue)."""
     _drain_log: _DrainLog = attrs.field(init=False, factory=lambda: _DrainLog(0.0))
+    _freed: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
+    """Slots freed per queue by the settler's current batch, not yet counted (see _free)."""
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry
@@ -542,7 +547,9 @@ class WorkflowRunner(Generic[ContextT]):
                 raise DriverError("the registry has no drivers: nothing to run")
             self._registry.validate_all()
             async with open_context(self._build_context) as context:
-                settler = _Settler(self._queue, self._settings.settle_batch, self._written)
+                settler = _Settler(
+                    self._queue, self._settings.settle_batch, self._written, self._flush_freed
+                )
                 fatal: Exception | None = None
                 try:
                     async with trio.open_nursery() as services:
@@ -575,6 +582,7 @@ class WorkflowRunner(Generic[ContextT]):
         finally:
             # Cancelled from outside before some outcomes were written: those leases expire.
             self._in_flight.clear()
+            self._freed.clear()
             self._count.value = 0
             for busy in self._busy.values():
                 busy.value = 0
@@ -866,11 +874,27 @@ class WorkflowRunner(Generic[ContextT]):
             else:
                 settler.submit(entry, outcome)
 
-    def _free(self, entry: _InFlight) -> None:
+    def _free(self, entry: _InFlight, *, batched: bool = False) -> None:
+        """Free *entry*'s slot; *batched* (the settler's results) waits for
+        :meth:`_flush_freed` to update the counts others wait on, once per written batch."""
         if self._in_flight.pop(entry.key, None) is not None:
+            if batched:
+                self._freed[entry.item.queue] += 1
+                return
             busy = self._busy.get(entry.item.queue)
             if busy is not None and busy.value > 0:
                 busy.value -= 1
+        self._count.value = len(self._in_flight)
+
+    def _flush_freed(self) -> None:
+        """After a written batch: update the slot counts once (waking the claim loops once)."""
+        freed = self._freed
+        if freed:
+            for queue, n in freed.items():
+                busy = self._busy.get(queue)
+                if busy is not None:
+                    busy.value = max(0, busy.value - n)
+            freed.clear()
         self._count.value = len(self._in_flight)
 
     def _observe(self, entry: _InFlight) -> None:
@@ -971,7 +995,7 @@ class WorkflowRunner(Generic[ContextT]):
             retry = self._account(entry, settlement, applied, error)
         finally:
             if retry is None:
-                self._free(entry)
+                self._free(entry, batched=True)
         return retry
 
     def _account(
