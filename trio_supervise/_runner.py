@@ -6,10 +6,13 @@ Three tasks share the runner's state:
   and when the queue has nothing due waits with
   ``with trio.move_on_after(poll_interval): await queue.wait_for_work(spec_ids)`` (without the
   bound when the queue's ``exact_wakeups`` is true: see the queue protocol);
-- the *renewal loop* renews every held lease in one ``renew_many`` call every ``lease / 3``; a
-  lost lease cancels that item's scope, a requested cancellation cancels it too;
+- the *renewal loop* renews every held lease every ``lease / 3``, in ``renew_many`` calls of at
+  most ``RENEWAL_CHUNK`` leases with a checkpoint between (thousands in flight must not block the
+  event loop for a whole round); a lost lease cancels that item's evaluation, a requested
+  cancellation cancels it too;
 - the *settler* writes outcomes with ``settle_many``, taking everything that finished since its
-  last write in one call, then does each item's bookkeeping and frees its slot. A write that
+  last write in one call, then does each item's bookkeeping and frees the batch's slots (the
+  counts the claim loops wait on change once per batch). A write that
   fails transiently (the queue unreachable, SQLite busy or locked, a full disk) is written again
   after a backoff while the item's lease is valid, the renewal loop renewing it meanwhile: the
   item keeps its slot and its lease until the write lands or the lease is really gone;
@@ -17,10 +20,14 @@ Three tasks share the runner's state:
   late it wakes: a driver that blocks the thread (``time.sleep``) starves every renewal, so a
   wake-up later than a third of the lease is logged, kept in the recent errors and exported.
 
-Each item is evaluated in its own cancel scope and holds its slot (and its lease, which keeps
-being renewed) until its outcome is written. The item's task ends when it hands its outcome to
-the settler: nothing waits per item for the write (no event, no second wake-up of the task), which
-is most of what a no-op item cost on top of its task and scope.
+Claimed items are evaluated by a pool of *evaluators*, long-lived tasks that take items from one
+channel, one at a time (the pool grows to the most items evaluated at once, at most the
+concurrency). An evaluator runs its items inside one cancel scope, and an item's ``scope`` points
+at it while that item is evaluated: stopping the item (a lost lease, a cancel request, shutdown)
+cancels that scope, which holds that evaluation alone, and the evaluator goes on in a fresh one.
+So the happy path starts no task and enters no cancel scope per item. An item holds its slot (and
+its lease, which keeps being renewed) until its outcome is written; its evaluator hands the
+outcome to the settler and moves on, nothing waiting per item for the write.
 """
 
 from __future__ import annotations
