@@ -373,6 +373,31 @@ async def test_a_big_round_renews_in_chunks(autojump_clock: trio.testing.MockClo
     assert {item.state for item in queue.items.values()} == {ts.ItemState.COMPLETED}
 
 
+async def test_a_failed_chunk_counts_the_rest_of_its_round_as_failed(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When a chunk's call fails the round stops there: one warning, every lease counted failed,
+    evaluations going on while their leases last."""
+    from trio_supervise._runner import RENEWAL_CHUNK
+
+    queue = FaultyQueue()
+    queue.renew_failures = 1
+    count = RENEWAL_CHUNK + 5
+    for n in range(count):
+        await queue.enqueue("job", item_id=f"i{n}", config={"sleep": 15})
+    runner = make_runner(queue, lease=30, concurrency=count, claim_batch=count)
+    async with running(runner):
+        await trio.sleep(20)
+    assert queue.renew_calls == [(10.0, RENEWAL_CHUNK)]
+    warnings = [r.getMessage() for r in caplog.records if "leases failed" in r.getMessage()]
+    assert warnings == [
+        f"renewing {count} leases failed: down; evaluations go on while their leases "
+        "last, renewing again in 10 s"
+    ]
+    assert sample(runner, "trio_supervise_lease_renewals_failed_total") == count
+    assert {item.state for item in queue.items.values()} == {ts.ItemState.COMPLETED}
+
+
 async def test_a_cancel_request_cancels_the_evaluation_at_the_next_renewal(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -1157,7 +1157,17 @@ class WorkflowRunner(Generic[ContextT]):
             failed = await self._renew_chunk(chunk, interval) if chunk else None
             if failed is not None:
                 # The queue failed: the rest of the round would fail the same way.
-                self._renewal_failed(entries[start + RENEWAL_CHUNK :], failed, interval)
+                rest = [e for e in entries[start:] if self._is_held(e)]
+                self._log(
+                    logging.WARNING,
+                    "renewing %d leases failed: %s; evaluations go on while their leases last, "
+                    "renewing again in %.3g s",
+                    len(rest),
+                    failed,
+                    interval,
+                    error=failed,
+                )
+                self._renewal_failed(rest, failed, interval)
                 return
 
     def _is_held(self, entry: _InFlight) -> bool:
@@ -1165,7 +1175,8 @@ class WorkflowRunner(Generic[ContextT]):
         return self._in_flight.get(entry.key) is entry
 
     async def _renew_chunk(self, chunk: list[_InFlight], interval: float) -> str | None:
-        """Renew *chunk*'s leases in one ``renew_many`` call; the error if the call failed."""
+        """Renew *chunk*'s leases in one ``renew_many`` call; the error if the call failed (the
+        caller then accounts for the failure)."""
         settings = self._settings
         now = trio.current_time()
         leases = []
@@ -1178,19 +1189,8 @@ class WorkflowRunner(Generic[ContextT]):
         try:
             statuses = await self._queue.renew_many(leases, settings.lease)
         except Exception as error:
-            text = describe_error(error)
-            self._log(
-                logging.WARNING,
-                "renewing %d leases failed: %s; evaluations go on while their leases last, "
-                "renewing again in %.3g s",
-                len(leases),
-                text,
-                interval,
-                error=text,
-            )
             self._queue_unreachable(error)
-            self._renewal_failed(chunk, text, interval)
-            return text
+            return describe_error(error)
         self._queue_answered()
         emit = self._on_event is not None
         for entry in chunk:
@@ -1222,8 +1222,6 @@ class WorkflowRunner(Generic[ContextT]):
         out before the next round (the others keep evaluating while their leases last)."""
         lease = self._settings.lease
         for entry in entries:
-            if not self._is_held(entry):
-                continue
             self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
             self._emit(RunnerEventKind.RENEWAL_FAILED, entry.item, detail=text)
             if not entry.settling and (entry.renewed_at + lease - trio.current_time() <= interval):
