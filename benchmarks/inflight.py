@@ -9,8 +9,8 @@ told to finish), on a :class:`~trio_supervise.MemoryQueue`.
 - ``P11m``: memory per in-flight item (``tracemalloc``, own subprocess), from the moment the
   items are enqueued (so the queue's own records of them are not counted) until every driver
   sleeps, against a bare Trio task sleeping forever (P5's baseline, own subprocess). What is
-  counted: the item's task and scope in the runner, its in-flight record, the claimed copy of
-  the item, the queue's lease bookkeeping. Goal <= 3.
+  counted: the item's evaluator (a task and its scope) in the runner, its in-flight record,
+  the claimed copy of the item, the queue's lease bookkeeping. Goal <= 3.
 """
 
 from __future__ import annotations

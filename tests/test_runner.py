@@ -312,6 +312,92 @@ async def test_shutdown_returns_as_soon_as_the_last_item_finishes(
 # -- cancellation from outside -----------------------------------------------------------------
 
 
+@attrs.define
+class TaskRecorder(Recorder):
+    """A :class:`Recorder` that also notes which task evaluated each item."""
+
+    tasks: dict[str, trio.lowlevel.Task] = attrs.Factory(dict)
+
+    async def evaluate(self, context: None, item: WorkItem) -> ts.Outcome:
+        self.tasks[item.id] = trio.lowlevel.current_task()
+        return await super().evaluate(context, item)
+
+
+async def test_items_are_evaluated_by_a_pool_no_larger_than_the_concurrency(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Evaluators are long-lived tasks reused from item to item: at most one per slot."""
+    queue = ts.MemoryQueue()
+    driver = TaskRecorder()
+    for n in range(40):
+        await queue.enqueue("job", item_id=f"i{n:02}", config={"sleep": 1 + n % 3})
+    async with running(make_runner(queue, driver, concurrency=4)):
+        await trio.sleep(60)
+    assert len(driver.ends) == 40
+    assert len(set(driver.tasks.values())) <= 4
+    assert driver.peak == 4
+
+
+async def test_a_stopped_item_does_not_cancel_the_next_one_its_evaluator_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Cancelling one evaluation (a cancel request) leaves its evaluator fit for the next item."""
+    queue = ts.MemoryQueue()
+    driver = TaskRecorder()
+    await queue.enqueue("job", item_id="a-long", config={"sleep": 100})
+    await queue.enqueue("job", item_id="b-next", config={"sleep": 30})
+    async with running(make_runner(queue, driver, concurrency=1, lease=30)):
+        await trio.sleep(3)
+        await queue.request_cancel("a-long")
+        await trio.sleep(60)
+    assert driver.cancelled == {"a-long": 10.0}
+    assert driver.starts["b-next"] == [10.0]
+    assert driver.ends["b-next"] == 40.0
+    assert driver.tasks["a-long"] is driver.tasks["b-next"]
+    assert (await queue.get("a-long")).state is ts.ItemState.CANCELLED
+    assert (await queue.get("b-next")).state is ts.ItemState.COMPLETED
+
+
+async def test_a_big_round_renews_in_chunks(autojump_clock: trio.testing.MockClock) -> None:
+    """A round over more leases than RENEWAL_CHUNK renews them in several calls, all at once."""
+    from trio_supervise._runner import RENEWAL_CHUNK
+
+    queue = FaultyQueue()
+    count = RENEWAL_CHUNK + 5
+    for n in range(count):
+        await queue.enqueue("job", item_id=f"i{n}", config={"sleep": 15})
+    runner = make_runner(queue, lease=30, concurrency=count, claim_batch=count)
+    async with running(runner):
+        await trio.sleep(20)
+    assert queue.renew_calls == [(10.0, RENEWAL_CHUNK), (10.0, 5)]
+    assert {item.state for item in queue.items.values()} == {ts.ItemState.COMPLETED}
+
+
+async def test_a_failed_chunk_counts_the_rest_of_its_round_as_failed(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When a chunk's call fails the round stops there: one warning, every lease counted failed,
+    evaluations going on while their leases last."""
+    from trio_supervise._runner import RENEWAL_CHUNK
+
+    queue = FaultyQueue()
+    queue.renew_failures = 1
+    count = RENEWAL_CHUNK + 5
+    for n in range(count):
+        await queue.enqueue("job", item_id=f"i{n}", config={"sleep": 15})
+    runner = make_runner(queue, lease=30, concurrency=count, claim_batch=count)
+    async with running(runner):
+        await trio.sleep(20)
+    assert queue.renew_calls == [(10.0, RENEWAL_CHUNK)]
+    warnings = [r.getMessage() for r in caplog.records if "leases failed" in r.getMessage()]
+    assert warnings == [
+        f"renewing {count} leases failed: down; evaluations go on while their leases "
+        "last, renewing again in 10 s"
+    ]
+    assert sample(runner, "trio_supervise_lease_renewals_failed_total") == count
+    assert {item.state for item in queue.items.values()} == {ts.ItemState.COMPLETED}
+
+
 async def test_a_cancel_request_cancels_the_evaluation_at_the_next_renewal(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

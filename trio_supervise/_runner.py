@@ -6,10 +6,13 @@ Three tasks share the runner's state:
   and when the queue has nothing due waits with
   ``with trio.move_on_after(poll_interval): await queue.wait_for_work(spec_ids)`` (without the
   bound when the queue's ``exact_wakeups`` is true: see the queue protocol);
-- the *renewal loop* renews every held lease in one ``renew_many`` call every ``lease / 3``; a
-  lost lease cancels that item's scope, a requested cancellation cancels it too;
+- the *renewal loop* renews every held lease every ``lease / 3``, in ``renew_many`` calls of at
+  most ``RENEWAL_CHUNK`` leases with a checkpoint between (thousands in flight must not block the
+  event loop for a whole round); a lost lease cancels that item's evaluation, a requested
+  cancellation cancels it too;
 - the *settler* writes outcomes with ``settle_many``, taking everything that finished since its
-  last write in one call, then does each item's bookkeeping and frees its slot. A write that
+  last write in one call, then does each item's bookkeeping and frees the batch's slots (the
+  counts the claim loops wait on change once per batch). A write that
   fails transiently (the queue unreachable, SQLite busy or locked, a full disk) is written again
   after a backoff while the item's lease is valid, the renewal loop renewing it meanwhile: the
   item keeps its slot and its lease until the write lands or the lease is really gone;
@@ -17,10 +20,14 @@ Three tasks share the runner's state:
   late it wakes: a driver that blocks the thread (``time.sleep``) starves every renewal, so a
   wake-up later than a third of the lease is logged, kept in the recent errors and exported.
 
-Each item is evaluated in its own cancel scope and holds its slot (and its lease, which keeps
-being renewed) until its outcome is written. The item's task ends when it hands its outcome to
-the settler: nothing waits per item for the write (no event, no second wake-up of the task), which
-is most of what a no-op item cost on top of its task and scope.
+Claimed items are evaluated by a pool of *evaluators*, long-lived tasks that take items from one
+channel, one at a time (the pool grows to the most items evaluated at once, at most the
+concurrency). An evaluator runs its items inside one cancel scope, and an item's ``scope`` points
+at it while that item is evaluated: stopping the item (a lost lease, a cancel request, shutdown)
+cancels that scope, which holds that evaluation alone, and the evaluator goes on in a fresh one.
+So the happy path starts no task and enters no cancel scope per item. An item holds its slot (and
+its lease, which keeps being renewed) until its outcome is written; its evaluator hands the
+outcome to the settler and moves on, nothing waiting per item for the write.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ import collections
 import contextlib
 import datetime as dt
 import enum
+import functools
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Generic
 
 import attrs
@@ -237,6 +245,9 @@ class RunnerMetrics:
             self.for_spec(counter, spec_id).inc()
 
 
+RENEWAL_CHUNK = 1000
+"""Leases renewed per ``renew_many`` call; a round checkpoints between its calls."""
+
 LAG_WARNING_FRACTION = 1 / 3
 """A loop blocked longer than this fraction of the lease (one renewal interval) is warned about."""
 _LAG_CHECKS_PER_RENEWAL = 4
@@ -283,7 +294,9 @@ class _InFlight:
 
     item: WorkItem
     renewed_at: float
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    scope: trio.CancelScope | None = None
+    """The evaluator's scope while it evaluates this item (None before and after): cancelling it
+    stops this evaluation and nothing else."""
     reason: _Reason | None = None
     detail: str = ""
     settling: bool = False
@@ -294,6 +307,10 @@ class _InFlight:
     claimed_at: float = attrs.field(
         init=False, default=attrs.Factory(lambda self: self.renewed_at, takes_self=True)
     )
+    evaluating_since: float | None = None
+    """When its driver started, while it runs."""
+    lease: Lease | None = None
+    """The lease the renewals send, built at the first renewal."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -303,7 +320,8 @@ class _InFlight:
         if self.reason is None or reason > self.reason:
             self.reason = reason
             self.detail = detail
-        self.scope.cancel()
+        if self.scope is not None:
+            self.scope.cancel()
 
 
 DRAIN_REPORT_INTERVAL = 5.0
@@ -336,6 +354,9 @@ class _DrainLog:
         )
 
 
+_Evaluate = Callable[[], Awaitable[None]]
+"""Starts one more evaluator (see :class:`_Pool`)."""
+
 _Written = Callable[[_InFlight, Settlement, bool, Exception | None], float | None]
 """Called by the settler once per item after its write: (entry, settlement, applied, error).
 
@@ -355,6 +376,8 @@ class _Settler:
     queue: WorkQueue
     batch: int
     written: _Written
+    flushed: Callable[[], None] = lambda: None
+    """Called after each call's results are all reported (the per-batch bookkeeping)."""
     _send: trio.MemorySendChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
     _receive: trio.MemoryReceiveChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
 
@@ -397,6 +420,28 @@ class _Settler:
             else:
                 for (entry, settlement), applied in zip(batch, results, strict=True):
                     self.written(entry, settlement, applied, None)
+            self.flushed()
+
+
+@attrs.define(eq=False)
+class _Pool:
+    """The evaluators: long-lived tasks that take claimed items from one channel, one at a time.
+
+    A claimed item goes to an idle evaluator when there is one, else a new evaluator starts, so
+    the pool grows to the most items evaluated at once (at most the concurrency) and no task is
+    started or ended per item. ``spare`` counts the evaluators idle (or about to be) less the
+    items waiting in the channel.
+    """
+
+    nursery: trio.Nursery
+    send: trio.MemorySendChannel[_InFlight]
+    receive: trio.MemoryReceiveChannel[_InFlight]
+    spare: int = 0
+
+    @classmethod
+    def open(cls, nursery: trio.Nursery) -> _Pool:
+        send, receive = trio.open_memory_channel[_InFlight](math.inf)
+        return cls(nursery, send, receive)
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -447,6 +492,8 @@ class WorkflowRunner(Generic[ContextT]):
     _wait_scopes: set[trio.CancelScope] = attrs.field(init=False, factory=set)
     """The waits shutdown must cut short: one per claim loop (one per served queue)."""
     _drain_log: _DrainLog = attrs.field(init=False, factory=lambda: _DrainLog(0.0))
+    _freed: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
+    """Slots freed per queue by the settler's current batch, not yet counted (see _free)."""
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry
@@ -507,7 +554,9 @@ class WorkflowRunner(Generic[ContextT]):
                 raise DriverError("the registry has no drivers: nothing to run")
             self._registry.validate_all()
             async with open_context(self._build_context) as context:
-                settler = _Settler(self._queue, self._settings.settle_batch, self._written)
+                settler = _Settler(
+                    self._queue, self._settings.settle_batch, self._written, self._flush_freed
+                )
                 fatal: Exception | None = None
                 try:
                     async with trio.open_nursery() as services:
@@ -516,13 +565,17 @@ class WorkflowRunner(Generic[ContextT]):
                         services.start_soon(self._watch_loop_lag)
                         services.start_soon(settler.run)
                         async with trio.open_nursery() as evaluations:
+                            pool = _Pool.open(evaluations)
                             self._state = RunnerState.RUNNING
                             self._emit(RunnerEventKind.STARTED)
                             task_status.started()
-                            fatal = await self._claim_loops(evaluations, context, settler)
+                            evaluate = functools.partial(self._evaluator, pool, context, settler)
+                            fatal = await self._claim_loops(pool, evaluate)
+                            # Nothing more is claimed: the evaluators end once the channel is empty.
+                            pool.send.close()
                             await self._drain()
-                        # Every item's task has ended; the outcomes they handed over are written
-                        # (or fail) before the settler stops.
+                        # Every evaluation has ended; the outcomes handed over are written (or
+                        # fail) before the settler stops.
                         await self._count.wait_value(0)
                         self._log(logging.INFO, "%s", self._drain_log.summary(trio.current_time()))
                         services.cancel_scope.cancel()
@@ -536,6 +589,7 @@ class WorkflowRunner(Generic[ContextT]):
         finally:
             # Cancelled from outside before some outcomes were written: those leases expire.
             self._in_flight.clear()
+            self._freed.clear()
             self._count.value = 0
             for busy in self._busy.values():
                 busy.value = 0
@@ -543,9 +597,7 @@ class WorkflowRunner(Generic[ContextT]):
             self._running = False
             self._emit(RunnerEventKind.STOPPED, detail=str(self._state))
 
-    async def _claim_loops(
-        self, nursery: trio.Nursery, context: ContextT, settler: _Settler
-    ) -> Exception | None:
+    async def _claim_loops(self, pool: _Pool, evaluate: _Evaluate) -> Exception | None:
         """One claim loop per served queue, each under its own limit; the first fatal error
         ends them all."""
         limits = self._settings.queue_limits
@@ -553,11 +605,11 @@ class WorkflowRunner(Generic[ContextT]):
             self._busy.setdefault(name, trio_util.AsyncValue(0))
         if len(limits) == 1:
             [(name, limit)] = limits.items()
-            return await self._claim_loop(nursery, context, settler, name, limit)
+            return await self._claim_loop(pool, evaluate, name, limit)
         fatal: list[Exception] = []
 
         async def one(name: str, limit: int, scope: trio.CancelScope) -> None:
-            error = await self._claim_loop(nursery, context, settler, name, limit)
+            error = await self._claim_loop(pool, evaluate, name, limit)
             if error is not None:
                 fatal.append(error)
                 scope.cancel()
@@ -568,12 +620,7 @@ class WorkflowRunner(Generic[ContextT]):
         return fatal[0] if fatal else None
 
     async def _claim_loop(
-        self,
-        nursery: trio.Nursery,
-        context: ContextT,
-        settler: _Settler,
-        queue: str,
-        concurrency: int,
+        self, pool: _Pool, evaluate: _Evaluate, queue: str, concurrency: int
     ) -> Exception | None:
         settings = self._settings
         busy = self._busy[queue]
@@ -637,7 +684,7 @@ class WorkflowRunner(Generic[ContextT]):
                 self._claim_failures = 0
             self._queue_answered()
             for item in items:
-                self._start(nursery, item, started, context, settler)
+                self._start(pool, evaluate, item, started)
             self._count.value = len(self._in_flight)
             busy.value += len(items)
             if len(items) < limit:
@@ -683,21 +730,18 @@ class WorkflowRunner(Generic[ContextT]):
                     return
                 await trio.sleep_forever()
 
-    def _start(
-        self,
-        nursery: trio.Nursery,
-        item: WorkItem,
-        claimed_at: float,
-        context: ContextT,
-        settler: _Settler,
-    ) -> None:
+    def _start(self, pool: _Pool, evaluate: _Evaluate, item: WorkItem, claimed_at: float) -> None:
         entry = _InFlight(item, renewed_at=claimed_at)
         self._in_flight[entry.key] = entry  # the caller updates _count after the batch
         self._metrics.for_spec(self._metrics.claimed, item.spec_id).inc()
         self._emit(RunnerEventKind.CLAIMED, item)
         if self._shutdown.requested:
             entry.stop(_Reason.SHUTDOWN, "claimed during shutdown")
-        nursery.start_soon(self._run_item, entry, context, settler)
+        pool.send.send_nowait(entry)
+        if pool.spare > 0:
+            pool.spare -= 1
+        else:
+            pool.nursery.start_soon(evaluate)
 
     async def _drain(self) -> None:
         self._state = RunnerState.DRAINING
@@ -773,26 +817,107 @@ class WorkflowRunner(Generic[ContextT]):
 
     # -- one item ------------------------------------------------------------------------------
 
-    async def _run_item(self, entry: _InFlight, context: ContextT, settler: _Settler) -> None:
-        handed_over = False
-        try:
-            settlement = await self._evaluate(entry, context)
-            entry.settling = True
-            if settlement is not None:
-                settler.submit(entry, settlement)
-                handed_over = True  # the slot is freed in _written, once the outcome is written
-        finally:
-            if not handed_over:
-                self._free(entry)
+    async def _evaluator(self, pool: _Pool, context: ContextT, settler: _Settler) -> None:
+        """Evaluate items from the pool's channel until it is closed and empty.
 
-    def _free(self, entry: _InFlight) -> None:
+        The evaluator runs its items inside one cancel scope, which each item's ``scope`` points
+        at while it is evaluated: stopping that item cancels the scope, the evaluation ends, the
+        item is settled after the scope, and the evaluator goes on in a fresh scope. The happy
+        path enters no scope per item and starts no task.
+        """
+        receive = pool.receive
+        while True:
+            current: _InFlight | None = None
+            try:
+                with trio.CancelScope() as scope:
+                    while True:
+                        try:
+                            entry = receive.receive_nowait()
+                        except trio.WouldBlock:
+                            try:
+                                entry = await receive.receive()
+                            except trio.EndOfChannel:
+                                return
+                        except trio.EndOfChannel:
+                            return
+                        current = entry
+                        entry.scope = scope
+                        found = await self._evaluate(entry, context)
+                        entry.scope = None
+                        current = None
+                        self._hand_over(entry, settler, *found)
+                        pool.spare += 1
+                        if scope.cancel_called:
+                            break  # cancelled as the evaluation ended: a fresh scope for the next
+                if current is not None:
+                    # Stopped mid-evaluation (lost lease, cancel request, shutdown).
+                    entry, current = current, None
+                    entry.scope = None
+                    self._observe(entry)
+                    self._hand_over(entry, settler, None, None, None)
+                    pool.spare += 1
+            finally:
+                if current is not None:
+                    # Something escaped the evaluation (a BaseException): the slot is freed.
+                    self._free(current)
+
+    def _hand_over(
+        self,
+        entry: _InFlight,
+        settler: _Settler,
+        settlement: Settlement | None,
+        error: str | None,
+        failure: Exception | None,
+    ) -> None:
+        """Give the evaluation's outcome to the settler; the slot is freed once it is written
+        (at once when there is nothing to write: the lease was lost)."""
+        entry.settling = True
+        outcome: Settlement | None = None
+        try:
+            outcome = self._outcome(entry, settlement, error, failure)
+        finally:
+            if outcome is None:
+                self._free(entry)
+            else:
+                settler.submit(entry, outcome)
+
+    def _free(self, entry: _InFlight, *, batched: bool = False) -> None:
+        """Free *entry*'s slot; *batched* (the settler's results) waits for
+        :meth:`_flush_freed` to update the counts others wait on, once per written batch."""
         if self._in_flight.pop(entry.key, None) is not None:
+            if batched:
+                self._freed[entry.item.queue] += 1
+                return
             busy = self._busy.get(entry.item.queue)
             if busy is not None and busy.value > 0:
                 busy.value -= 1
         self._count.value = len(self._in_flight)
 
-    async def _evaluate(self, entry: _InFlight, context: ContextT) -> Settlement | None:
+    def _flush_freed(self) -> None:
+        """After a written batch: update the slot counts once (waking the claim loops once)."""
+        freed = self._freed
+        if freed:
+            for queue, n in freed.items():
+                busy = self._busy.get(queue)
+                if busy is not None:
+                    busy.value = max(0, busy.value - n)
+            freed.clear()
+        self._count.value = len(self._in_flight)
+
+    def _observe(self, entry: _InFlight) -> None:
+        """Observe how long *entry*'s driver ran (if it ran)."""
+        started = entry.evaluating_since
+        if started is not None:
+            entry.evaluating_since = None
+            self._metrics.for_spec(self._metrics.evaluation_seconds, entry.item.spec_id).observe(
+                trio.current_time() - started
+            )
+
+    async def _evaluate(
+        self, entry: _InFlight, context: ContextT
+    ) -> tuple[Settlement | None, str | None, Exception | None]:
+        """Run *entry*'s driver (unless it is stopped already or out of attempts): (settlement,
+        error, the exception). Cancelled when the item is stopped meanwhile."""
         item = entry.item
         settings = self._settings
         if item.cancel_requested:
@@ -806,21 +931,29 @@ class WorkflowRunner(Generic[ContextT]):
             self._record_error(item.id, item.spec_id, str(settlement.error))
             log_dead(logger, settings.worker_id, item, str(settlement.error))
         elif entry.reason is None:
-            started = trio.current_time()
-            with entry.scope:
-                try:
-                    settlement = await evaluate_item(
-                        self._registry.for_spec(item.spec_id),
-                        context,
-                        item,
-                        requeue_delay=settings.requeue_delay,
-                    )
-                except Exception as exc:
-                    error, failure = describe_failure(exc), exc
-            self._metrics.for_spec(self._metrics.evaluation_seconds, item.spec_id).observe(
-                trio.current_time() - started
-            )
+            entry.evaluating_since = trio.current_time()
+            try:
+                settlement = await evaluate_item(
+                    self._registry.for_spec(item.spec_id),
+                    context,
+                    item,
+                    requeue_delay=settings.requeue_delay,
+                )
+            except Exception as exc:
+                error, failure = describe_failure(exc), exc
+            self._observe(entry)
+        return settlement, error, failure
 
+    def _outcome(
+        self,
+        entry: _InFlight,
+        settlement: Settlement | None,
+        error: str | None,
+        failure: Exception | None,
+    ) -> Settlement | None:
+        """The settlement to write for *entry*'s evaluation, or None when the lease was lost."""
+        item = entry.item
+        settings = self._settings
         match entry.reason:
             case _Reason.LOST:
                 self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
@@ -869,7 +1002,7 @@ class WorkflowRunner(Generic[ContextT]):
             retry = self._account(entry, settlement, applied, error)
         finally:
             if retry is None:
-                self._free(entry)
+                self._free(entry, batched=True)
         return retry
 
     def _account(
@@ -999,7 +1132,6 @@ class WorkflowRunner(Generic[ContextT]):
                 deadline = now + interval
 
     async def _renew_round(self, interval: float) -> None:
-        settings = self._settings
         now = trio.current_time()
         # Renew every lease not lost and not renewed in the last half interval (a lease claimed
         # just before this round waits for the next one).
@@ -1015,35 +1147,53 @@ class WorkflowRunner(Generic[ContextT]):
             due[entry.item.id] = entry
         if not due:
             return
-        leases = [
-            Lease(item_id, entry.item.lease_version, settings.worker_id)
-            for item_id, entry in due.items()
-        ]
+        # In chunks, with a checkpoint between: a round over thousands of leases must not block
+        # the event loop (the drivers, the watchdog) for its whole length.
+        entries = list(due.values())
+        for start in range(0, len(entries), RENEWAL_CHUNK):
+            if start:
+                await trio.lowlevel.checkpoint()
+            chunk = [e for e in entries[start : start + RENEWAL_CHUNK] if self._is_held(e)]
+            failed = await self._renew_chunk(chunk, interval) if chunk else None
+            if failed is not None:
+                # The queue failed: the rest of the round would fail the same way.
+                rest = [e for e in entries[start:] if self._is_held(e)]
+                self._log(
+                    logging.WARNING,
+                    "renewing %d leases failed: %s; evaluations go on while their leases last, "
+                    "renewing again in %.3g s",
+                    len(rest),
+                    failed,
+                    interval,
+                    error=failed,
+                )
+                self._renewal_failed(rest, failed, interval)
+                return
+
+    def _is_held(self, entry: _InFlight) -> bool:
+        """Whether *entry* is still in flight (not written and freed meanwhile)."""
+        return self._in_flight.get(entry.key) is entry
+
+    async def _renew_chunk(self, chunk: list[_InFlight], interval: float) -> str | None:
+        """Renew *chunk*'s leases in one ``renew_many`` call; the error if the call failed (the
+        caller then accounts for the failure)."""
+        settings = self._settings
+        now = trio.current_time()
+        leases = []
+        for entry in chunk:
+            lease = entry.lease
+            if lease is None:
+                item = entry.item
+                lease = entry.lease = Lease(item.id, item.lease_version, settings.worker_id)
+            leases.append(lease)
         try:
             statuses = await self._queue.renew_many(leases, settings.lease)
         except Exception as error:
-            text = describe_error(error)
-            self._log(
-                logging.WARNING,
-                "renewing %d leases failed: %s; evaluations go on while their leases last, "
-                "renewing again in %.3g s",
-                len(leases),
-                text,
-                interval,
-                error=text,
-            )
             self._queue_unreachable(error)
-            for entry in due.values():
-                self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
-                self._emit(RunnerEventKind.RENEWAL_FAILED, entry.item, detail=text)
-                # Keep evaluating while the lease outlives the next round; otherwise stop.
-                if not entry.settling and (
-                    entry.renewed_at + settings.lease - trio.current_time() <= interval
-                ):
-                    entry.stop(_Reason.RENEWAL_FAILED, text)
-            return
+            return describe_error(error)
         self._queue_answered()
-        for entry in due.values():
+        emit = self._on_event is not None
+        for entry in chunk:
             if self._in_flight.get(entry.key) is not entry:
                 continue  # written meanwhile
             status = statuses.get(entry.item.id, LeaseStatus.LOST)
@@ -1058,12 +1208,24 @@ class WorkflowRunner(Generic[ContextT]):
                 self._lose(entry, "renewal refused")
                 continue
             entry.renewed_at = now
-            self._emit(RunnerEventKind.RENEWED, entry.item, detail=str(status))
+            if emit:
+                self._emit(RunnerEventKind.RENEWED, entry.item, detail=str(status))
             if status is LeaseStatus.CANCEL_REQUESTED and entry.reason is not (
                 _Reason.CANCEL_REQUESTED
             ):
                 self._emit(RunnerEventKind.CANCEL_REQUESTED, entry.item)
                 entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested")
+        return None
+
+    def _renewal_failed(self, entries: list[_InFlight], text: str, interval: float) -> None:
+        """A renewal call failed: count it for *entries*, and stop those whose lease would run
+        out before the next round (the others keep evaluating while their leases last)."""
+        lease = self._settings.lease
+        for entry in entries:
+            self._metrics.for_spec(self._metrics.renewals_failed, entry.item.spec_id).inc()
+            self._emit(RunnerEventKind.RENEWAL_FAILED, entry.item, detail=text)
+            if not entry.settling and (entry.renewed_at + lease - trio.current_time() <= interval):
+                entry.stop(_Reason.RENEWAL_FAILED, text)
 
     # -- the loop-lag watchdog ------------------------------------------------------------------
 
@@ -1088,6 +1250,8 @@ class WorkflowRunner(Generic[ContextT]):
             woke = trio.current_time()
             lag = max(0.0, woke - expected)
             lag_metric.observe(lag)
+            if lag <= settings.lease * LAG_WARNING_FRACTION:
+                continue  # harmless (lease_risk says None): no list of 10,000 entries to build
             entries = [(e.item.id, e.renewed_at) for e in self._in_flight.values()]
             warning = lease_risk(entries, woke=woke, lag=lag, lease=settings.lease)
             if warning is not None:

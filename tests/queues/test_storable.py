@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from typing import cast
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_supervise import ConfigError
-from trio_supervise.queues._protocol import MAX_JSON_DEPTH, check_json, storable_text
+from trio_supervise.queues._protocol import (
+    MAX_JSON_DEPTH,
+    JSONValue,
+    check_json,
+    storable_text,
+)
 
 _ESCAPE = re.compile(r"\\x00|\\u(d[89a-f][0-9a-f]{2})")
 
@@ -61,6 +68,32 @@ def test_check_json_passes_only_what_every_backend_stores(value: object) -> None
     assert _storable(text)
     assert "\\u0000" not in json.dumps(copy)
     assert copy == json.loads(json.dumps(value))
+
+
+flat_configs = st.dictionaries(
+    st.text() | st.integers(),
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    max_size=4,
+)
+
+
+@given(flat_configs)
+def test_a_flat_config_is_checked_as_its_json_round_trip_would_be(value: JSONValue) -> None:
+    """The shortcut for flat configs gives what the JSON round trip gives (a list around the
+    config always takes it), types included, and refuses what it refuses, in the same words."""
+
+    def outcome(check: Callable[[], JSONValue]) -> tuple[str, str, object]:
+        try:
+            copy = check()
+        except ConfigError as error:
+            return ("refused", str(error), None)
+        return ("copy", json.dumps(copy), copy)
+
+    shortcut = outcome(lambda: check_json(value))
+    round_trip = outcome(lambda: cast("list[JSONValue]", check_json([value]))[0])
+    assert shortcut[:2] == round_trip[:2]
+    if shortcut[0] == "copy":
+        assert shortcut[2] is not value  # a copy: the caller's dict can change, the stored not
 
 
 @given(st.integers(0, 3 * MAX_JSON_DEPTH))

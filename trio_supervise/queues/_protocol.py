@@ -81,6 +81,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -192,6 +193,27 @@ def _check_tree(value: JSONValue, what: str) -> None:
                 raise ConfigError(f"{what} must not contain {problem} in its strings")
 
 
+def _flat_copy(value: JSONValue) -> JSONValue | None:
+    """What :func:`check_json` returns for a flat dict of plain scalars (the common config, a
+    rescheduled step's counter), without the JSON round trip; None for anything else, and for
+    anything :func:`check_json` would refuse or change (it then decides, and words the error)."""
+    if type(value) is not dict or MAX_JSON_DEPTH < 1:
+        return None
+    for key, inner in value.items():
+        if type(key) is not str or _unstorable(key) is not None:
+            return None
+        kind = type(inner)
+        if kind is str:
+            if _unstorable(inner) is not None:
+                return None
+        elif kind is float:
+            if not math.isfinite(inner):
+                return None
+        elif kind is not int and kind is not bool and inner is not None:
+            return None
+    return dict(value)
+
+
 def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
     """Return a deep copy of *value* through JSON, or raise :class:`ConfigError` naming *what*.
 
@@ -201,6 +223,9 @@ def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
     """
     from .._errors import ConfigError
 
+    flat = _flat_copy(value)
+    if flat is not None:
+        return flat
     try:
         text = json.dumps(value, allow_nan=False)
     except RecursionError:
