@@ -83,6 +83,7 @@ from .queues import Lease as Lease
 from .queues import LeaseStatus as LeaseStatus
 from .queues import MemoryQueue as MemoryQueue
 from .queues import QueueInfo as QueueInfo
+from .queues import NewItem as NewItem
 from .queues import SettleKind as SettleKind
 from .queues import Settlement as Settlement
 from .queues import WorkItem as WorkItem
@@ -129,6 +130,7 @@ __all__ = [
     "MaintenanceTask",
     "MemoryQueue",
     "MissedFires",
+    "NewItem",
     "OperationsApp",
     "Outcome",
     "PassStats",

@@ -14,9 +14,11 @@ from ._protocol import MAX_PRIORITY as MAX_PRIORITY
 from ._protocol import MIN_PRIORITY as MIN_PRIORITY
 from ._protocol import ErrorEntry as ErrorEntry
 from ._protocol import ItemState as ItemState
+from ._protocol import WAITING_DUE_AT as WAITING_DUE_AT
 from ._protocol import JSONValue as JSONValue
 from ._protocol import Lease as Lease
 from ._protocol import LeaseStatus as LeaseStatus
+from ._protocol import NewItem as NewItem
 from ._protocol import QueueInfo as QueueInfo
 from ._protocol import SettleKind as SettleKind
 from ._protocol import Settlement as Settlement
@@ -43,11 +45,13 @@ __all__ = [
     "Lease",
     "LeaseStatus",
     "MemoryQueue",
+    "NewItem",
     "PostgresQueue",
     "QueueEvent",
     "SQLiteQueue",
     "SettleKind",
     "Settlement",
+    "WAITING_DUE_AT",
     "WorkItem",
     "WorkQueue",
     "check_json",

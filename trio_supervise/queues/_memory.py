@@ -35,7 +35,9 @@ from ._protocol import (
     JSONValue,
     Lease,
     LeaseStatus,
+    NewItem,
     QueueInfo,
+    WAITING_DUE_AT,
     SettleKind,
     Settlement,
     SingleWrites,
@@ -126,6 +128,9 @@ class MemoryQueue(SingleWrites):
     """Per ``(spec id, queue)``, running items by ``(lease_expires_at, id)``."""
     _paused: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
     """Paused queues, with when they were paused."""
+    _fan_in: dict[str, tuple[str, int]] = attrs.field(init=False, factory=dict)
+    """Per waited-for child not yet finished: its parent's id and lease version (the SQL
+    backends' ``parent_version`` column)."""
     _pushes: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
@@ -161,6 +166,7 @@ class MemoryQueue(SingleWrites):
         self._queued.clear()
         self._leased.clear()
         self._paused.clear()
+        self._fan_in.clear()
         self.events.clear()
         self._changed()
 
@@ -268,6 +274,10 @@ class MemoryQueue(SingleWrites):
     def _apply(self, s: Settlement, now: dt.datetime | None = None) -> None:
         item = self._fenced(f"settle:{s.kind}", s.item_id, s.lease_version)
         now = self._now() if now is None else now
+        # Checked before anything changes: an unfit child refuses the whole entry.
+        children = [
+            child.checked(what=f"children[{index}]") for index, child in enumerate(s.children)
+        ]
         match s.kind:
             case SettleKind.CONTINUE:
                 self._requeue(
@@ -311,9 +321,50 @@ class MemoryQueue(SingleWrites):
                     lease_expires_at=None,
                     **changes,
                 )
+                self._child_finished(s.item_id, now)
+        if children or s.wait_for_children:
+            self._create_children(s, children, now)
         self._log(
             f"settle:{s.kind}", s.item_id, s.lease_version, at=now, delay=s.delay, error=s.error
         )
+
+    def _create_children(self, s: Settlement, children: list[NewItem], now: dt.datetime) -> None:
+        """Write *s*'s checked children (an existing id or key: skipped), then the wait."""
+        created = 0
+        for child in children:
+            if self._insert(child, now, parent_id=s.item_id) is None:
+                continue
+            created += 1
+            if s.wait_for_children:
+                assert child.item_id is not None
+                self._fan_in[child.item_id] = (s.item_id, s.lease_version)
+        if s.wait_for_children:
+            parent = self._items[s.item_id]
+            self._put(
+                parent,
+                now,
+                waiting_children=created,
+                due_at=WAITING_DUE_AT if created else now,
+            )
+
+    def _child_finished(self, item_id: str, now: dt.datetime) -> None:
+        """*item_id* finished: if its parent waits for it, one less to wait for (once)."""
+        waited = self._fan_in.pop(item_id, None)
+        if waited is None:
+            return
+        parent = self._items.get(waited[0])
+        if (
+            parent is None
+            or parent.state is not ItemState.QUEUED
+            or parent.lease_version != waited[1]
+            or parent.waiting_children <= 0
+        ):
+            return
+        left = parent.waiting_children - 1
+        self._put(
+            parent, now, waiting_children=left, due_at=parent.due_at if left else now
+        )
+        self._log("fan_in", parent.id, parent.lease_version, at=now, child=item_id, left=left)
 
     # -- producing and inspecting ------------------------------------------------------------
 
@@ -348,26 +399,51 @@ class MemoryQueue(SingleWrites):
         item_id = uuid.uuid4().hex if item_id is None else item_id
         if item_id in self._items:
             raise DuplicateItem(item_id)
-        now = self._now()
-        item = WorkItem(
-            id=item_id,
-            spec_id=spec_id,
+        new = NewItem(
+            spec_id,
+            config=config,
             tenant_id=tenant_id,
             subject_id=subject_id,
-            config=config,
-            due_at=now if due_at is None else due_at,
+            due_at=due_at,
+            item_id=item_id,
             idempotency_key=idempotency_key,
-            created_at=now,
-            updated_at=now,
             priority=priority,
             queue=queue,
-            timeout=None if evaluation_timeout is None else float(evaluation_timeout),
+            evaluation_timeout=evaluation_timeout,
+        )
+        item = self._insert(new, self._now())
+        assert item is not None
+        self._changed()
+        return item
+
+    def _insert(
+        self, new: NewItem, now: dt.datetime, *, parent_id: str | None = None
+    ) -> WorkItem | None:
+        """Store *new* (checked already, with its id); None if its id or key exists."""
+        assert new.item_id is not None
+        key = new.idempotency_key
+        if new.item_id in self._items or (key is not None and key in self._keys):
+            return None
+        timeout = new.evaluation_timeout
+        item = WorkItem(
+            id=new.item_id,
+            spec_id=new.spec_id,
+            tenant_id=new.tenant_id,
+            subject_id=new.subject_id,
+            config=new.config,
+            due_at=now if new.due_at is None else new.due_at,
+            idempotency_key=key,
+            created_at=now,
+            updated_at=now,
+            priority=new.priority,
+            queue=new.queue,
+            timeout=None if timeout is None else float(timeout),
+            parent_id=parent_id,
         )
         self._store(item)
-        if idempotency_key is not None:
-            self._keys[idempotency_key] = item_id
-        self._log("enqueue", item_id, spec_id=spec_id)
-        self._changed()
+        if key is not None:
+            self._keys[key] = item.id
+        self._log("enqueue", item.id, spec_id=item.spec_id, at=now, parent_id=parent_id)
         return item
 
     async def get(self, item_id: str) -> WorkItem:
@@ -404,11 +480,21 @@ class MemoryQueue(SingleWrites):
             totals[key] = totals.get(key, 0) + 1
         return totals
 
+    async def list_children(self, parent_id: str, *, limit: int = 1000) -> list[WorkItem]:
+        await trio.lowlevel.checkpoint()
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        found = [item for item in self._items.values() if item.parent_id == parent_id]
+        found.sort(key=lambda item: (item.created_at, item.id))
+        return found[:limit]
+
     async def request_cancel(self, item_id: str) -> WorkItem:
         await trio.lowlevel.checkpoint()
         item = self._item(item_id)
         if item.state is ItemState.QUEUED:
-            item = self._put(item, state=ItemState.CANCELLED, cancel_requested=True)
+            now = self._now()
+            item = self._put(item, now, state=ItemState.CANCELLED, cancel_requested=True)
+            self._child_finished(item_id, now)
         elif item.state is ItemState.RUNNING and not item.cancel_requested:
             item = self._put(item, cancel_requested=True)
         self._log("request_cancel", item_id, state=str(item.state))
@@ -428,6 +514,7 @@ class MemoryQueue(SingleWrites):
             error_count=0,
             attempt=0,
             cancel_requested=False,
+            waiting_children=0,
         )
         self._log("retry", item_id)
         self._changed()

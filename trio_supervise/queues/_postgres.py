@@ -505,6 +505,33 @@ class PostgresQueue(SQLQueue):
         }
         return conn.execute(_Q["settle_many"], params).fetchall()
 
+    def _insert_children(
+        self, conn: psycopg.Connection[Row], children: Sequence[dict[str, Any]], now: Any
+    ) -> list[Row]:
+        def column(name: str) -> list[Any]:
+            return [child[name] for child in children]
+
+        params = {
+            "ids": column("id"),
+            "spec_ids": column("spec_id"),
+            "tenant_ids": column("tenant_id"),
+            "subject_ids": column("subject_id"),
+            "configs": column("config"),
+            "due_ats": column("due_at"),
+            "keys": column("idempotency_key"),
+            "priorities": column("priority"),
+            "queues": column("queue"),
+            "timeouts": column("timeout"),
+            "parent_ids": column("parent_id"),
+            "parent_versions": column("parent_version"),
+            "now": now,
+        }
+        return conn.execute(_Q["insert_children"], params).fetchall()
+
+    def _fan_in(self, conn: psycopg.Connection[Row], item_ids: Sequence[str], now: Any) -> list[str]:
+        rows = conn.execute(_Q["fan_in"], {"ids": list(item_ids), "now": now}).fetchall()
+        return [row["spec_id"] for row in rows if row["due_now"]]
+
     def _before_wait(self) -> None:
         self._start_listener()
 

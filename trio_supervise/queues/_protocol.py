@@ -49,6 +49,21 @@ Unstorable values
     :func:`check_json`), on every backend alike. A ``settle_many`` entry that still cannot be
     written does not fail its batch: it becomes :func:`unstorable_outcome` (``dead``, saying why).
 
+Child items and fan-in
+    A ``continue``, ``reschedule`` or ``complete`` settlement may carry ``children``
+    (:class:`NewItem`): they are written in the same transaction as the parent's fenced update,
+    and only if it applied (a stale parent creates nothing). Each child records ``parent_id``.
+    A child without an ``item_id`` gets :func:`child_item_id` (parent id, lease version, index),
+    so the same outcome can never create it twice. A child whose id or idempotency key exists
+    already is not created (the existing item is not adopted) and not waited for.
+    A ``continue`` with ``wait_for_children`` puts the parent back ``queued`` with
+    ``waiting_children`` = the children created and ``due_at`` = :data:`WAITING_DUE_AT` (never
+    due); each waited-for child that finishes (``completed``, ``cancelled`` or ``dead``: its
+    settlement, a ``request_cancel`` while queued) takes one off, atomically, and the last one
+    makes the parent due at once. A child counts once: :meth:`WorkQueue.retry` of a finished
+    child does not re-arm its parent. A parent taken out of its wait (retried, cancelled) is
+    no longer counted down. With no child created, the parent is due at once.
+
 Exact wake-ups (optional)
     A queue may define a boolean attribute ``exact_wakeups``. True promises that
     :meth:`WorkQueue.wait_for_work` returns by itself whenever work may have become claimable:
@@ -85,12 +100,15 @@ __all__ = [
     "JSONValue",
     "Lease",
     "LeaseStatus",
+    "NewItem",
     "SettleKind",
     "Settlement",
     "WorkItem",
     "WorkQueue",
     "DEFAULT_QUEUE",
+    "MAX_CHILDREN",
     "MAX_DELAY",
+    "WAITING_DUE_AT",
     "MAX_JSON_DEPTH",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
@@ -100,6 +118,7 @@ __all__ = [
     "check_timeout",
     "check_json",
     "check_new_item",
+    "child_item_id",
     "storable_text",
     "unstorable_outcome",
     "validate_spec_id",
@@ -124,6 +143,13 @@ MAX_PRIORITY = 100
 MAX_DELAY = 1e10
 """The longest delay (seconds, about 317 years) a settlement may ask for: far enough for any
 schedule, near enough that every backend can store ``now + delay``."""
+
+MAX_CHILDREN = 10_000
+"""The most children one outcome may create."""
+
+WAITING_DUE_AT = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
+"""The ``due_at`` of a parent waiting for its children: never due, until the last child
+finishes and sets it to "now" (see the module doc). Shown as "waiting for N children"."""
 
 
 def _unstorable(text: str) -> str | None:
@@ -302,6 +328,63 @@ def check_new_item(
     return check_json({} if config is None else config)
 
 
+def _optional_utc(value: dt.datetime | None) -> dt.datetime | None:
+    return None if value is None else utc(value)
+
+
+@attrs.frozen
+class NewItem:
+    """An item to create: the arguments of :meth:`WorkQueue.enqueue` as one record.
+
+    An outcome's ``children`` are these (``Continue(children=[NewItem("resize", config=...)])``).
+    :meth:`checked` validates it the way ``enqueue`` does.
+    """
+
+    spec_id: str
+    config: JSONValue = attrs.field(default=None, kw_only=True)
+    tenant_id: str = attrs.field(default="", kw_only=True)
+    subject_id: str = attrs.field(default="", kw_only=True)
+    due_at: dt.datetime | None = attrs.field(default=None, kw_only=True, converter=_optional_utc)
+    item_id: str | None = attrs.field(default=None, kw_only=True)
+    idempotency_key: str | None = attrs.field(default=None, kw_only=True)
+    priority: int = attrs.field(default=0, kw_only=True)
+    queue: str = attrs.field(default=DEFAULT_QUEUE, kw_only=True)
+    evaluation_timeout: float | None = attrs.field(default=None, kw_only=True)
+
+    def checked(self, *, what: str = "item") -> NewItem:
+        """This item validated as :func:`check_new_item` does, its config as JSON (``{}`` for
+        None); :class:`ValueError`/:class:`ConfigError` prefixed with *what* otherwise."""
+        from .._errors import ConfigError
+
+        try:
+            config = check_new_item(
+                spec_id=self.spec_id,
+                config=self.config,
+                item_id=self.item_id,
+                tenant_id=self.tenant_id,
+                subject_id=self.subject_id,
+                idempotency_key=self.idempotency_key,
+                priority=self.priority,
+                queue=self.queue,
+                timeout=self.evaluation_timeout,
+            )
+        except ConfigError as error:
+            raise ConfigError(f"{what}: {error}") from None
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{what}: {error}") from None
+        return attrs.evolve(self, config=config)
+
+
+def child_item_id(parent_id: str, lease_version: int, index: int) -> str:
+    """The id of the *index*-th child (from 0) created by *parent_id*'s outcome under
+    *lease_version*, when the child names none: ``"<parent>.<version>.<index, 4 digits>"``.
+
+    Deterministic, so a settlement written twice cannot create a child twice, and readable
+    (``items show order-1.7.0002``); the children of one outcome sort in their order.
+    """
+    return f"{parent_id}.{lease_version}.{index:04d}"
+
+
 class ItemState(enum.StrEnum):
     """Where an item is in its life."""
 
@@ -373,6 +456,15 @@ class WorkItem:
     """The JSON result a completed item was stopped with (``Stop(result=...)``), else None."""
     errors: tuple[ErrorEntry, ...] = ()
     """The last :data:`MAX_ERRORS` errors, oldest first (kept across retries)."""
+    parent_id: str | None = None
+    """The item whose outcome created this one (None: enqueued from outside)."""
+    waiting_children: int = 0
+    """How many of its children this item still waits for; while above 0 it is not due."""
+
+    @property
+    def waiting(self) -> bool:
+        """Whether this item is queued, waiting for its children (not due until they finish)."""
+        return self.waiting_children > 0 and self.state is ItemState.QUEUED
 
     @property
     def lease(self) -> Lease:
@@ -421,6 +513,8 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     _set(new, "timeout", get("timeout", item.timeout))
     _set(new, "result", get("result", item.result))
     _set(new, "errors", get("errors", item.errors))
+    _set(new, "parent_id", get("parent_id", item.parent_id))
+    _set(new, "waiting_children", get("waiting_children", item.waiting_children))
     return new
 
 
@@ -500,8 +594,17 @@ class Settlement:
         default=None, converter=attrs.converters.optional(storable_text)
     )
     """Made storable on the way in (:func:`storable_text`): escaped, never dropped."""
+    children: tuple[NewItem, ...] = attrs.field(default=(), converter=tuple)
+    """Items to create with this settlement, atomically and only if it applies (``continue``,
+    ``reschedule`` and ``complete`` only); a child without an ``item_id`` is given
+    :func:`child_item_id` here. Checked by the backend as ``enqueue`` checks (an unstorable
+    child makes the whole entry :func:`unstorable_outcome`)."""
+    wait_for_children: bool = False
+    """``continue`` only: the parent waits, not due, until every child created has finished."""
 
     def __attrs_post_init__(self) -> None:
+        if self.children or self.wait_for_children:
+            self._check_children()
         if self.kind is SettleKind.RESCHEDULE and self.at is None:
             raise ValueError("a reschedule settlement needs 'at'")
         if self.kind in (SettleKind.RETRY, SettleKind.DEAD) and self.error is None:
@@ -510,6 +613,28 @@ class Settlement:
             raise ValueError(
                 f"delay must be a number of seconds from 0 to {MAX_DELAY:g}, got {self.delay!r}"
             )
+
+    def _check_children(self) -> None:
+        if self.wait_for_children and self.kind is not SettleKind.CONTINUE:
+            raise ValueError(f"a {self.kind} settlement cannot wait for children")
+        if not self.children:
+            return
+        if self.kind not in (SettleKind.CONTINUE, SettleKind.RESCHEDULE, SettleKind.COMPLETE):
+            raise ValueError(f"a {self.kind} settlement cannot create children")
+        if len(self.children) > MAX_CHILDREN:
+            raise ValueError(
+                f"children: at most {MAX_CHILDREN} per outcome, got {len(self.children)}"
+            )
+        named = []
+        for index, child in enumerate(self.children):
+            if not isinstance(child, NewItem):
+                raise TypeError(f"children[{index}] must be a NewItem, got {child!r}")
+            if child.item_id is None:
+                child = attrs.evolve(
+                    child, item_id=child_item_id(self.item_id, self.lease_version, index)
+                )
+            named.append(child)
+        object.__setattr__(self, "children", tuple(named))
 
 
 def unstorable_outcome(settlement: Settlement, error: Exception) -> Settlement:
@@ -632,6 +757,11 @@ class WorkQueue(Protocol):
 
     async def counts(self) -> Mapping[tuple[str, ItemState], int]:
         """How many items there are per ``(spec_id, state)`` (pairs with none are omitted)."""
+        ...
+
+    async def list_children(self, parent_id: str, *, limit: int = 1000) -> list[WorkItem]:
+        """The items *parent_id*'s outcomes created (``parent_id`` set), at most *limit*, by
+        ``(created_at, id)``: one outcome's children in their order. None for an unknown id."""
         ...
 
     async def request_cancel(self, item_id: str) -> WorkItem:

@@ -39,6 +39,8 @@ from ._protocol import (
     JSONValue,
     Lease,
     LeaseStatus,
+    WAITING_DUE_AT,
+    NewItem,
     QueueInfo,
     SettleKind,
     Settlement,
@@ -74,6 +76,7 @@ def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
 
 
 _STATES = {str(state): state for state in ItemState}
+_FINISHED_STATES = frozenset(str(state) for state in ItemState if state.finished)
 """``ItemState(text)`` as a dict lookup (the enum call costs ten times as much per row)."""
 
 SettleEntry = tuple[int, Settlement, dict[str, Any]]
@@ -147,6 +150,18 @@ class SQLQueue(SingleWrites):
         ``due_now``)."""
         raise NotImplementedError  # pragma: no cover
 
+    def _insert_children(
+        self, conn: Any, children: Sequence[dict[str, Any]], now: Any
+    ) -> Iterable[Row]:
+        """Insert *children* (the values of :meth:`_child_values`), skipping any whose id or key
+        exists; the rows created (``id, spec_id, parent_id, due_now``)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _fan_in(self, conn: Any, item_ids: Sequence[str], now: Any) -> list[str]:
+        """*item_ids* just finished: count each waited-for one (once) toward its parent's wait;
+        the spec ids of the parents that became due."""
+        raise NotImplementedError  # pragma: no cover
+
     def _notify(self, conn: Any, spec_ids: Sequence[str]) -> None:
         """Tell other processes that work of *spec_ids* became due (in the transaction)."""
 
@@ -184,6 +199,8 @@ class SQLQueue(SingleWrites):
             timeout=row["timeout"],
             result=None if (result := row["result"]) is None else self._from_config(result),
             errors=_error_entries(self._from_config(row["errors"])),
+            parent_id=row["parent_id"],
+            waiting_children=row["waiting_children"],
         )
 
     def _why(self, conn: Any, item_id: str) -> str:
@@ -295,13 +312,24 @@ class SQLQueue(SingleWrites):
         rows = await self._run(lambda conn: conn.execute(query).fetchall(), read=True)
         return {(row["spec_id"], ItemState(row["state"])): row["n"] for row in rows}
 
+    async def list_children(self, parent_id: str, *, limit: int = 1000) -> list[WorkItem]:
+        params = {"parent_id": parent_id, "limit": _sql.check_limit(limit)}
+        query = self._queries["list_children"]
+        rows = await self._run(lambda conn: conn.execute(query, params).fetchall(), read=True)
+        return [self._item(row) for row in rows]
+
     async def request_cancel(self, item_id: str) -> WorkItem:
-        params = {"id": item_id, "now": self._now()}
+        now = self._now()
+        params = {"id": item_id, "now": now}
         query = self._queries["request_cancel"]
 
         def run(conn: Any) -> Row:
-            with self._write(conn):
-                return conn.execute(query, params).fetchone()
+            with self._transaction(conn):
+                row = conn.execute(query, params).fetchone()
+                if row is not None and row["parent_id"] is not None and row["state"] == "cancelled":
+                    # A waited-for child cancelled while queued: its parent's fan-in counts it.
+                    self._notify(conn, self._fan_in(conn, [item_id], now))
+                return row
 
         row = await self._run(run)
         if row is None:
@@ -437,10 +465,67 @@ class SQLQueue(SingleWrites):
                     if s.kind is SettleKind.COMPLETE and s.result is not None
                     else None
                 ),
+                "children": [
+                    self._child_values(s, child.checked(what=f"children[{index}]"))
+                    for index, child in enumerate(s.children)
+                ],
             }
         except (ValueError, OverflowError) as error:
             return self._entry(index, unstorable_outcome(s, error))
         return index, s, values
+
+    def _child_values(self, s: Settlement, child: NewItem) -> dict[str, Any]:
+        """A checked child of *s* as the values :meth:`_insert_children` writes."""
+        timeout = child.evaluation_timeout
+        return {
+            "id": child.item_id,
+            "spec_id": child.spec_id,
+            "tenant_id": child.tenant_id,
+            "subject_id": child.subject_id,
+            "config": json.dumps(child.config),
+            "due_at": None if child.due_at is None else self._time(child.due_at),
+            "idempotency_key": child.idempotency_key,
+            "priority": child.priority,
+            "queue": child.queue,
+            "timeout": None if timeout is None else float(timeout),
+            "parent_id": s.item_id,
+            "parent_version": s.lease_version if s.wait_for_children else None,
+        }
+
+    def _children_and_fan_in(
+        self, conn: Any, entries: Sequence[SettleEntry], rows: Sequence[Row], now: Any
+    ) -> list[str]:
+        """After *rows* settled: write the applied entries' children and waits, and count the
+        finished children toward their parents; the spec ids that became due."""
+        due: list[str] = []
+        applied = [entries[row["ord"] - 1] for row in rows]
+        children = [child for _, _, values in applied for child in values["children"]]
+        created: dict[str, int] = {}
+        if children:
+            for row in self._insert_children(conn, children, now):
+                created[row["parent_id"]] = created.get(row["parent_id"], 0) + 1
+                if row["due_now"]:
+                    due.append(row["spec_id"])
+        for _, s, _ in applied:
+            if s.wait_for_children:
+                params = {
+                    "id": s.item_id,
+                    "version": s.lease_version,
+                    "n": created.get(s.item_id, 0),
+                    "waiting": self._time(WAITING_DUE_AT),
+                    "now": now,
+                }
+                row = conn.execute(self._queries["wait_for_children"], params).fetchone()
+                if row is not None and row["due_now"]:
+                    due.append(row["spec_id"])
+        finished = [
+            entries[row["ord"] - 1][1].item_id
+            for row in rows
+            if row["parent_id"] is not None and row["state"] in _FINISHED_STATES
+        ]
+        if finished:
+            due.extend(self._fan_in(conn, finished, now))
+        return due
 
     async def _settle(self, settlements: Sequence[Settlement], *, why: bool) -> list[bool]:
         # One statement cannot update a row twice, and a second write with the same
@@ -454,15 +539,18 @@ class SQLQueue(SingleWrites):
             return []
         now = self._now()
         entries = [self._entry(index, s) for index, s in enumerate(sent)]
+        children = any(values["children"] for _, _, values in entries) or any(
+            s.wait_for_children for s in sent
+        )
         data_errors = self._data_errors()
 
         def write(conn: Any, entries: Sequence[SettleEntry]) -> list[Row]:
             with self._transaction(conn):
                 rows = self._settle_rows(conn, entries, now)
-                self._notify(
-                    conn,
-                    [row["spec_id"] for row in rows if row["state"] == "queued" and row["due_now"]],
-                )
+                due = [row["spec_id"] for row in rows if row["state"] == "queued" and row["due_now"]]
+                if rows and (children or any(row["parent_id"] is not None for row in rows)):
+                    due.extend(self._children_and_fan_in(conn, entries, rows, now))
+                self._notify(conn, due)
                 if why and not rows:
                     s = entries[0][1]
                     raise LeaseLost(s.item_id, s.lease_version, self._why(conn, s.item_id))

@@ -434,6 +434,37 @@ class SQLiteQueue(SQLQueue):
                 rows.append({**dict(row), "ord": position})
         return rows
 
+    def _insert_children(
+        self, conn: sqlite3.Connection, children: Sequence[dict[str, Any]], now: int
+    ) -> list[Any]:
+        query = _Q["insert_child"]
+        rows = []
+        for child in children:
+            row = conn.execute(query, {**child, "now": now}).fetchone()
+            if row is not None:
+                rows.append(row)
+        return rows
+
+    def _fan_in(self, conn: sqlite3.Connection, item_ids: Sequence[str], now: int) -> list[str]:
+        # Inside BEGIN IMMEDIATE: this connection alone writes, so read-then-update is atomic.
+        due = []
+        for item_id in item_ids:
+            waited = conn.execute(_Q["waited_parent"], {"id": item_id}).fetchone()
+            if waited is None:
+                continue
+            conn.execute(_Q["counted"], {"id": item_id})
+            row = conn.execute(
+                _Q["count_down"],
+                {
+                    "parent_id": waited["parent_id"],
+                    "parent_version": waited["parent_version"],
+                    "now": now,
+                },
+            ).fetchone()
+            if row is not None and row["due_now"]:
+                due.append(row["spec_id"])
+        return due
+
     async def aclose(self) -> None:
         if self._closed:
             await trio.lowlevel.checkpoint()

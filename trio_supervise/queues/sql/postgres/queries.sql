@@ -85,6 +85,7 @@ UPDATE trio_supervise_items SET
     error_count = 0,
     attempt = 0,
     cancel_requested = false,
+    waiting_children = 0,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s AND state <> 'running'
 RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
@@ -194,8 +195,73 @@ FROM unnest(
     %(ats)s::timestamptz[], %(configs)s::text[], %(errors)s::text[], %(results)s::text[]
 ) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, result, ord)
 WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
-RETURNING s.ord, i.spec_id, i.state,
+RETURNING s.ord, i.spec_id, i.state, i.parent_id,
     i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+
+-- name: insert_children
+-- The children of the settlements that applied, in the settlement's transaction. A child whose
+-- id or idempotency key exists already (or repeats one of this batch) is skipped.
+INSERT INTO trio_supervise_items AS i (
+    id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
+    created_at, updated_at, priority, queue, timeout, parent_id, parent_version
+)
+SELECT c.id, c.spec_id, c.tenant_id, c.subject_id, c.config::jsonb, 'queued',
+    coalesce(c.due_at, %(now)s::timestamptz, now()), c.idempotency_key,
+    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+    c.priority, c.queue, c.timeout, c.parent_id, c.parent_version
+FROM unnest(
+    %(ids)s::text[], %(spec_ids)s::text[], %(tenant_ids)s::text[], %(subject_ids)s::text[],
+    %(configs)s::text[], %(due_ats)s::timestamptz[], %(keys)s::text[], %(priorities)s::int[],
+    %(queues)s::text[], %(timeouts)s::float8[], %(parent_ids)s::text[],
+    %(parent_versions)s::bigint[]
+) WITH ORDINALITY AS c(
+    id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
+    timeout, parent_id, parent_version, ord
+)
+ORDER BY c.ord
+ON CONFLICT DO NOTHING
+RETURNING i.id, i.spec_id, i.parent_id, i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+
+-- name: wait_for_children
+-- A parent settled "continue, waiting for its children": how many it waits for, never due
+-- (%(waiting)s) meanwhile, or due now when none was created.
+UPDATE trio_supervise_items SET
+    waiting_children = %(n)s,
+    due_at = CASE WHEN %(n)s > 0 THEN %(waiting)s::timestamptz
+        ELSE coalesce(%(now)s::timestamptz, now()) END
+WHERE id = %(id)s AND lease_version = %(version)s AND state = 'queued'
+RETURNING spec_id, %(n)s = 0 AS due_now;
+
+-- name: fan_in
+-- Children that just finished: each waited-for one counts once (parent_version cleared) toward
+-- its parent's wait, if the parent still waits at that lease version; the last makes it due
+-- now. One UPDATE of the parent row, so concurrent finishes serialise on its row lock and
+-- each sees the count the other left (READ COMMITTED re-reads the locked row).
+WITH done AS (
+    SELECT id, parent_id, parent_version FROM trio_supervise_items
+    WHERE id = ANY(%(ids)s::text[]) AND parent_version IS NOT NULL
+      AND state IN ('completed', 'cancelled', 'dead')
+    FOR UPDATE
+), cleared AS (
+    UPDATE trio_supervise_items AS c SET parent_version = NULL FROM done WHERE c.id = done.id
+), counted AS (
+    SELECT parent_id, parent_version, count(*)::int AS n FROM done
+    GROUP BY parent_id, parent_version
+)
+UPDATE trio_supervise_items AS p SET
+    waiting_children = greatest(p.waiting_children - counted.n, 0),
+    due_at = CASE WHEN p.waiting_children <= counted.n
+        THEN coalesce(%(now)s::timestamptz, now()) ELSE p.due_at END,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM counted
+WHERE p.id = counted.parent_id AND p.lease_version = counted.parent_version
+  AND p.state = 'queued' AND p.waiting_children > 0
+RETURNING p.spec_id, p.waiting_children = 0 AS due_now;
+
+-- name: list_children
+SELECT * FROM trio_supervise_items WHERE parent_id = %(parent_id)s
+ORDER BY created_at, id
+LIMIT %(limit)s;
 
 -- name: notify
 SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(spec_id);

@@ -75,6 +75,7 @@ UPDATE trio_supervise_items SET
     error_count = 0,
     attempt = 0,
     cancel_requested = 0,
+    waiting_children = 0,
     updated_at = :now
 WHERE id = :id AND state <> 'running'
 RETURNING *, due_at <= :now AS due_now;
@@ -163,7 +164,53 @@ UPDATE trio_supervise_items SET
     lease_expires_at = NULL,
     updated_at = :now
 WHERE id = :id AND lease_version = :version AND state = 'running'
-RETURNING id, spec_id, state, due_at <= :now AS due_now;
+RETURNING id, spec_id, state, parent_id, due_at <= :now AS due_now;
+
+-- name: insert_child
+-- One child of a settlement that applied, in its transaction. A child whose id or idempotency
+-- key exists already is skipped.
+INSERT INTO trio_supervise_items (
+    id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
+    created_at, updated_at, priority, queue, timeout, parent_id, parent_version
+) VALUES (
+    :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', coalesce(:due_at, :now),
+    :idempotency_key, :now, :now, :priority, :queue, :timeout, :parent_id, :parent_version
+)
+ON CONFLICT DO NOTHING
+RETURNING id, spec_id, parent_id, due_at <= :now AS due_now;
+
+-- name: wait_for_children
+-- A parent settled "continue, waiting for its children": how many it waits for, never due
+-- (:waiting) meanwhile, or due now when none was created.
+UPDATE trio_supervise_items SET
+    waiting_children = :n,
+    due_at = CASE WHEN :n > 0 THEN :waiting ELSE :now END
+WHERE id = :id AND lease_version = :version AND state = 'queued'
+RETURNING spec_id, :n = 0 AS due_now;
+
+-- name: waited_parent
+-- A child that just finished, if its parent waits for it and it has not been counted yet.
+SELECT parent_id, parent_version FROM trio_supervise_items
+WHERE id = :id AND parent_version IS NOT NULL AND state IN ('completed', 'cancelled', 'dead');
+
+-- name: counted
+UPDATE trio_supervise_items SET parent_version = NULL WHERE id = :id;
+
+-- name: count_down
+-- One less child to wait for, if the parent still waits at that lease version; the last one
+-- makes it due now (SET reads the row as it was).
+UPDATE trio_supervise_items SET
+    waiting_children = waiting_children - 1,
+    due_at = CASE WHEN waiting_children = 1 THEN :now ELSE due_at END,
+    updated_at = :now
+WHERE id = :parent_id AND lease_version = :parent_version AND state = 'queued'
+  AND waiting_children > 0
+RETURNING spec_id, waiting_children = 0 AS due_now;
+
+-- name: list_children
+SELECT * FROM trio_supervise_items WHERE parent_id = :parent_id
+ORDER BY created_at, id
+LIMIT :limit;
 
 -- name: next_due_at
 -- Also returns how far away that is, in seconds by the queue's clock.
