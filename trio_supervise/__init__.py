@@ -82,8 +82,8 @@ from .queues import ItemState as ItemState
 from .queues import Lease as Lease
 from .queues import LeaseStatus as LeaseStatus
 from .queues import MemoryQueue as MemoryQueue
-from .queues import QueueInfo as QueueInfo
 from .queues import NewItem as NewItem
+from .queues import QueueInfo as QueueInfo
 from .queues import SettleKind as SettleKind
 from .queues import Settlement as Settlement
 from .queues import WorkItem as WorkItem

@@ -3,6 +3,9 @@ settlement, and a waiting parent is due again when its last child finishes."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import trio
 
@@ -94,7 +97,8 @@ async def test_a_waiting_parent_is_not_due_until_its_last_child_finishes(
     await fan_out(queue, 3)
     waiting = await queue.get("p")
     assert (waiting.state, waiting.waiting_children) == (ItemState.QUEUED, 3)
-    assert waiting.due_at == WAITING_DUE_AT and waiting.waiting
+    assert waiting.due_at == WAITING_DUE_AT
+    assert waiting.waiting
     assert await queue.next_due_at(["parent"]) == WAITING_DUE_AT
     children = await claim(queue, "child", 3)
     for kind, child in zip(
@@ -258,7 +262,8 @@ async def test_an_unstorable_child_makes_the_parent_dead_and_creates_nothing(
     assert await queue.settle_many([bad, good]) == [True, True]
     dead = await queue.get(first.id)
     assert dead.state is ItemState.DEAD
-    assert dead.last_error is not None and "children[1]" in dead.last_error
+    assert dead.last_error is not None
+    assert "children[1]" in dead.last_error
     assert await queue.list_children(first.id) == []
     assert len(await queue.list_children(second.id)) == 1
 
@@ -331,7 +336,9 @@ async def test_two_children_finishing_at_once_leave_the_parent_due_once() -> Non
                 first, second = await one.claim_due([f"child{_}"], "w", 30, 2)
                 results: list[list[bool]] = []
 
-                async def settle(queue: PostgresQueue, child: WorkItem) -> None:
+                async def settle(
+                    queue: PostgresQueue, child: WorkItem, results: list[list[bool]] = results
+                ) -> None:
                     done = Settlement(
                         item_id=child.id,
                         lease_version=child.lease_version,
@@ -349,3 +356,44 @@ async def test_two_children_finishing_at_once_leave_the_parent_due_once() -> Non
                 assert [item.id for item in await one.claim_due(["parent"], "w", 30, 5)] == [
                     parent_id
                 ]
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+
+def test_cli_shows_a_waiting_parent_and_lists_its_children(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`items show` says "waiting for N children" with the children per state and each child
+    its parent; `items list` says it in the due column; `items list --parent` lists them."""
+    from trio_supervise.queues import open_queue
+
+    from .test_cli_reads import run
+
+    url = f"sqlite:///{tmp_path}/q.db"
+
+    async def setup() -> None:
+        async with open_queue(url) as queue:
+            await fan_out(queue, 3)
+            [child] = await claim(queue, "child")
+            await finish(queue, child, SettleKind.COMPLETE)
+
+    trio.run(setup)
+    code, out, _ = run(capsys, "items", "show", "p", "--database-url", url)
+    assert code == 0
+    lines = [line.split(None, 1) for line in out.splitlines()]
+    assert ["due", "waiting for 2 children"] in lines
+    assert ["children", "3 (1 completed, 2 queued)"] in lines
+    code, out, _ = run(capsys, "items", "show", "p.1.0001", "--database-url", url)
+    assert ["parent", "p"] in [line.split(None, 1) for line in out.splitlines()]
+    code, out, _ = run(capsys, "items", "list", "--database-url", url)
+    assert any("waiting for 2 children" in line for line in out.splitlines())
+    code, out, _ = run(
+        capsys, "items", "list", "--parent", "p", "--state", "queued", "--database-url", url
+    )
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines()[1:3]] == ["p.1.0001", "p.1.0002"]
+    assert out.splitlines()[-1] == "2 of 2"
+    code, out, _ = run(capsys, "items", "show", "p", "--json", "--database-url", url)
+    document = json.loads(out)
+    assert (document["waiting_children"], len(document["children"])) == (2, 3)

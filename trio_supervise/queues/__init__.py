@@ -12,9 +12,9 @@ from ._protocol import MAX_ERRORS as MAX_ERRORS
 from ._protocol import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from ._protocol import MAX_PRIORITY as MAX_PRIORITY
 from ._protocol import MIN_PRIORITY as MIN_PRIORITY
+from ._protocol import WAITING_DUE_AT as WAITING_DUE_AT
 from ._protocol import ErrorEntry as ErrorEntry
 from ._protocol import ItemState as ItemState
-from ._protocol import WAITING_DUE_AT as WAITING_DUE_AT
 from ._protocol import JSONValue as JSONValue
 from ._protocol import Lease as Lease
 from ._protocol import LeaseStatus as LeaseStatus

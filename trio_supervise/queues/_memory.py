@@ -30,6 +30,7 @@ from .._clock import Clock, TrioClock, utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
 from ._protocol import (
     DEFAULT_QUEUE,
+    WAITING_DUE_AT,
     ErrorEntry,
     ItemState,
     JSONValue,
@@ -37,7 +38,6 @@ from ._protocol import (
     LeaseStatus,
     NewItem,
     QueueInfo,
-    WAITING_DUE_AT,
     SettleKind,
     Settlement,
     SingleWrites,
@@ -361,9 +361,7 @@ class MemoryQueue(SingleWrites):
         ):
             return
         left = parent.waiting_children - 1
-        self._put(
-            parent, now, waiting_children=left, due_at=parent.due_at if left else now
-        )
+        self._put(parent, now, waiting_children=left, due_at=parent.due_at if left else now)
         self._log("fan_in", parent.id, parent.lease_version, at=now, child=item_id, left=left)
 
     # -- producing and inspecting ------------------------------------------------------------

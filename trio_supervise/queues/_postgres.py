@@ -528,7 +528,9 @@ class PostgresQueue(SQLQueue):
         }
         return conn.execute(_Q["insert_children"], params).fetchall()
 
-    def _fan_in(self, conn: psycopg.Connection[Row], item_ids: Sequence[str], now: Any) -> list[str]:
+    def _fan_in(
+        self, conn: psycopg.Connection[Row], item_ids: Sequence[str], now: Any
+    ) -> list[str]:
         rows = conn.execute(_Q["fan_in"], {"ids": list(item_ids), "now": now}).fetchall()
         return [row["spec_id"] for row in rows if row["due_now"]]
 

@@ -375,6 +375,10 @@ class NewItem:
         return attrs.evolve(self, config=config)
 
 
+def _item_tuple(children: Sequence[NewItem]) -> tuple[NewItem, ...]:
+    return tuple(children)
+
+
 def child_item_id(parent_id: str, lease_version: int, index: int) -> str:
     """The id of the *index*-th child (from 0) created by *parent_id*'s outcome under
     *lease_version*, when the child names none: ``"<parent>.<version>.<index, 4 digits>"``.
@@ -594,7 +598,7 @@ class Settlement:
         default=None, converter=attrs.converters.optional(storable_text)
     )
     """Made storable on the way in (:func:`storable_text`): escaped, never dropped."""
-    children: tuple[NewItem, ...] = attrs.field(default=(), converter=tuple)
+    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_item_tuple)
     """Items to create with this settlement, atomically and only if it applies (``continue``,
     ``reschedule`` and ``complete`` only); a child without an ``item_id`` is given
     :func:`child_item_id` here. Checked by the backend as ``enqueue`` checks (an unstorable

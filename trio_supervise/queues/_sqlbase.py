@@ -34,12 +34,12 @@ from . import _sql
 from ._protocol import (
     DEFAULT_QUEUE,
     MAX_ERRORS,
+    WAITING_DUE_AT,
     ErrorEntry,
     ItemState,
     JSONValue,
     Lease,
     LeaseStatus,
-    WAITING_DUE_AT,
     NewItem,
     QueueInfo,
     SettleKind,
@@ -547,7 +547,9 @@ class SQLQueue(SingleWrites):
         def write(conn: Any, entries: Sequence[SettleEntry]) -> list[Row]:
             with self._transaction(conn):
                 rows = self._settle_rows(conn, entries, now)
-                due = [row["spec_id"] for row in rows if row["state"] == "queued" and row["due_now"]]
+                due = [
+                    row["spec_id"] for row in rows if row["state"] == "queued" and row["due_now"]
+                ]
                 if rows and (children or any(row["parent_id"] is not None for row in rows)):
                     due.extend(self._children_and_fan_in(conn, entries, rows, now))
                 self._notify(conn, due)
