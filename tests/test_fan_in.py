@@ -31,7 +31,7 @@ class Parent:
         if not children:
             return ts.Continue(
                 children=[
-                    ts.NewItem("child", config=self.child_config or {"n": index})
+                    ts.NewItem(spec_id="child", config=self.child_config or {"n": index})
                     for index in range(item.config["n"])
                 ],
                 wait_for_children=True,
@@ -61,7 +61,7 @@ def test_continue_refuses_a_delay_with_a_wait() -> None:
 def test_outcomes_refuse_children_that_are_not_new_items() -> None:
     """Children are NewItem records; a string or a dict is a TypeError naming the position."""
     with pytest.raises(TypeError, match=r"children\[1\] must be a NewItem"):
-        ts.Stop(children=[ts.NewItem("a"), {"spec_id": "b"}])  # type: ignore[list-item]
+        ts.Stop(children=[ts.NewItem(spec_id="a"), {"spec_id": "b"}])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="children must be a sequence of NewItem"):
         ts.Continue(children="abc")  # type: ignore[arg-type]
 

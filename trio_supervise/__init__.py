@@ -77,6 +77,7 @@ from .queues import DEFAULT_QUEUE as DEFAULT_QUEUE
 from .queues import MAX_ERRORS as MAX_ERRORS
 from .queues import MAX_PRIORITY as MAX_PRIORITY
 from .queues import MIN_PRIORITY as MIN_PRIORITY
+from .queues import Enqueued as Enqueued
 from .queues import ErrorEntry as ErrorEntry
 from .queues import ItemState as ItemState
 from .queues import Lease as Lease
@@ -86,6 +87,7 @@ from .queues import NewItem as NewItem
 from .queues import QueueInfo as QueueInfo
 from .queues import SettleKind as SettleKind
 from .queues import Settlement as Settlement
+from .queues import UniqueScope as UniqueScope
 from .queues import WorkItem as WorkItem
 from .queues import WorkQueue as WorkQueue
 from .queues import migrate as migrate
@@ -109,6 +111,7 @@ __all__ = [
     "DriverError",
     "DriverRegistry",
     "DuplicateItem",
+    "Enqueued",
     "ErrorEntry",
     "EvaluationTimedOut",
     "ErrorRecord",
@@ -129,8 +132,8 @@ __all__ = [
     "MAINTENANCE_RESTART",
     "MaintenanceTask",
     "MemoryQueue",
-    "MissedFires",
     "NewItem",
+    "MissedFires",
     "OperationsApp",
     "Outcome",
     "PassStats",
@@ -156,6 +159,7 @@ __all__ = [
     "SettingsError",
     "SettleKind",
     "Settlement",
+    "UniqueScope",
     "Shutdown",
     "ShutdownOrder",
     "StartFailed",

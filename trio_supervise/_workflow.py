@@ -36,6 +36,7 @@ from .queues._protocol import (
     Settlement,
     WorkItem,
     WorkQueue,
+    check_child,
     check_json,
     check_priority,
     check_queue_name,
@@ -749,7 +750,7 @@ def _checked_children(children: Sequence[NewItem], item: WorkItem) -> tuple[NewI
     """An outcome's children checked as ``enqueue`` checks them (configs as JSON), so an unfit
     one is an item error of the parent (``children[2] of spec 'order': config ...``)."""
     return tuple(
-        child.checked(what=f"children[{index}] of spec '{item.spec_id}'")
+        check_child(child, what=f"children[{index}] of spec '{item.spec_id}'")
         for index, child in enumerate(children)
     )
 

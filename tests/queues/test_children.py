@@ -19,7 +19,7 @@ from trio_supervise.queues import (
     WorkItem,
     WorkQueue,
 )
-from trio_supervise.queues._protocol import child_item_id
+from trio_supervise.queues._protocol import check_child, child_item_id
 
 from .conftest import START, ManualClock
 
@@ -39,7 +39,7 @@ async def fan_out(
         lease_version=parent.lease_version,
         kind=kind,
         result={"done": True} if kind is SettleKind.COMPLETE else None,
-        children=[NewItem("child", config={"n": index}) for index in range(n)],
+        children=[NewItem(spec_id="child", config={"n": index}) for index in range(n)],
         wait_for_children=wait,
     )
     assert await queue.settle_many([settlement]) == [True]
@@ -82,7 +82,7 @@ async def test_a_stale_parent_creates_nothing(queue: WorkQueue, clock: ManualClo
         item_id="p",
         lease_version=stale.lease_version,
         kind=SettleKind.CONTINUE,
-        children=[NewItem("child")],
+        children=[NewItem(spec_id="child")],
         wait_for_children=True,
     )
     assert await queue.settle_many([settlement]) == [False]
@@ -163,9 +163,9 @@ async def test_an_existing_key_is_not_created_nor_waited_for(queue: WorkQueue) -
         lease_version=parent.lease_version,
         kind=SettleKind.CONTINUE,
         children=[
-            NewItem("child", idempotency_key="k"),
-            NewItem("child", item_id="other"),
-            NewItem("child", item_id="mine"),
+            NewItem(spec_id="child", idempotency_key="k"),
+            NewItem(spec_id="child", item_id="other"),
+            NewItem(spec_id="child", item_id="mine"),
         ],
         wait_for_children=True,
     )
@@ -185,7 +185,7 @@ async def test_a_fire_and_forget_child_does_not_count_toward_a_later_wait(
         item_id="p",
         lease_version=parent.lease_version,
         kind=SettleKind.CONTINUE,
-        children=[NewItem("early")],
+        children=[NewItem(spec_id="early")],
     )
     assert await queue.settle_many([early]) == [True]
     [parent] = await claim(queue)
@@ -193,7 +193,7 @@ async def test_a_fire_and_forget_child_does_not_count_toward_a_later_wait(
         item_id="p",
         lease_version=parent.lease_version,
         kind=SettleKind.CONTINUE,
-        children=[NewItem("child")],
+        children=[NewItem(spec_id="child")],
         wait_for_children=True,
     )
     assert await queue.settle_many([waited]) == [True]
@@ -250,14 +250,14 @@ async def test_an_unstorable_child_makes_the_parent_dead_and_creates_nothing(
         item_id=first.id,
         lease_version=first.lease_version,
         kind=SettleKind.CONTINUE,
-        children=[NewItem("child"), NewItem("child", config={"text": "nul\x00"})],
+        children=[NewItem(spec_id="child"), NewItem(spec_id="child", config={"text": "nul\x00"})],
         wait_for_children=True,
     )
     good = Settlement(
         item_id=second.id,
         lease_version=second.lease_version,
         kind=SettleKind.CONTINUE,
-        children=[NewItem("child")],
+        children=[NewItem(spec_id="child")],
     )
     assert await queue.settle_many([bad, good]) == [True, True]
     dead = await queue.get(first.id)
@@ -276,7 +276,7 @@ async def test_a_nested_fan_in(queue: WorkQueue) -> None:
         item_id=child.id,
         lease_version=child.lease_version,
         kind=SettleKind.CONTINUE,
-        children=[NewItem("grandchild")],
+        children=[NewItem(spec_id="grandchild")],
         wait_for_children=True,
     )
     assert await queue.settle_many([settlement]) == [True]
@@ -292,7 +292,11 @@ def test_settlement_refuses_children_where_they_make_no_sense() -> None:
     """Children only with continue, reschedule or complete; a wait only with continue."""
     with pytest.raises(ValueError, match="a retry settlement cannot create children"):
         Settlement(
-            item_id="p", lease_version=1, kind=SettleKind.RETRY, error="x", children=[NewItem("c")]
+            item_id="p",
+            lease_version=1,
+            kind=SettleKind.RETRY,
+            error="x",
+            children=[NewItem(spec_id="c")],
         )
     with pytest.raises(ValueError, match="a complete settlement cannot wait for children"):
         Settlement(item_id="p", lease_version=1, kind=SettleKind.COMPLETE, wait_for_children=True)
@@ -303,9 +307,9 @@ def test_settlement_refuses_children_where_they_make_no_sense() -> None:
 def test_new_item_checked_names_the_child_and_the_field() -> None:
     """A bad child is refused naming where it is and what is wrong."""
     with pytest.raises(ConfigError, match=r"children\[2\]: config is not JSON-compatible"):
-        NewItem("c", config={"x": object()}).checked(what="children[2]")
+        check_child(NewItem(spec_id="c", config={"x": object()}), what="children[2]")
     with pytest.raises(ValueError, match=r"children\[0\]: priority must be"):
-        NewItem("c", priority=1000).checked(what="children[0]")
+        check_child(NewItem(spec_id="c", priority=1000), what="children[0]")
 
 
 @pytest.mark.postgres
@@ -329,7 +333,7 @@ async def test_two_children_finishing_at_once_leave_the_parent_due_once() -> Non
                     item_id=parent_id,
                     lease_version=parent.lease_version,
                     kind=SettleKind.CONTINUE,
-                    children=[NewItem(f"child{_}"), NewItem(f"child{_}")],
+                    children=[NewItem(spec_id=f"child{_}"), NewItem(spec_id=f"child{_}")],
                     wait_for_children=True,
                 )
                 assert await one.settle_many([settlement]) == [True]

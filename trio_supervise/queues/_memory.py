@@ -30,7 +30,10 @@ from .._clock import Clock, TrioClock, utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
 from ._protocol import (
     DEFAULT_QUEUE,
+    SCOPE_PERIOD,
+    SCOPE_UNFINISHED,
     WAITING_DUE_AT,
+    Enqueued,
     ErrorEntry,
     ItemState,
     JSONValue,
@@ -41,11 +44,15 @@ from ._protocol import (
     SettleKind,
     Settlement,
     SingleWrites,
+    UniqueScope,
     WorkItem,
     append_error,
+    check_child,
+    check_entries,
     check_json,
-    check_new_item,
     check_queue_name,
+    check_unique,
+    plan_batch,
     replace_trusted,
     storable_text,
     unstorable_outcome,
@@ -96,6 +103,15 @@ def _with_error(item: WorkItem, now: dt.datetime, error: str | None) -> tuple[Er
     return append_error(item.errors, entry)
 
 
+def _lapsed(holder: WorkItem, now: dt.datetime) -> bool:
+    """True when *holder*'s uniqueness scope no longer holds its key (see ``UniqueScope``)."""
+    if holder.unique_scope == SCOPE_UNFINISHED:
+        return holder.state.finished
+    if holder.unique_scope == SCOPE_PERIOD:
+        return holder.unique_until is not None and holder.unique_until <= now
+    return False
+
+
 def _other_than(generation: int) -> Callable[[int], bool]:
     return lambda value: value != generation
 
@@ -120,6 +136,9 @@ class MemoryQueue(SingleWrites):
     _clock: Clock = attrs.field(factory=TrioClock, alias="clock")
     _items: dict[str, WorkItem] = attrs.field(init=False, factory=dict)
     _keys: dict[str, str] = attrs.field(init=False, factory=dict)
+    """Idempotency key -> the id of the item holding it."""
+    _released: dict[str, list[str]] = attrs.field(init=False, factory=dict)
+    """Idempotency key -> the ids of the items that held it until their scope lapsed."""
     _versions: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
     _queued: dict[tuple[str, str, int], _Heap] = attrs.field(init=False, factory=dict)
     """Per ``(spec id, queue, priority)``, queued items by ``(due_at, id)`` (with stale entries;
@@ -163,6 +182,7 @@ class MemoryQueue(SingleWrites):
         """Forget every item and event."""
         self._items.clear()
         self._keys.clear()
+        self._released.clear()
         self._queued.clear()
         self._leased.clear()
         self._paused.clear()
@@ -276,7 +296,7 @@ class MemoryQueue(SingleWrites):
         now = self._now() if now is None else now
         # Checked before anything changes: an unfit child refuses the whole entry.
         children = [
-            child.checked(what=f"children[{index}]") for index, child in enumerate(s.children)
+            check_child(child, what=f"children[{index}]") for index, child in enumerate(s.children)
         ]
         match s.kind:
             case SettleKind.CONTINUE:
@@ -332,7 +352,7 @@ class MemoryQueue(SingleWrites):
         """Write *s*'s checked children (an existing id or key: skipped), then the wait."""
         created = 0
         for child in children:
-            if self._insert(child, now, parent_id=s.item_id) is None:
+            if self._insert_child(child, now, s.item_id) is None:
                 continue
             created += 1
             if s.wait_for_children:
@@ -379,26 +399,10 @@ class MemoryQueue(SingleWrites):
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
+        unique: UniqueScope = "forever",
     ) -> WorkItem:
-        await trio.lowlevel.checkpoint()
-        config = check_new_item(
+        entry = NewItem(
             spec_id=spec_id,
-            config=config,
-            item_id=item_id,
-            tenant_id=tenant_id,
-            subject_id=subject_id,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            queue=queue,
-            timeout=evaluation_timeout,
-        )
-        if idempotency_key is not None and idempotency_key in self._keys:
-            return self._items[self._keys[idempotency_key]]
-        item_id = uuid.uuid4().hex if item_id is None else item_id
-        if item_id in self._items:
-            raise DuplicateItem(item_id)
-        new = NewItem(
-            spec_id,
             config=config,
             tenant_id=tenant_id,
             subject_id=subject_id,
@@ -408,41 +412,114 @@ class MemoryQueue(SingleWrites):
             priority=priority,
             queue=queue,
             evaluation_timeout=evaluation_timeout,
+            unique=unique,
         )
-        item = self._insert(new, self._now())
-        assert item is not None
-        self._changed()
-        return item
+        [done] = await self.enqueue_many([entry])
+        return done.item
 
-    def _insert(
-        self, new: NewItem, now: dt.datetime, *, parent_id: str | None = None
-    ) -> WorkItem | None:
-        """Store *new* (checked already, with its id); None if its id or key exists."""
-        assert new.item_id is not None
-        key = new.idempotency_key
-        if new.item_id in self._items or (key is not None and key in self._keys):
+    def _holder(self, key: str, now: dt.datetime) -> WorkItem | None:
+        """The item holding *key*, unless its scope has lapsed (then the key is free)."""
+        holder_id = self._keys.get(key)
+        if holder_id is None:
             return None
-        timeout = new.evaluation_timeout
-        item = WorkItem(
-            id=new.item_id,
-            spec_id=new.spec_id,
-            tenant_id=new.tenant_id,
-            subject_id=new.subject_id,
-            config=new.config,
-            due_at=now if new.due_at is None else new.due_at,
-            idempotency_key=key,
+        holder = self._items.get(holder_id)
+        if holder is None or _lapsed(holder, now):
+            return None
+        return holder
+
+    def _release(self, key: str) -> None:
+        """Move *key* from its lapsed holder to the holder's ``released_key``."""
+        holder_id = self._keys.pop(key, None)
+        holder = None if holder_id is None else self._items.get(holder_id)
+        if holder is None:
+            return
+        # Not a change of state: updated_at (which retention reads) stays as it was.
+        self._store(replace_trusted(holder, idempotency_key=None, released_key=key))
+        self._released.setdefault(key, []).append(holder.id)
+
+    async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
+        await trio.lowlevel.checkpoint()
+        checked = check_entries(entries)
+        sent, repeats = plan_batch(checked)
+        now = self._now()
+        # Plan every write first, so a refused entry leaves the queue as it was.
+        existing: dict[int, WorkItem] = {}
+        for index in sent:
+            key = checked[index].idempotency_key
+            if key is not None and (holder := self._holder(key, now)) is not None:
+                existing[index] = holder
+        for index in sent:
+            explicit = checked[index].item_id
+            if index not in existing and explicit is not None and explicit in self._items:
+                raise DuplicateItem(explicit)
+        results: dict[int, Enqueued] = {}
+        for index in sent:
+            if index in existing:
+                results[index] = Enqueued(item=existing[index], created=False)
+                continue
+            entry = checked[index]
+            item = self._new_item(entry, now)
+            if entry.idempotency_key is not None:
+                if entry.idempotency_key in self._keys:
+                    self._release(entry.idempotency_key)
+                self._keys[entry.idempotency_key] = item.id
+            self._store(item)
+            self._log("enqueue", item.id, at=now, spec_id=item.spec_id)
+            results[index] = Enqueued(item=item, created=True)
+        for index, first in repeats.items():
+            results[index] = Enqueued(item=results[first].item, created=False)
+        if any(done.created for done in results.values()):
+            self._changed()
+        return [results[index] for index in range(len(checked))]
+
+    def _new_item(self, entry: NewItem, now: dt.datetime) -> WorkItem:
+        scope, seconds = check_unique(entry.unique, entry.idempotency_key)
+        timeout = entry.evaluation_timeout
+        return WorkItem(
+            id=uuid.uuid4().hex if entry.item_id is None else entry.item_id,
+            spec_id=entry.spec_id,
+            tenant_id=entry.tenant_id,
+            subject_id=entry.subject_id,
+            config=entry.config,
+            due_at=now if entry.due_at is None else entry.due_at,
+            idempotency_key=entry.idempotency_key,
             created_at=now,
             updated_at=now,
-            priority=new.priority,
-            queue=new.queue,
+            priority=entry.priority,
+            queue=entry.queue,
             timeout=None if timeout is None else float(timeout),
-            parent_id=parent_id,
+            unique_scope=scope,
+            unique_until=None if seconds is None else now + dt.timedelta(seconds=seconds),
         )
-        self._store(item)
+
+    def _insert_child(self, child: NewItem, now: dt.datetime, parent_id: str) -> WorkItem | None:
+        """Store *child* (checked, with its id) as *parent_id*'s; None if its id exists or its
+        key is held (nothing written then)."""
+        key = child.idempotency_key
+        if child.item_id in self._items or (key is not None and self._holder(key, now)):
+            return None
+        item = replace_trusted(self._new_item(child, now), parent_id=parent_id)
         if key is not None:
+            if key in self._keys:
+                self._release(key)
             self._keys[key] = item.id
-        self._log("enqueue", item.id, spec_id=item.spec_id, at=now, parent_id=parent_id)
+        self._store(item)
+        self._log("enqueue", item.id, at=now, spec_id=item.spec_id, parent_id=parent_id)
         return item
+
+    async def get_by_key(self, idempotency_key: str) -> WorkItem:
+        await trio.lowlevel.checkpoint()
+        holder_id = self._keys.get(idempotency_key)
+        if holder_id is not None and holder_id in self._items:
+            return self._items[holder_id]
+        released = [
+            self._items[each]
+            for each in self._released.get(idempotency_key, ())
+            if each in self._items and self._items[each].released_key == idempotency_key
+        ]
+        if not released:
+            raise ItemNotFound(idempotency_key, "idempotency key")
+        return max(released, key=lambda item: (item.created_at, item.id))
 
     async def get(self, item_id: str) -> WorkItem:
         await trio.lowlevel.checkpoint()

@@ -476,6 +476,31 @@ class PostgresQueue(SQLQueue):
     def _data_errors(self) -> tuple[type[Exception], ...]:
         return _data_errors()
 
+    def _cursor(self, conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
+        from psycopg.rows import dict_row
+
+        return conn.cursor(row_factory=dict_row)
+
+    def _insert_rows(
+        self, cur: psycopg.Cursor[Row], params: Sequence[dict[str, Any]], now: Any
+    ) -> list[Row]:
+        arrays = {
+            "ids": [each["id"] for each in params],
+            "spec_ids": [each["spec_id"] for each in params],
+            "tenant_ids": [each["tenant_id"] for each in params],
+            "subject_ids": [each["subject_id"] for each in params],
+            "configs": [each["config"] for each in params],
+            "due_ats": [each["due_at"] for each in params],
+            "keys": [each["idempotency_key"] for each in params],
+            "priorities": [each["priority"] for each in params],
+            "queues": [each["queue"] for each in params],
+            "timeouts": [each["timeout"] for each in params],
+            "scopes": [each["unique_scope"] for each in params],
+            "periods_us": [each["period_us"] for each in params],
+            "now": now,
+        }
+        return cur.execute(_Q["enqueue_many"], arrays).fetchall()
+
     def _renew_rows(
         self, conn: psycopg.Connection[Row], leases: Sequence[Lease], lease_us: int, now: Any
     ) -> list[Row]:
@@ -505,28 +530,15 @@ class PostgresQueue(SQLQueue):
         }
         return conn.execute(_Q["settle_many"], params).fetchall()
 
-    def _insert_children(
-        self, conn: psycopg.Connection[Row], children: Sequence[dict[str, Any]], now: Any
-    ) -> list[Row]:
-        def column(name: str) -> list[Any]:
-            return [child[name] for child in children]
-
+    def _set_parents(
+        self, conn: psycopg.Connection[Row], children: Sequence[dict[str, Any]]
+    ) -> None:
         params = {
-            "ids": column("id"),
-            "spec_ids": column("spec_id"),
-            "tenant_ids": column("tenant_id"),
-            "subject_ids": column("subject_id"),
-            "configs": column("config"),
-            "due_ats": column("due_at"),
-            "keys": column("idempotency_key"),
-            "priorities": column("priority"),
-            "queues": column("queue"),
-            "timeouts": column("timeout"),
-            "parent_ids": column("parent_id"),
-            "parent_versions": column("parent_version"),
-            "now": now,
+            "ids": [child["id"] for child in children],
+            "parent_ids": [child["parent_id"] for child in children],
+            "parent_versions": [child["parent_version"] for child in children],
         }
-        return conn.execute(_Q["insert_children"], params).fetchall()
+        conn.execute(_Q["set_parents"], params)
 
     def _fan_in(
         self, conn: psycopg.Connection[Row], item_ids: Sequence[str], now: Any
