@@ -279,8 +279,12 @@ class QueueMachine(RuleBasedStateMachine):
     def create_children(self, parent: Model, s: Settlement) -> None:
         """The model of writing *s*'s children: an existing id or held key is skipped."""
         created = 0
+        seen: set[str] = set()
         for child in s.children:
             assert child.item_id is not None
+            if child.item_id in seen:
+                continue
+            seen.add(child.item_id)
             held = child.idempotency_key is not None and any(
                 m.key == child.idempotency_key for m in self.model.values()
             )

@@ -349,9 +349,15 @@ class MemoryQueue(SingleWrites):
         )
 
     def _create_children(self, s: Settlement, children: list[NewItem], now: dt.datetime) -> None:
-        """Write *s*'s checked children (an existing id or key: skipped), then the wait."""
+        """Write *s*'s checked children (a repeated or existing id, a held key: skipped), then
+        the wait."""
         created = 0
+        seen: set[str] = set()
         for child in children:
+            assert child.item_id is not None
+            if child.item_id in seen:
+                continue  # an id an earlier child of this outcome has: left out, as on SQL
+            seen.add(child.item_id)
             if self._insert_child(child, now, s.item_id) is None:
                 continue
             created += 1

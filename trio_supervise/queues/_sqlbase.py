@@ -654,64 +654,65 @@ class SQLQueue(SingleWrites):
         return index, s, values
 
     def _write_children(
-        self, conn: Any, applied: Sequence[SettleEntry]
-    ) -> tuple[dict[str, int], list[str]]:
-        """Enqueue the children of the *applied* entries through :meth:`_enqueue_rows` (in the
-        settlement's transaction) and record their parent; how many each parent created, and
-        the spec ids due now.
+        self, conn: Any, s: Settlement, children: Sequence[NewItem]
+    ) -> tuple[int, list[str]]:
+        """Enqueue the checked *children* of the applied settlement *s* through
+        :meth:`_enqueue_rows` (in the settlement's transaction) and record their parent; how
+        many were created, and the spec ids due now.
 
-        A child whose id exists already (or repeats one of this batch) is left out first, so
-        the enqueue core never refuses the batch for it; one whose key is held is not created
-        by the core itself. Neither is this parent's child, nor waited for.
+        A child repeating an earlier child's id, or whose id exists already, is left out first,
+        so the enqueue core never refuses the settlement for it; one whose key is held is not
+        created by the core itself. None of these is this parent's child, nor waited for.
         """
-        wanted: dict[str, tuple[NewItem, Settlement]] = {}
-        for _, s, values in applied:
-            for child in values["children"]:
-                assert child.item_id is not None  # Settlement names every child
-                wanted.setdefault(child.item_id, (child, s))
+        wanted: dict[str, NewItem] = {}
+        for child in children:
+            assert child.item_id is not None  # Settlement names every child
+            wanted.setdefault(child.item_id, child)
         taken = {
             row["id"]
             for row in conn.execute(
                 self._queries["existing_ids"], {"ids": self._ids(list(wanted))}
             ).fetchall()
         }
-        fresh = [pair for item_id, pair in wanted.items() if item_id not in taken]
+        fresh = [child for item_id, child in wanted.items() if item_id not in taken]
         if not fresh:
-            return {}, []
-        done, due = self._enqueue_rows(conn, [child for child, _ in fresh])
-        made: list[dict[str, Any]] = []
-        created: dict[str, int] = {}
-        for each, (_, s) in zip(done, fresh, strict=True):
-            if each.created:
-                version = s.lease_version if s.wait_for_children else None
-                made.append({"id": each.item.id, "parent_id": s.item_id, "parent_version": version})
-                created[s.item_id] = created.get(s.item_id, 0) + 1
+            return 0, []
+        done, due = self._enqueue_rows(conn, fresh)
+        version = s.lease_version if s.wait_for_children else None
+        made = [
+            {"id": each.item.id, "parent_id": s.item_id, "parent_version": version}
+            for each in done
+            if each.created
+        ]
         if made:
             self._set_parents(conn, made)
-        return created, due
+        return len(made), due
 
     def _children_and_fan_in(
         self, conn: Any, entries: Sequence[SettleEntry], rows: Sequence[Row], now: Any
     ) -> list[str]:
         """After *rows* settled: write the applied entries' children and waits, and count the
         finished children toward their parents; the spec ids that became due."""
-        applied = [entries[row["ord"] - 1] for row in rows]
-        created: dict[str, int] = {}
         due: list[str] = []
-        if any(values["children"] for _, _, values in applied):
-            created, due = self._write_children(conn, applied)
-        for _, s, _ in applied:
+        # Entry by entry, in batch order, as the memory queue writes them (so an id or key two
+        # entries' children share goes to the first that creates it).
+        for ord_ in sorted(row["ord"] for row in rows):
+            _, s, values = entries[ord_ - 1]
+            created = 0
+            if values["children"]:
+                created, created_due = self._write_children(conn, s, values["children"])
+                due.extend(created_due)
             if s.wait_for_children:
                 params = {
                     "id": s.item_id,
                     "version": s.lease_version,
-                    "n": created.get(s.item_id, 0),
+                    "n": created,
                     "waiting": self._time(WAITING_DUE_AT),
                     "now": now,
                 }
-                row = conn.execute(self._queries["wait_for_children"], params).fetchone()
-                if row is not None and row["due_now"]:
-                    due.append(row["spec_id"])
+                waited = conn.execute(self._queries["wait_for_children"], params).fetchone()
+                if waited is not None and waited["due_now"]:
+                    due.append(waited["spec_id"])
         finished = [
             entries[row["ord"] - 1][1].item_id
             for row in rows
