@@ -115,3 +115,30 @@ async def test_a_due_pass_writes_children_with_the_outcome(
     parent = await queue.get("p")
     assert (parent.state, parent.waiting_children) == (ItemState.QUEUED, 2)
     assert [child.parent_id for child in await queue.list_children("p")] == ["p", "p"]
+
+
+async def test_the_status_page_says_a_parent_waits_for_its_children(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A waiting parent's due column reads "waiting for 2 children", not the year 9999."""
+    from prometheus_client import CollectorRegistry
+
+    from trio_supervise.queues import NewItem, SettleKind, Settlement
+
+    from .test_http import FakeSource, asgi_get
+
+    queue = ts.MemoryQueue()
+    await queue.enqueue("parent", item_id="p")
+    [parent] = await queue.claim_due(["parent"], "w", 30, 1)
+    settlement = Settlement(
+        item_id="p",
+        lease_version=parent.lease_version,
+        kind=SettleKind.CONTINUE,
+        children=[NewItem(spec_id="child"), NewItem(spec_id="child")],
+        wait_for_children=True,
+    )
+    assert await queue.settle_many([settlement]) == [True]
+    app = ts.OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    page = (await asgi_get(app, "/"))[1].decode()
+    assert "<td>waiting for 2 children</td>" in page
+    assert "9999" not in page
