@@ -91,9 +91,6 @@ def _children(value: Sequence[NewItem]) -> tuple[NewItem, ...]:
     return children
 
 
-_CHILDREN: Any = attrs.field(default=(), converter=_children, kw_only=True)
-
-
 @attrs.frozen
 class Continue:
     """Evaluated; due again after *delay* seconds (default: the runner's ``requeue_delay``).
@@ -108,7 +105,7 @@ class Continue:
     """
 
     delay: float | None = attrs.field(default=None, validator=_snooze)
-    children: tuple[NewItem, ...] = _CHILDREN
+    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_children, kw_only=True)
     wait_for_children: bool = attrs.field(
         default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
     )
@@ -146,7 +143,7 @@ class Reschedule:
 
     at: dt.datetime = attrs.field(converter=utc)
     config: Any
-    children: tuple[NewItem, ...] = _CHILDREN
+    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_children, kw_only=True)
     """Items created with this outcome, atomically (see :class:`Continue`); not waited for."""
 
 
@@ -159,7 +156,7 @@ class Stop:
     """
 
     result: Any = None
-    children: tuple[NewItem, ...] = _CHILDREN
+    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_children, kw_only=True)
     """Follow-up items created as this one completes, atomically (see :class:`Continue`)."""
 
 
