@@ -313,53 +313,65 @@ def test_new_item_checked_names_the_child_and_the_field() -> None:
 
 
 @pytest.mark.postgres
-async def test_two_children_finishing_at_once_leave_the_parent_due_once() -> None:
-    """On PostgreSQL, two connections settling the last two children concurrently: the count
-    reaches 0 exactly once and the parent is due."""
+@pytest.mark.parametrize(("connections", "children"), [(2, 2), (4, 8)])
+async def test_children_finishing_at_once_leave_the_parent_due_once(
+    connections: int, children: int
+) -> None:
+    """On PostgreSQL, the last children settled at the same moment on separate connections:
+    the count reaches 0 exactly once (never below), and the parent is claimable once."""
+    from contextlib import AsyncExitStack
+
     from trio_supervise.queues import PostgresQueue
 
     from .conftest import pg_schema
 
     with pg_schema() as (dsn, schema):
-        for _ in range(5):
-            async with (
-                await PostgresQueue.connect(dsn, schema=schema, migrate=True, pool_size=2) as one,
-                await PostgresQueue.connect(dsn, schema=schema, pool_size=2) as two,
-            ):
-                parent_id = f"p{_}"
+        async with AsyncExitStack() as stack:
+            queues = [
+                await stack.enter_async_context(
+                    await PostgresQueue.connect(
+                        dsn, schema=schema, migrate=index == 0, pool_size=2, listen=False
+                    )
+                )
+                for index in range(connections)
+            ]
+            one = queues[0]
+            for round_ in range(10):
+                parent_id, spec = f"p{round_}", f"child{round_}"
                 await one.enqueue("parent", item_id=parent_id)
                 [parent] = await one.claim_due(["parent"], "w", 30, 1)
                 settlement = Settlement(
                     item_id=parent_id,
                     lease_version=parent.lease_version,
                     kind=SettleKind.CONTINUE,
-                    children=[NewItem(spec_id=f"child{_}"), NewItem(spec_id=f"child{_}")],
+                    children=[NewItem(spec_id=spec) for _ in range(children)],
                     wait_for_children=True,
                 )
                 assert await one.settle_many([settlement]) == [True]
-                first, second = await one.claim_due([f"child{_}"], "w", 30, 2)
+                claimed = await one.claim_due([spec], "w", 30, children)
+                assert len(claimed) == children
                 results: list[list[bool]] = []
 
                 async def settle(
                     queue: PostgresQueue, child: WorkItem, results: list[list[bool]] = results
                 ) -> None:
                     done = Settlement(
-                        item_id=child.id,
-                        lease_version=child.lease_version,
-                        kind=SettleKind.COMPLETE,
-                    )
+                        item_id=child.id, lease_version=child.lease_version, kind=SettleKind.DEAD,
+                        error="gone",
+                    )  # fmt: skip
                     results.append(await queue.settle_many([done]))
 
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(settle, one, first)
-                    nursery.start_soon(settle, two, second)
-                assert results == [[True], [True]]
+                    for index, child in enumerate(claimed):
+                        nursery.start_soon(settle, queues[index % connections], child)
+                assert results == [[True]] * children
                 stored = await one.get(parent_id)
-                assert stored.waiting_children == 0
+                assert (stored.state, stored.waiting_children) == (ItemState.QUEUED, 0)
                 assert stored.due_at != WAITING_DUE_AT
                 assert [item.id for item in await one.claim_due(["parent"], "w", 30, 5)] == [
                     parent_id
                 ]
+                assert await one.claim_due(["parent"], "w", 30, 5) == []
 
 
 # -- the CLI ---------------------------------------------------------------------------------
