@@ -150,6 +150,8 @@ class MemoryQueue(SingleWrites):
     _fan_in: dict[str, tuple[str, int]] = attrs.field(init=False, factory=dict)
     """Per waited-for child not yet finished: its parent's id and lease version (the SQL
     backends' ``parent_version`` column)."""
+    _children_of: dict[str, list[str]] = attrs.field(init=False, factory=dict)
+    """Per parent id, its children's ids in creation order (the SQL backends' parent index)."""
     _pushes: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
@@ -187,6 +189,7 @@ class MemoryQueue(SingleWrites):
         self._leased.clear()
         self._paused.clear()
         self._fan_in.clear()
+        self._children_of.clear()
         self.events.clear()
         self._changed()
 
@@ -362,7 +365,6 @@ class MemoryQueue(SingleWrites):
                 continue
             created += 1
             if s.wait_for_children:
-                assert child.item_id is not None
                 self._fan_in[child.item_id] = (s.item_id, s.lease_version)
         if s.wait_for_children:
             parent = self._items[s.item_id]
@@ -510,6 +512,7 @@ class MemoryQueue(SingleWrites):
                 self._release(key)
             self._keys[key] = item.id
         self._store(item)
+        self._children_of.setdefault(parent_id, []).append(item.id)
         self._log("enqueue", item.id, at=now, spec_id=item.spec_id, parent_id=parent_id)
         return item
 
@@ -565,7 +568,12 @@ class MemoryQueue(SingleWrites):
         await trio.lowlevel.checkpoint()
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        found = [item for item in self._items.values() if item.parent_id == parent_id]
+        # An id deleted since (or taken again by another item) is no longer this parent's child.
+        found = [
+            child
+            for child_id in self._children_of.get(parent_id, ())
+            if (child := self._items.get(child_id)) is not None and child.parent_id == parent_id
+        ]
         found.sort(key=lambda item: (item.created_at, item.id))
         return found[:limit]
 
