@@ -169,3 +169,15 @@ def settings() -> None:
 
     assert_type(ts.load_settings(cls=AppSettings), AppSettings)
     assert_type(ts.load_settings("app.toml", cls=AppSettings).greeting, str)
+
+
+async def fan_out(queue: ts.MemoryQueue, item: WorkItem) -> ts.Outcome:
+    children = await queue.list_children(item.id)
+    assert_type(children, list[WorkItem])
+    assert_type(children[0].parent_id, str | None)
+    assert_type(item.waiting_children, int)
+    if not children:
+        return ts.Continue(
+            children=[ts.NewItem(spec_id="thumbnail", config={"n": 1})], wait_for_children=True
+        )
+    return ts.Stop(result=[child.result for child in children], children=[])

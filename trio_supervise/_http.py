@@ -316,6 +316,14 @@ def _when(at: dt.datetime, now: dt.datetime | None) -> str:
     return f"{stamp} (in {seconds / 3600:.1f}h)"
 
 
+def _due(item: WorkItem, now: dt.datetime | None) -> str:
+    """When *item* is due; "waiting for N children" while it waits for them."""
+    if item.waiting:
+        n = item.waiting_children
+        return f"waiting for {n} {'child' if n == 1 else 'children'}"
+    return _when(item.due_at, now)
+
+
 def _preview(config: object) -> str:
     text = json.dumps(config, sort_keys=True, ensure_ascii=False)
     if len(text) > _CONFIG_PREVIEW:
@@ -456,7 +464,7 @@ def render_status_page(
             return (
                 f"<tr><td>{_e(item.id)}</td><td>{_e(item.spec_id)}</td>"
                 f"<td>{_e(item.tenant_id)}</td><td>{_e(item.subject_id)}</td>"
-                f"<td>{_e(_when(item.due_at, now))}</td>"
+                f"<td>{_e(_due(item, now))}</td>"
                 f'<td class="num">{_e(item.error_count)}'
                 f"{'<br><code>' + _e(item.last_error) + '</code>' if item.last_error else ''}"
                 f"{_history(item)}"

@@ -30,10 +30,12 @@ from .queues._protocol import (
     DEFAULT_QUEUE,
     MAX_DELAY,
     LeaseStatus,
+    NewItem,
     SettleKind,
     Settlement,
     WorkItem,
     WorkQueue,
+    check_child,
     check_json,
     check_priority,
     check_queue_name,
@@ -77,15 +79,42 @@ def _snooze(instance: object, attribute: attrs.Attribute[Any], value: object) ->
         raise ValueError(f"Continue delay must be from 0 to {MAX_DELAY:g} seconds, got {value!r}")
 
 
+def _children(value: Sequence[NewItem]) -> tuple[NewItem, ...]:
+    """An outcome's ``children``: a sequence of :class:`NewItem` (not a string), as a tuple."""
+    if isinstance(value, str | bytes | NewItem):
+        raise TypeError(f"children must be a sequence of NewItem, got {value!r}")
+    children = tuple(value)
+    for index, child in enumerate(children):
+        if not isinstance(child, NewItem):
+            raise TypeError(f"children[{index}] must be a NewItem, got {child!r}")
+    return children
+
+
 @attrs.frozen
 class Continue:
     """Evaluated; due again after *delay* seconds (default: the runner's ``requeue_delay``).
 
     The config is kept, and the error count and attempts are cleared: a snooze is a successful
     evaluation, never an error.
+
+    *children* (:class:`~trio_supervise.NewItem`) are created with this outcome, atomically and
+    only if the item's lease still holds. With *wait_for_children* the item is not due again
+    after a delay but when the last of those children finishes (completed, cancelled or dead),
+    or at once if none was created; *delay* must then be left out. See :doc:`/howto/fan-out`.
     """
 
     delay: float | None = attrs.field(default=None, validator=_snooze)
+    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_children, kw_only=True)
+    wait_for_children: bool = attrs.field(
+        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.wait_for_children and self.delay is not None:
+            raise ValueError(
+                "Continue delay cannot be given with wait_for_children: the item is due when "
+                "its last child finishes"
+            )
 
 
 class EvaluationTimedOut(SuperviseError):
@@ -113,6 +142,8 @@ class Reschedule:
 
     at: dt.datetime = attrs.field(converter=utc)
     config: Any
+    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_children, kw_only=True)
+    """Items created with this outcome, atomically (see :class:`Continue`); not waited for."""
 
 
 @attrs.frozen
@@ -124,6 +155,8 @@ class Stop:
     """
 
     result: Any = None
+    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_children, kw_only=True)
+    """Follow-up items created as this one completes, atomically (see :class:`Continue`)."""
 
 
 Outcome: TypeAlias = Continue | Reschedule | Stop
@@ -665,12 +698,18 @@ def prepare_item(driver: object, item: WorkItem) -> WorkItem:
 def outcome_settlement(
     outcome: object, item: WorkItem, *, driver_name: str, requeue_delay: float
 ) -> Settlement:
-    """The write-back for a driver's *outcome*; :class:`TypeError`/:class:`ConfigError` if unfit."""
+    """The write-back for a driver's *outcome*; :class:`TypeError`/:class:`ValueError` (a
+    :class:`ConfigError`) if unfit, children included."""
     item_id, version = item.id, item.lease_version
     if isinstance(outcome, Continue):
         delay = requeue_delay if outcome.delay is None else outcome.delay
         return Settlement(
-            item_id=item_id, lease_version=version, kind=SettleKind.CONTINUE, delay=delay
+            item_id=item_id,
+            lease_version=version,
+            kind=SettleKind.CONTINUE,
+            delay=0.0 if outcome.wait_for_children else delay,
+            children=_checked_children(outcome.children, item),
+            wait_for_children=outcome.wait_for_children,
         )
     if isinstance(outcome, Reschedule):
         config = outcome.config
@@ -683,6 +722,7 @@ def outcome_settlement(
             kind=SettleKind.RESCHEDULE,
             at=outcome.at,
             config=config,
+            children=_checked_children(outcome.children, item),
         )
     if isinstance(outcome, Stop):
         result = outcome.result
@@ -691,10 +731,23 @@ def outcome_settlement(
         if result is not None:
             result = check_json(result, what=f"result for spec '{item.spec_id}'")
         return Settlement(
-            item_id=item_id, lease_version=version, kind=SettleKind.COMPLETE, result=result
+            item_id=item_id,
+            lease_version=version,
+            kind=SettleKind.COMPLETE,
+            result=result,
+            children=_checked_children(outcome.children, item),
         )
     raise TypeError(
         f"driver '{driver_name}' returned {outcome!r}, not Continue, Reschedule or Stop"
+    )
+
+
+def _checked_children(children: Sequence[NewItem], item: WorkItem) -> tuple[NewItem, ...]:
+    """An outcome's children checked as ``enqueue`` checks them (configs as JSON), so an unfit
+    one is an item error of the parent (``children[2] of spec 'order': config ...``)."""
+    return tuple(
+        check_child(child, what=f"children[{index}] of spec '{item.spec_id}'")
+        for index, child in enumerate(children)
     )
 
 
@@ -847,6 +900,8 @@ async def _write(
 
     steps: list[Callable[[], Awaitable[None]]]
     match settlement.kind:
+        case _ if settlement.children or settlement.wait_for_children:
+            steps = [settle]  # the children are written with the outcome, in one transaction
         case SettleKind.CONTINUE:
             steps = [release]
         case SettleKind.RESCHEDULE:

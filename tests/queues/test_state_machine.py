@@ -33,10 +33,12 @@ from hypothesis.stateful import (
 
 from trio_supervise import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
 from trio_supervise.queues import (
+    WAITING_DUE_AT,
     ItemState,
     Lease,
     LeaseStatus,
     MemoryQueue,
+    NewItem,
     PostgresQueue,
     SettleKind,
     Settlement,
@@ -44,6 +46,7 @@ from trio_supervise.queues import (
     WorkItem,
     WorkQueue,
 )
+from trio_supervise.queues._protocol import child_item_id
 
 from .conftest import BACKENDS, START, ManualClock, pg_schema
 
@@ -116,6 +119,10 @@ class Model:
     priority: int = 0
     queue: str = "default"
     old_versions: list[int] = attrs.field(factory=list)
+    parent_id: str | None = None
+    waiting_children: int = 0
+    waited_by: tuple[str, int] | None = None
+    """The parent (id, lease version) whose wait this child still counts toward."""
 
     def claimable_at(self) -> dt.datetime | None:
         if self.state is ItemState.QUEUED:
@@ -152,6 +159,8 @@ class Model:
             self.attempt,
             self.priority,
             self.queue,
+            self.parent_id,
+            self.waiting_children,
         )
 
 
@@ -172,6 +181,8 @@ def view(item: WorkItem) -> tuple[Any, ...]:
         item.attempt,
         item.priority,
         item.queue,
+        item.parent_id,
+        item.waiting_children,
     )
 
 
@@ -227,6 +238,16 @@ class QueueMachine(RuleBasedStateMachine):
                 kind=SettleKind.DEAD,
                 error=f"the reschedule outcome could not be stored: {POISON_REASON}",
             )
+        poisoned = [i for i, child in enumerate(s.children) if child.config == POISON]
+        if poisoned:
+            # An unstorable child: the parent's entry goes dead, and no child is written.
+            s = Settlement(
+                item_id=s.item_id,
+                lease_version=s.lease_version,
+                kind=SettleKind.DEAD,
+                error=f"the {s.kind} outcome could not be stored: "
+                f"children[{poisoned[0]}]: {POISON_REASON}",
+            )
         later = self.now() + dt.timedelta(seconds=s.delay)
         match s.kind:
             case SettleKind.CONTINUE:
@@ -249,7 +270,56 @@ class QueueMachine(RuleBasedStateMachine):
             case SettleKind.DEAD:
                 item.finish(ItemState.DEAD)
                 item.error_count, item.last_error = item.error_count + 1, s.error
+        if item.state.finished:
+            self.child_finished(item)
+        if s.children or s.wait_for_children:
+            self.create_children(item, s)
         return True
+
+    def create_children(self, parent: Model, s: Settlement) -> None:
+        """The model of writing *s*'s children: an existing id or held key is skipped."""
+        created = 0
+        seen: set[str] = set()
+        for child in s.children:
+            assert child.item_id is not None
+            if child.item_id in seen:
+                continue
+            seen.add(child.item_id)
+            held = child.idempotency_key is not None and any(
+                m.key == child.idempotency_key for m in self.model.values()
+            )
+            if held or child.item_id in self.model:
+                continue
+            created += 1
+            self.model[child.item_id] = Model(
+                id=child.item_id,
+                spec_id=child.spec_id,
+                due_at=self.now(),
+                key=child.idempotency_key,
+                config=child.config,
+                parent_id=parent.id,
+                waited_by=(parent.id, s.lease_version) if s.wait_for_children else None,
+            )
+        if s.wait_for_children:
+            parent.waiting_children = created
+            parent.due_at = WAITING_DUE_AT if created else self.now()
+
+    def child_finished(self, child: Model) -> None:
+        """*child* finished: one less for the parent that waits for it, once."""
+        waited, child.waited_by = child.waited_by, None
+        if waited is None:
+            return
+        parent = self.model.get(waited[0])
+        if (
+            parent is None
+            or parent.state is not ItemState.QUEUED
+            or parent.lease_version != waited[1]
+            or parent.waiting_children <= 0
+        ):
+            return
+        parent.waiting_children -= 1
+        if parent.waiting_children == 0:
+            parent.due_at = self.now()
 
     def settlement(
         self,
@@ -436,6 +506,128 @@ class QueueMachine(RuleBasedStateMachine):
         got = self.portal.run(self.queue.settle_many, batch)
         assert got == [self.apply(s) for s in batch]
 
+    @rule()
+    def claim_everything_due(self) -> None:
+        """A claim of every spec in the default queue: keeps running items (parents, children)
+        common enough for the fan-out and fan-in rules to meet."""
+        self.claim(SPECS, "w1", 5.0, 3, "default")
+
+    def running(self) -> list[Model]:
+        return sorted(
+            (m for m in self.model.values() if m.state is ItemState.RUNNING), key=lambda m: m.id
+        )
+
+    @precondition(lambda self: self.running())
+    @rule(
+        index=st.integers(0, 99),
+        kind=st.sampled_from([SettleKind.COMPLETE, SettleKind.CANCEL, SettleKind.DEAD]),
+        children_first=st.booleans(),
+    )
+    def finish_running(self, index: int, kind: SettleKind, children_first: bool) -> None:
+        """A running item (a child, if asked and there is one) finishes: fan-in may follow."""
+        running = self.running()
+        children = [m for m in running if m.parent_id is not None]
+        pool = children if children_first and children else running
+        m = pool[index % len(pool)]
+        s = self.settlement(m, "fresh", kind, 0.0, 0.0, 0)
+        [applied] = self.portal.run(self.queue.settle_many, [s])
+        assert applied == self.apply(s)
+
+    @precondition(lambda self: self.running())
+    @rule(
+        index=st.integers(0, 99),
+        which=st.sampled_from(["fresh", "fresh", "fresh", "old"]),
+        kind=st.sampled_from([SettleKind.CONTINUE, SettleKind.RESCHEDULE, SettleKind.COMPLETE]),
+        wait=st.booleans(),
+        children=st.lists(
+            st.tuples(
+                st.sampled_from(SPECS),
+                st.sampled_from(KEYS),
+                st.sampled_from([None, None, None, "x1", "c1"]),
+                st.sampled_from([False, False, False, False, True]),
+            ),
+            max_size=3,
+        ),
+        n=st.integers(0, 9),
+    )
+    def settle_with_children(
+        self,
+        index: int,
+        which: str,
+        kind: SettleKind,
+        wait: bool,
+        children: list[tuple[str, str | None, str | None, bool]],
+        n: int,
+    ) -> None:
+        """An outcome with children (some with a held key or an existing id, some unstorable),
+        perhaps waiting for them: written with the parent, or not at all."""
+        running = self.running()
+        self.settle_children(running[index % len(running)], which, kind, wait, children, n)
+
+    @rule(
+        children=st.lists(
+            st.tuples(
+                st.sampled_from(SPECS),
+                st.sampled_from(KEYS),
+                st.just(None),
+                st.sampled_from([False, False, False, False, True]),
+            ),
+            min_size=1,
+            max_size=3,
+        ),
+        n=st.integers(0, 9),
+    )
+    def fan_out_from_a_new_parent(
+        self, children: list[tuple[str, str | None, str | None, bool]], n: int
+    ) -> None:
+        """A new parent is enqueued, claimed (with whatever else is due) and fans out, waiting:
+        the common shape, so that fan-in is met often."""
+        self.enqueue("a", -5.0, None, None, n, -100, "default")
+        self.claim_everything_due()
+        parent = self.model[f"i{self.serial:03}"]
+        if parent.state is ItemState.RUNNING:
+            self.settle_children(parent, "fresh", SettleKind.CONTINUE, True, children, n)
+
+    def settle_children(
+        self,
+        m: Model,
+        which: str,
+        kind: SettleKind,
+        wait: bool,
+        children: list[tuple[str, str | None, str | None, bool]],
+        n: int,
+    ) -> None:
+        base = self.settlement(m, which, kind, 0.0, 3.0, n)
+        s = attrs.evolve(
+            base,
+            children=[
+                NewItem(
+                    spec_id=spec,
+                    config=POISON if poison else {"c": n},
+                    idempotency_key=key,
+                    item_id=item_id,
+                )
+                for spec, key, item_id, poison in children
+            ],
+            wait_for_children=wait and kind is SettleKind.CONTINUE,
+        )
+        # A child id as the queue gives it (the model's children are named the same way).
+        assert all(
+            child.item_id == (item_id or child_item_id(m.id, s.lease_version, i))
+            for i, (child, (_, _, item_id, _)) in enumerate(zip(s.children, children, strict=True))
+        )
+        [applied] = self.portal.run(self.queue.settle_many, [s])
+        assert applied == self.apply(s)
+
+        async def listed() -> list[WorkItem]:
+            return await self.queue.list_children(m.id)
+
+        expected = sorted(
+            (c for c in self.model.values() if c.parent_id == m.id), key=lambda c: c.id
+        )
+        got = sorted(self.portal.run(listed), key=lambda c: c.id)
+        assert [view(c) for c in got] == [c.view() for c in expected]
+
     @precondition(lambda self: self.model)
     @rule(index=st.integers(0, 99), which=st.sampled_from(["fresh", "old"]), n=st.integers(0, 9))
     def mark_error(self, index: int, which: str, n: int) -> None:
@@ -457,6 +649,7 @@ class QueueMachine(RuleBasedStateMachine):
         got = outcome(self.portal, self.queue.request_cancel, m.id)
         if m.state is ItemState.QUEUED:
             m.state, m.cancel_requested = ItemState.CANCELLED, True
+            self.child_finished(m)
         elif m.state is ItemState.RUNNING:
             m.cancel_requested = True
         assert isinstance(got, WorkItem)
@@ -477,6 +670,7 @@ class QueueMachine(RuleBasedStateMachine):
             return
         m.requeue(self.now() if at is None else at)
         m.error_count, m.attempt, m.cancel_requested = 0, 0, False
+        m.waiting_children = 0  # a retried parent waits no more
         assert isinstance(got, WorkItem)
         assert view(got) == m.view()
 

@@ -211,15 +211,38 @@ def item_json(item: WorkItem) -> dict[str, Any]:
     return document
 
 
-def print_item(item: WorkItem, as_json: bool) -> None:
+def due_text(item: WorkItem) -> str:
+    """When *item* is due, for people: "waiting for N children" while it waits for them (its
+    stored ``due_at`` is then the never-due sentinel), else the time."""
+    if item.waiting:
+        n = item.waiting_children
+        return f"waiting for {n} {'child' if n == 1 else 'children'}"
+    return f"{stamp(item.due_at)} UTC"
+
+
+def children_text(children: Sequence[WorkItem], complete: bool) -> str:
+    """A parent's children in one line: how many, and how many per state."""
+    states: dict[str, int] = {}
+    for child in children:
+        states[str(child.state)] = states.get(str(child.state), 0) + 1
+    per_state = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    return f"{len(children)}{'' if complete else '+'} ({per_state})"
+
+
+def print_item(
+    item: WorkItem, as_json: bool, children: Sequence[WorkItem] = (), *, complete: bool = True
+) -> None:
     if as_json:
-        print(json.dumps(item_json(item), indent=2, sort_keys=True))
+        document = item_json(item)
+        if children:
+            document["children"] = [child.id for child in children]
+        print(json.dumps(document, indent=2, sort_keys=True))
         return
     fields = [
         ("id", item.id),
         ("spec", item.spec_id),
         ("state", str(item.state) + (" (cancel requested)" if item.cancel_requested else "")),
-        ("due", f"{stamp(item.due_at)} UTC"),
+        ("due", due_text(item)),
         ("tenant", item.tenant_id),
         ("subject", item.subject_id),
         ("queue", item.queue),
@@ -239,6 +262,10 @@ def print_item(item: WorkItem, as_json: bool) -> None:
     ]
     if item.result is not None:
         fields.append(("result", json.dumps(item.result, sort_keys=True)))
+    if item.parent_id is not None:
+        fields.append(("parent", item.parent_id))
+    if children:
+        fields.append(("children", children_text(children, complete)))
     # The error history, oldest first, each with its (trimmed) traceback below it.
     fields.extend(
         (

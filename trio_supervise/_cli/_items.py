@@ -23,6 +23,7 @@ from ._common import (
     EXIT_OK,
     Subparsers,
     UserError,
+    due_text,
     item_json,
     limit,
     print_item,
@@ -52,6 +53,11 @@ def register(commands: Subparsers) -> None:
     )
     listing.add_argument(
         "--after", metavar="ID", help="the page after this item (the last id of the previous page)"
+    )
+    listing.add_argument(
+        "--parent",
+        metavar="ID",
+        help="only the children of this item, in the order they were created",
     )
     listing.set_defaults(handler=_cmd_list)
 
@@ -110,7 +116,19 @@ def register(commands: Subparsers) -> None:
 def _cmd_list(args: argparse.Namespace) -> int:
     states = [ItemState(s) for s in args.state] if args.state else None
 
+    if args.parent is not None and args.after is not None:
+        raise UserError("--after pages the whole queue; with --parent, use --limit")
+
     async def body(queue: WorkQueue) -> tuple[list[WorkItem], int]:
+        if args.parent is not None:
+            await queue.get(args.parent)  # an unknown parent is an error, not "no items"
+            children = [
+                child
+                for child in await queue.list_children(args.parent, limit=MAX_COUNT)
+                if (states is None or child.state in states)
+                and (args.spec is None or child.spec_id in args.spec)
+            ]
+            return children[: args.limit], len(children)
         items = await queue.list_items(
             states=states, spec_ids=args.spec, limit=args.limit, after=args.after
         )
@@ -136,7 +154,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
             item.id,
             item.spec_id,
             str(item.state) + ("*" if item.cancel_requested else ""),
-            stamp(item.due_at),
+            due_text(item).removesuffix(" UTC"),
             str(item.error_count),
             short(item.tenant_id, 16),
             short(item.subject_id, 16),
@@ -151,14 +169,26 @@ def _cmd_list(args: argparse.Namespace) -> int:
     )
     if any(item.cancel_requested for item in items):
         print("* cancel requested")
-    more = f"; next page: --after {items[-1].id}" if len(items) == args.limit else ""
+    more = (
+        f"; next page: --after {items[-1].id}"
+        if len(items) == args.limit and args.parent is None
+        else ""
+    )
     print(f"{len(items):,} of {total:,}{' after ' + args.after if args.after else ''}{more}")
     return 0
 
 
+_SHOWN_CHILDREN = 10_000
+"""The most children ``items show`` reads to summarise them ("10000+" past that)."""
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
-    item: WorkItem = with_queue(args, lambda queue: queue.get(args.item_id))
-    print_item(item, args.json)
+    async def body(queue: WorkQueue) -> tuple[WorkItem, list[WorkItem]]:
+        item = await queue.get(args.item_id)
+        return item, await queue.list_children(item.id, limit=_SHOWN_CHILDREN)
+
+    item, children = with_queue(args, body)
+    print_item(item, args.json, children, complete=len(children) < _SHOWN_CHILDREN)
     return 0
 
 

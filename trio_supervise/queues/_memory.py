@@ -31,22 +31,31 @@ from .._clock import Clock, TrioClock, utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
 from ._protocol import (
     DEFAULT_QUEUE,
+    SCOPE_PERIOD,
+    SCOPE_UNFINISHED,
+    WAITING_DUE_AT,
+    Enqueued,
     ErrorEntry,
     ItemState,
     JSONValue,
     Lease,
     LeaseStatus,
+    NewItem,
     QueueInfo,
     SettleKind,
     Settlement,
     SingleWrites,
+    UniqueScope,
     WorkItem,
     append_error,
+    check_child,
     check_config,
+    check_entries,
     check_json,
-    check_new_item,
     check_prune,
     check_queue_name,
+    check_unique,
+    plan_batch,
     replace_trusted,
     storable_text,
     unstorable_outcome,
@@ -100,6 +109,15 @@ def _with_error(item: WorkItem, now: dt.datetime, error: str | None) -> tuple[Er
     return append_error(item.errors, entry)
 
 
+def _lapsed(holder: WorkItem, now: dt.datetime) -> bool:
+    """True when *holder*'s uniqueness scope no longer holds its key (see ``UniqueScope``)."""
+    if holder.unique_scope == SCOPE_UNFINISHED:
+        return holder.state.finished
+    if holder.unique_scope == SCOPE_PERIOD:
+        return holder.unique_until is not None and holder.unique_until <= now
+    return False
+
+
 def _other_than(generation: int) -> Callable[[int], bool]:
     return lambda value: value != generation
 
@@ -124,6 +142,9 @@ class MemoryQueue(SingleWrites):
     _clock: Clock = attrs.field(factory=TrioClock, alias="clock")
     _items: dict[str, WorkItem] = attrs.field(init=False, factory=dict)
     _keys: dict[str, str] = attrs.field(init=False, factory=dict)
+    """Idempotency key -> the id of the item holding it."""
+    _released: dict[str, list[str]] = attrs.field(init=False, factory=dict)
+    """Idempotency key -> the ids of the items that held it until their scope lapsed."""
     _versions: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
     _queued: dict[tuple[str, str, int], _Heap] = attrs.field(init=False, factory=dict)
     """Per ``(spec id, queue, priority)``, queued items by ``(due_at, id)`` (with stale entries;
@@ -132,6 +153,11 @@ class MemoryQueue(SingleWrites):
     """Per ``(spec id, queue)``, running items by ``(lease_expires_at, id)``."""
     _paused: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
     """Paused queues, with when they were paused."""
+    _fan_in: dict[str, tuple[str, int]] = attrs.field(init=False, factory=dict)
+    """Per waited-for child not yet finished: its parent's id and lease version (the SQL
+    backends' ``parent_version`` column)."""
+    _children_of: dict[str, list[str]] = attrs.field(init=False, factory=dict)
+    """Per parent id, its children's ids in creation order (the SQL backends' parent index)."""
     _pushes: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
@@ -164,9 +190,12 @@ class MemoryQueue(SingleWrites):
         """Forget every item and event."""
         self._items.clear()
         self._keys.clear()
+        self._released.clear()
         self._queued.clear()
         self._leased.clear()
         self._paused.clear()
+        self._fan_in.clear()
+        self._children_of.clear()
         self.events.clear()
         self._changed()
 
@@ -274,6 +303,10 @@ class MemoryQueue(SingleWrites):
     def _apply(self, s: Settlement, now: dt.datetime | None = None) -> None:
         item = self._fenced(f"settle:{s.kind}", s.item_id, s.lease_version)
         now = self._now() if now is None else now
+        # Checked before anything changes: an unfit child refuses the whole entry.
+        children = [
+            check_child(child, what=f"children[{index}]") for index, child in enumerate(s.children)
+        ]
         match s.kind:
             case SettleKind.CONTINUE:
                 self._requeue(
@@ -317,9 +350,53 @@ class MemoryQueue(SingleWrites):
                     lease_expires_at=None,
                     **changes,
                 )
+                self._child_finished(s.item_id, now)
+        if children or s.wait_for_children:
+            self._create_children(s, children, now)
         self._log(
             f"settle:{s.kind}", s.item_id, s.lease_version, at=now, delay=s.delay, error=s.error
         )
+
+    def _create_children(self, s: Settlement, children: list[NewItem], now: dt.datetime) -> None:
+        """Write *s*'s checked children (a repeated or existing id, a held key: skipped), then
+        the wait."""
+        created = 0
+        seen: set[str] = set()
+        for child in children:
+            assert child.item_id is not None
+            if child.item_id in seen:
+                continue  # an id an earlier child of this outcome has: left out, as on SQL
+            seen.add(child.item_id)
+            if self._insert_child(child, now, s.item_id) is None:
+                continue
+            created += 1
+            if s.wait_for_children:
+                self._fan_in[child.item_id] = (s.item_id, s.lease_version)
+        if s.wait_for_children:
+            parent = self._items[s.item_id]
+            self._put(
+                parent,
+                now,
+                waiting_children=created,
+                due_at=WAITING_DUE_AT if created else now,
+            )
+
+    def _child_finished(self, item_id: str, now: dt.datetime) -> None:
+        """*item_id* finished: if its parent waits for it, one less to wait for (once)."""
+        waited = self._fan_in.pop(item_id, None)
+        if waited is None:
+            return
+        parent = self._items.get(waited[0])
+        if (
+            parent is None
+            or parent.state is not ItemState.QUEUED
+            or parent.lease_version != waited[1]
+            or parent.waiting_children <= 0
+        ):
+            return
+        left = parent.waiting_children - 1
+        self._put(parent, now, waiting_children=left, due_at=parent.due_at if left else now)
+        self._log("fan_in", parent.id, parent.lease_version, at=now, child=item_id, left=left)
 
     # -- producing and inspecting ------------------------------------------------------------
 
@@ -336,45 +413,128 @@ class MemoryQueue(SingleWrites):
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
+        unique: UniqueScope = "forever",
     ) -> WorkItem:
-        await trio.lowlevel.checkpoint()
-        config = check_new_item(
+        entry = NewItem(
             spec_id=spec_id,
             config=config,
-            item_id=item_id,
             tenant_id=tenant_id,
             subject_id=subject_id,
+            due_at=due_at,
+            item_id=item_id,
             idempotency_key=idempotency_key,
             priority=priority,
             queue=queue,
-            timeout=evaluation_timeout,
+            evaluation_timeout=evaluation_timeout,
+            unique=unique,
         )
-        if idempotency_key is not None and idempotency_key in self._keys:
-            return self._items[self._keys[idempotency_key]]
-        item_id = uuid.uuid4().hex if item_id is None else item_id
-        if item_id in self._items:
-            raise DuplicateItem(item_id)
+        [done] = await self.enqueue_many([entry])
+        return done.item
+
+    def _holder(self, key: str, now: dt.datetime) -> WorkItem | None:
+        """The item holding *key*, unless its scope has lapsed (then the key is free)."""
+        holder_id = self._keys.get(key)
+        if holder_id is None:
+            return None
+        holder = self._items.get(holder_id)
+        if holder is None or _lapsed(holder, now):
+            return None
+        return holder
+
+    def _release(self, key: str) -> None:
+        """Move *key* from its lapsed holder to the holder's ``released_key``."""
+        holder_id = self._keys.pop(key, None)
+        holder = None if holder_id is None else self._items.get(holder_id)
+        if holder is None:
+            return
+        # Not a change of state: updated_at (which retention reads) stays as it was.
+        self._store(replace_trusted(holder, idempotency_key=None, released_key=key))
+        self._released.setdefault(key, []).append(holder.id)
+
+    async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
+        await trio.lowlevel.checkpoint()
+        checked = check_entries(entries)
+        sent, repeats = plan_batch(checked)
         now = self._now()
-        item = WorkItem(
-            id=item_id,
-            spec_id=spec_id,
-            tenant_id=tenant_id,
-            subject_id=subject_id,
-            config=config,
-            due_at=now if due_at is None else due_at,
-            idempotency_key=idempotency_key,
+        # Plan every write first, so a refused entry leaves the queue as it was.
+        existing: dict[int, WorkItem] = {}
+        for index in sent:
+            key = checked[index].idempotency_key
+            if key is not None and (holder := self._holder(key, now)) is not None:
+                existing[index] = holder
+        for index in sent:
+            explicit = checked[index].item_id
+            if index not in existing and explicit is not None and explicit in self._items:
+                raise DuplicateItem(explicit)
+        results: dict[int, Enqueued] = {}
+        for index in sent:
+            if index in existing:
+                results[index] = Enqueued(item=existing[index], created=False)
+                continue
+            entry = checked[index]
+            item = self._new_item(entry, now)
+            if entry.idempotency_key is not None:
+                if entry.idempotency_key in self._keys:
+                    self._release(entry.idempotency_key)
+                self._keys[entry.idempotency_key] = item.id
+            self._store(item)
+            self._log("enqueue", item.id, at=now, spec_id=item.spec_id)
+            results[index] = Enqueued(item=item, created=True)
+        for index, first in repeats.items():
+            results[index] = Enqueued(item=results[first].item, created=False)
+        if any(done.created for done in results.values()):
+            self._changed()
+        return [results[index] for index in range(len(checked))]
+
+    def _new_item(self, entry: NewItem, now: dt.datetime) -> WorkItem:
+        scope, seconds = check_unique(entry.unique, entry.idempotency_key)
+        timeout = entry.evaluation_timeout
+        return WorkItem(
+            id=uuid.uuid4().hex if entry.item_id is None else entry.item_id,
+            spec_id=entry.spec_id,
+            tenant_id=entry.tenant_id,
+            subject_id=entry.subject_id,
+            config=entry.config,
+            due_at=now if entry.due_at is None else entry.due_at,
+            idempotency_key=entry.idempotency_key,
             created_at=now,
             updated_at=now,
-            priority=priority,
-            queue=queue,
-            timeout=None if evaluation_timeout is None else float(evaluation_timeout),
+            priority=entry.priority,
+            queue=entry.queue,
+            timeout=None if timeout is None else float(timeout),
+            unique_scope=scope,
+            unique_until=None if seconds is None else now + dt.timedelta(seconds=seconds),
         )
+
+    def _insert_child(self, child: NewItem, now: dt.datetime, parent_id: str) -> WorkItem | None:
+        """Store *child* (checked, with its id) as *parent_id*'s; None if its id exists or its
+        key is held (nothing written then)."""
+        key = child.idempotency_key
+        if child.item_id in self._items or (key is not None and self._holder(key, now)):
+            return None
+        item = replace_trusted(self._new_item(child, now), parent_id=parent_id)
+        if key is not None:
+            if key in self._keys:
+                self._release(key)
+            self._keys[key] = item.id
         self._store(item)
-        if idempotency_key is not None:
-            self._keys[idempotency_key] = item_id
-        self._log("enqueue", item_id, spec_id=spec_id)
-        self._changed()
+        self._children_of.setdefault(parent_id, []).append(item.id)
+        self._log("enqueue", item.id, at=now, spec_id=item.spec_id, parent_id=parent_id)
         return item
+
+    async def get_by_key(self, idempotency_key: str) -> WorkItem:
+        await trio.lowlevel.checkpoint()
+        holder_id = self._keys.get(idempotency_key)
+        if holder_id is not None and holder_id in self._items:
+            return self._items[holder_id]
+        released = [
+            self._items[each]
+            for each in self._released.get(idempotency_key, ())
+            if each in self._items and self._items[each].released_key == idempotency_key
+        ]
+        if not released:
+            raise ItemNotFound(idempotency_key, "idempotency key")
+        return max(released, key=lambda item: (item.created_at, item.id))
 
     async def get(self, item_id: str) -> WorkItem:
         await trio.lowlevel.checkpoint()
@@ -410,11 +570,26 @@ class MemoryQueue(SingleWrites):
             totals[key] = totals.get(key, 0) + 1
         return totals
 
+    async def list_children(self, parent_id: str, *, limit: int = 1000) -> list[WorkItem]:
+        await trio.lowlevel.checkpoint()
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        # An id deleted since (or taken again by another item) is no longer this parent's child.
+        found = [
+            child
+            for child_id in self._children_of.get(parent_id, ())
+            if (child := self._items.get(child_id)) is not None and child.parent_id == parent_id
+        ]
+        found.sort(key=lambda item: (item.created_at, item.id))
+        return found[:limit]
+
     async def request_cancel(self, item_id: str) -> WorkItem:
         await trio.lowlevel.checkpoint()
         item = self._item(item_id)
         if item.state is ItemState.QUEUED:
-            item = self._put(item, state=ItemState.CANCELLED, cancel_requested=True)
+            now = self._now()
+            item = self._put(item, now, state=ItemState.CANCELLED, cancel_requested=True)
+            self._child_finished(item_id, now)
         elif item.state is ItemState.RUNNING and not item.cancel_requested:
             item = self._put(item, cancel_requested=True)
         self._log("request_cancel", item_id, state=str(item.state))
@@ -434,6 +609,7 @@ class MemoryQueue(SingleWrites):
             error_count=0,
             attempt=0,
             cancel_requested=False,
+            waiting_children=0,
         )
         self._log("retry", item_id)
         self._changed()
@@ -483,6 +659,11 @@ class MemoryQueue(SingleWrites):
             raise ItemStateError(f"item {item_id!r} is running; cancel it first")
         if getattr(item, "waiting_children", 0):
             raise ItemStateError(f"item {item_id!r} is waiting for its children")
+        if item_id in self._fan_in:
+            raise ItemStateError(
+                f"item {item_id!r} is a child its parent waits for; cancel it first (the parent "
+                "counts it), then delete it"
+            )
         self._remove(item)
         self._log("delete", item_id)
         self._changed()

@@ -476,6 +476,31 @@ class PostgresQueue(SQLQueue):
     def _data_errors(self) -> tuple[type[Exception], ...]:
         return _data_errors()
 
+    def _cursor(self, conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
+        from psycopg.rows import dict_row
+
+        return conn.cursor(row_factory=dict_row)
+
+    def _insert_rows(
+        self, cur: psycopg.Cursor[Row], params: Sequence[dict[str, Any]], now: Any
+    ) -> list[Row]:
+        arrays = {
+            "ids": [each["id"] for each in params],
+            "spec_ids": [each["spec_id"] for each in params],
+            "tenant_ids": [each["tenant_id"] for each in params],
+            "subject_ids": [each["subject_id"] for each in params],
+            "configs": [each["config"] for each in params],
+            "due_ats": [each["due_at"] for each in params],
+            "keys": [each["idempotency_key"] for each in params],
+            "priorities": [each["priority"] for each in params],
+            "queues": [each["queue"] for each in params],
+            "timeouts": [each["timeout"] for each in params],
+            "scopes": [each["unique_scope"] for each in params],
+            "periods_us": [each["period_us"] for each in params],
+            "now": now,
+        }
+        return cur.execute(_Q["enqueue_many"], arrays).fetchall()
+
     def _renew_rows(
         self, conn: psycopg.Connection[Row], leases: Sequence[Lease], lease_us: int, now: Any
     ) -> list[Row]:
@@ -504,6 +529,22 @@ class PostgresQueue(SQLQueue):
             "max_errors": MAX_ERRORS,
         }
         return conn.execute(_Q["settle_many"], params).fetchall()
+
+    def _set_parents(
+        self, conn: psycopg.Connection[Row], children: Sequence[dict[str, Any]]
+    ) -> None:
+        params = {
+            "ids": [child["id"] for child in children],
+            "parent_ids": [child["parent_id"] for child in children],
+            "parent_versions": [child["parent_version"] for child in children],
+        }
+        conn.execute(_Q["set_parents"], params)
+
+    def _fan_in(
+        self, conn: psycopg.Connection[Row], item_ids: Sequence[str], now: Any
+    ) -> list[str]:
+        rows = conn.execute(_Q["fan_in"], {"ids": list(item_ids), "now": now}).fetchall()
+        return [row["spec_id"] for row in rows if row["due_now"]]
 
     def _before_wait(self) -> None:
         self._start_listener()

@@ -49,6 +49,21 @@ Unstorable values
     :func:`check_json`), on every backend alike. A ``settle_many`` entry that still cannot be
     written does not fail its batch: it becomes :func:`unstorable_outcome` (``dead``, saying why).
 
+Child items and fan-in
+    A ``continue``, ``reschedule`` or ``complete`` settlement may carry ``children``
+    (:class:`NewItem`): they are written in the same transaction as the parent's fenced update,
+    and only if it applied (a stale parent creates nothing). Each child records ``parent_id``.
+    A child without an ``item_id`` gets :func:`child_item_id` (parent id, lease version, index),
+    so the same outcome can never create it twice. A child whose id or idempotency key exists
+    already is not created (the existing item is not adopted) and not waited for.
+    A ``continue`` with ``wait_for_children`` puts the parent back ``queued`` with
+    ``waiting_children`` = the children created and ``due_at`` = :data:`WAITING_DUE_AT` (never
+    due); each waited-for child that finishes (``completed``, ``cancelled`` or ``dead``: its
+    settlement, a ``request_cancel`` while queued) takes one off, atomically, and the last one
+    makes the parent due at once. A child counts once: :meth:`WorkQueue.retry` of a finished
+    child does not re-arm its parent. A parent taken out of its wait (retried, cancelled) is
+    no longer counted down. With no child created, the parent is due at once.
+
 Exact wake-ups (optional)
     A queue may define a boolean attribute ``exact_wakeups``. True promises that
     :meth:`WorkQueue.wait_for_work` returns by itself whenever work may have become claimable:
@@ -83,7 +98,7 @@ import enum
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
@@ -92,8 +107,11 @@ from .._convert import MAX_JSON_DEPTH as _MAX_JSON_DEPTH
 from .._convert import nested_too_deeply
 
 __all__ = [
+    "Enqueued",
     "ItemState",
     "JSONValue",
+    "NewItem",
+    "UniqueScope",
     "Lease",
     "LeaseStatus",
     "SettleKind",
@@ -101,7 +119,9 @@ __all__ = [
     "WorkItem",
     "WorkQueue",
     "DEFAULT_QUEUE",
+    "MAX_CHILDREN",
     "MAX_DELAY",
+    "WAITING_DUE_AT",
     "MAX_JSON_DEPTH",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
@@ -112,7 +132,11 @@ __all__ = [
     "check_queue_name",
     "check_timeout",
     "check_json",
+    "check_entries",
     "check_new_item",
+    "check_child",
+    "child_item_id",
+    "check_unique",
     "storable_text",
     "unstorable_outcome",
     "validate_spec_id",
@@ -137,6 +161,13 @@ MAX_PRIORITY = 100
 MAX_DELAY = 1e10
 """The longest delay (seconds, about 317 years) a settlement may ask for: far enough for any
 schedule, near enough that every backend can store ``now + delay``."""
+
+MAX_CHILDREN = 10_000
+"""The most children one outcome may create."""
+
+WAITING_DUE_AT = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
+"""The ``due_at`` of a parent waiting for its children: never due, until the last child
+finishes and sets it to "now" (see the module doc). Shown as "waiting for N children"."""
 
 
 def _unstorable(text: str) -> str | None:
@@ -291,6 +322,54 @@ def check_timeout(timeout: object, *, what: str = "timeout") -> float | None:
     return float(timeout)
 
 
+UniqueScope: TypeAlias = Literal["forever", "unfinished"] | dt.timedelta | float
+"""How long an item's idempotency key holds (``NewItem.unique``, ``enqueue(unique=...)``):
+
+- ``"forever"`` (the default): as long as the item exists, in any state;
+- ``"unfinished"``: while the item is queued or running; once it is completed, cancelled or
+  dead, the next enqueue with the key creates a new item;
+- a ``timedelta`` or a positive number of seconds: for that long after the item was created.
+"""
+
+SCOPE_FOREVER = "forever"
+SCOPE_UNFINISHED = "unfinished"
+SCOPE_PERIOD = "period"
+
+
+def check_unique(unique: object, idempotency_key: str | None = None) -> tuple[str, float | None]:
+    """``(scope, seconds)`` for a :data:`UniqueScope`: the stored scope name, and the period.
+
+    Refuses anything else, and a scope other than ``"forever"`` without an idempotency key
+    (there is nothing for it to apply to), naming the field ``unique``.
+    """
+    if isinstance(unique, str):
+        if unique not in (SCOPE_FOREVER, SCOPE_UNFINISHED):
+            raise ValueError(
+                "unique must be 'forever', 'unfinished' or a period (a timedelta or a positive "
+                f"number of seconds), got {unique!r}"
+            )
+        scope, seconds = unique, None
+    else:
+        if isinstance(unique, dt.timedelta):
+            seconds = unique.total_seconds()
+        elif isinstance(unique, int | float) and not isinstance(unique, bool):
+            seconds = float(unique)
+        else:
+            raise ValueError(
+                "unique must be 'forever', 'unfinished' or a period (a timedelta or a positive "
+                f"number of seconds), got {unique!r}"
+            )
+        if not 0 < seconds <= MAX_DELAY:
+            raise ValueError(
+                f"unique as a period must be from 0 (excluded) to {MAX_DELAY:g} seconds, "
+                f"got {unique!r}"
+            )
+        scope = SCOPE_PERIOD
+    if scope != SCOPE_FOREVER and idempotency_key is None:
+        raise ValueError(f"unique={unique!r} needs an idempotency_key to apply to")
+    return scope, seconds
+
+
 def check_new_item(
     *,
     spec_id: str,
@@ -302,6 +381,7 @@ def check_new_item(
     priority: int = 0,
     queue: str = DEFAULT_QUEUE,
     timeout: float | None = None,
+    unique: object = "forever",
 ) -> JSONValue:
     """Validate what ``enqueue`` was given, the same way on every backend; return the config.
 
@@ -318,6 +398,7 @@ def check_new_item(
     check_priority(priority)
     check_queue_name(queue)
     check_timeout(timeout)
+    check_unique(unique, idempotency_key)
     if item_id is not None and not item_id:
         raise ValueError("item_id must be a non-empty string")
     texts = {
@@ -337,6 +418,20 @@ def check_new_item(
 
         config = unstructure(config)
     return check_json({} if config is None else config)
+
+
+def _item_tuple(children: Sequence[NewItem]) -> tuple[NewItem, ...]:
+    return tuple(children)
+
+
+def child_item_id(parent_id: str, lease_version: int, index: int) -> str:
+    """The id of the *index*-th child (from 0) created by *parent_id*'s outcome under
+    *lease_version*, when the child names none: ``"<parent>.<version>.<index, 4 digits>"``.
+
+    Deterministic, so a settlement written twice cannot create a child twice, and readable
+    (``items show order-1.7.0002``); the children of one outcome sort in their order.
+    """
+    return f"{parent_id}.{lease_version}.{index:04d}"
 
 
 class ItemState(enum.StrEnum):
@@ -446,6 +541,26 @@ class WorkItem:
     """The JSON result a completed item was stopped with (``Stop(result=...)``), else None."""
     errors: tuple[ErrorEntry, ...] = ()
     """The last :data:`MAX_ERRORS` errors, oldest first (kept across retries)."""
+    parent_id: str | None = None
+    """The item whose outcome created this one (None: enqueued from outside)."""
+    waiting_children: int = 0
+    """How many of its children this item still waits for; while above 0 it is not due."""
+
+    @property
+    def waiting(self) -> bool:
+        """Whether this item is queued, waiting for its children (not due until they finish)."""
+        return self.waiting_children > 0 and self.state is ItemState.QUEUED
+
+    unique_scope: str = "forever"
+    """How long ``idempotency_key`` holds: ``"forever"``, ``"unfinished"`` or ``"period"``
+    (until ``unique_until``); see :data:`UniqueScope`."""
+    unique_until: dt.datetime | None = attrs.field(
+        default=None, converter=attrs.converters.optional(utc)
+    )
+    """With the ``"period"`` scope, when the key stops holding."""
+    released_key: str | None = None
+    """The key this item held until its scope lapsed and a newer item took it (then
+    ``idempotency_key`` is None); :meth:`WorkQueue.get_by_key` still finds it by that key."""
 
     @property
     def lease(self) -> Lease:
@@ -494,6 +609,11 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     _set(new, "timeout", get("timeout", item.timeout))
     _set(new, "result", get("result", item.result))
     _set(new, "errors", get("errors", item.errors))
+    _set(new, "parent_id", get("parent_id", item.parent_id))
+    _set(new, "waiting_children", get("waiting_children", item.waiting_children))
+    _set(new, "unique_scope", get("unique_scope", item.unique_scope))
+    _set(new, "unique_until", get("unique_until", item.unique_until))
+    _set(new, "released_key", get("released_key", item.released_key))
     return new
 
 
@@ -507,6 +627,127 @@ def _check_replace_trusted() -> None:
 
 
 _check_replace_trusted()
+
+
+@attrs.frozen(kw_only=True)
+class NewItem:
+    """One item to enqueue: the keyword arguments of :meth:`WorkQueue.enqueue` as a record.
+
+    For :meth:`WorkQueue.enqueue_many` (and whatever else writes new items). Nothing is checked
+    here: the queue checks every entry (:func:`check_entries`) before it writes any.
+    """
+
+    spec_id: str
+    config: JSONValue = None
+    """``None`` means ``{}``; an attrs instance is unstructured by the shared converter."""
+    tenant_id: str = ""
+    subject_id: str = ""
+    due_at: dt.datetime | None = None
+    """Default: now."""
+    item_id: str | None = None
+    """Default: a random one."""
+    idempotency_key: str | None = None
+    priority: int = 0
+    queue: str = DEFAULT_QUEUE
+    evaluation_timeout: float | None = None
+    unique: UniqueScope = "forever"
+    """How long *idempotency_key* holds once this item is created (see :data:`UniqueScope`)."""
+
+
+@attrs.frozen(kw_only=True)
+class Enqueued:
+    """What enqueueing one :class:`NewItem` did."""
+
+    item: WorkItem
+    """The new item, or the existing one that holds the key."""
+    created: bool
+    """False: an existing item holds the idempotency key, and nothing was written."""
+
+
+def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
+    """Every entry checked (:func:`check_new_item`), its config the checked JSON copy.
+
+    A bad entry raises the error :func:`check_new_item` raises (``ConfigError`` or
+    ``ValueError``), its message starting ``entry N:`` (0-based) when there is more than one,
+    so nothing is written for a batch with one bad entry.
+    """
+    checked = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, NewItem):
+            raise TypeError(f"entry {index}: expected a NewItem, got {type(entry).__name__}")
+        try:
+            config = check_new_item(
+                spec_id=entry.spec_id,
+                config=entry.config,
+                item_id=entry.item_id,
+                tenant_id=entry.tenant_id,
+                subject_id=entry.subject_id,
+                idempotency_key=entry.idempotency_key,
+                priority=entry.priority,
+                queue=entry.queue,
+                timeout=entry.evaluation_timeout,
+                unique=entry.unique,
+            )
+            due_at = entry.due_at
+            if due_at is not None:
+                if not isinstance(due_at, dt.datetime):
+                    raise ValueError(f"due_at must be a datetime, got {due_at!r}")
+                if due_at.tzinfo is None or due_at.utcoffset() is None:
+                    raise ValueError(
+                        f"due_at must be a timezone-aware datetime, got naive {due_at.isoformat()}"
+                    )
+                due_at = utc(due_at)
+        except ValueError as error:
+            if len(entries) == 1:
+                raise
+            raise type(error)(f"entry {index}: {error}") from None
+        if config is not entry.config or due_at is not entry.due_at:
+            entry = attrs.evolve(entry, config=config, due_at=due_at)
+        checked.append(entry)
+    return checked
+
+
+def check_child(child: NewItem, *, what: str) -> NewItem:
+    """An outcome's *child* checked as :func:`check_entries` checks an entry, its errors
+    prefixed with *what* (``children[2] of spec 'album': config is not JSON-compatible ...``)."""
+    from .._errors import ConfigError
+
+    try:
+        [checked] = check_entries([child])
+    except ConfigError as error:
+        raise ConfigError(f"{what}: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
+    return checked
+
+
+def plan_batch(entries: Sequence[NewItem]) -> tuple[list[int], dict[int, int]]:
+    """Which entries of a checked batch to write, and which repeat an earlier one's key.
+
+    Returns ``(sent, repeats)``: the indices to write, in order, and for every entry whose
+    idempotency key an earlier entry of the batch carries, that earlier entry's index (the
+    first wins; the rest report ``created=False`` with its item). Two written entries with one
+    explicit item id raise :class:`DuplicateItem` naming it.
+    """
+    from .._errors import DuplicateItem
+
+    first_by_key: dict[str, int] = {}
+    repeats: dict[int, int] = {}
+    sent: list[int] = []
+    ids: set[str] = set()
+    for index, entry in enumerate(entries):
+        key = entry.idempotency_key
+        if key is not None:
+            first = first_by_key.setdefault(key, index)
+            if first != index:
+                repeats[index] = first
+                continue
+        if entry.item_id is not None:
+            if entry.item_id in ids:
+                raise DuplicateItem(entry.item_id)
+            ids.add(entry.item_id)
+        sent.append(index)
+    return sent, repeats
 
 
 @attrs.frozen(kw_only=True)
@@ -573,8 +814,17 @@ class Settlement:
         default=None, converter=attrs.converters.optional(storable_text)
     )
     """Made storable on the way in (:func:`storable_text`): escaped, never dropped."""
+    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_item_tuple)
+    """Items to create with this settlement, atomically and only if it applies (``continue``,
+    ``reschedule`` and ``complete`` only); a child without an ``item_id`` is given
+    :func:`child_item_id` here. Checked by the backend as ``enqueue`` checks (an unstorable
+    child makes the whole entry :func:`unstorable_outcome`)."""
+    wait_for_children: bool = False
+    """``continue`` only: the parent waits, not due, until every child created has finished."""
 
     def __attrs_post_init__(self) -> None:
+        if self.children or self.wait_for_children:
+            self._check_children()
         if self.kind is SettleKind.RESCHEDULE and self.at is None:
             raise ValueError("a reschedule settlement needs 'at'")
         if self.kind in (SettleKind.RETRY, SettleKind.DEAD) and self.error is None:
@@ -583,6 +833,28 @@ class Settlement:
             raise ValueError(
                 f"delay must be a number of seconds from 0 to {MAX_DELAY:g}, got {self.delay!r}"
             )
+
+    def _check_children(self) -> None:
+        if self.wait_for_children and self.kind is not SettleKind.CONTINUE:
+            raise ValueError(f"a {self.kind} settlement cannot wait for children")
+        if not self.children:
+            return
+        if self.kind not in (SettleKind.CONTINUE, SettleKind.RESCHEDULE, SettleKind.COMPLETE):
+            raise ValueError(f"a {self.kind} settlement cannot create children")
+        if len(self.children) > MAX_CHILDREN:
+            raise ValueError(
+                f"children: at most {MAX_CHILDREN} per outcome, got {len(self.children)}"
+            )
+        named = []
+        for index, child in enumerate(self.children):
+            if not isinstance(child, NewItem):
+                raise TypeError(f"children[{index}] must be a NewItem, got {child!r}")
+            if child.item_id is None:
+                child = attrs.evolve(
+                    child, item_id=child_item_id(self.item_id, self.lease_version, index)
+                )
+            named.append(child)
+        object.__setattr__(self, "children", tuple(named))
 
 
 def unstorable_outcome(settlement: Settlement, error: Exception) -> Settlement:
@@ -669,6 +941,7 @@ class WorkQueue(Protocol):
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
+        unique: UniqueScope = "forever",
     ) -> WorkItem:
         """Add an item, due at *due_at* (default: now); config ``None`` means ``{}``.
 
@@ -677,10 +950,34 @@ class WorkQueue(Protocol):
         evaluation of this item (stored as ``WorkItem.timeout``), overriding its driver's
         ``timeout``.
 
-        With an *idempotency_key* that an existing item already carries (in any state), nothing
-        is written and that item is returned. An explicit *item_id* that exists already raises
-        :class:`DuplicateItem`. A config that is not JSON raises :class:`ConfigError`.
+        With an *idempotency_key* that an existing item holds, nothing is written and that
+        item is returned (:meth:`enqueue_many` says which happened). How long the new item
+        holds its key is *unique* (see :data:`UniqueScope`): ``"forever"`` (the default: while
+        the item exists, in any state), ``"unfinished"`` (until it is completed, cancelled or
+        dead) or a period (a ``timedelta`` or seconds from its creation). The holder's own
+        scope decides: when it has lapsed, the enqueue moves the key to the holder's
+        ``released_key`` and creates a new item, in one transaction, so any number of
+        concurrent enqueuers with one key create one item. An explicit *item_id* that exists
+        already raises :class:`DuplicateItem`. A config that is not JSON raises
+        :class:`ConfigError`.
         """
+        ...
+
+    async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
+        """Add many items at once (one transaction, one round trip per batch on SQL).
+
+        Per entry, in order, an :class:`Enqueued`: the new item, or the existing one that holds
+        its idempotency key (``created=False``; an entry repeating an earlier entry's key
+        reports that entry's item). Every entry is checked before anything is written: a bad
+        one raises ``ConfigError``/``ValueError`` naming its index and field. An explicit item
+        id that exists already (or twice in the batch) raises :class:`DuplicateItem` and
+        nothing of the batch is written. Waiters are woken once per batch.
+        """
+        ...
+
+    async def get_by_key(self, idempotency_key: str) -> WorkItem:
+        """The item holding *idempotency_key*; else the newest one that held it (its scope
+        lapsed and a newer item took it); else :class:`ItemNotFound`."""
         ...
 
     async def get(self, item_id: str) -> WorkItem:
@@ -705,6 +1002,11 @@ class WorkQueue(Protocol):
 
     async def counts(self) -> Mapping[tuple[str, ItemState], int]:
         """How many items there are per ``(spec_id, state)`` (pairs with none are omitted)."""
+        ...
+
+    async def list_children(self, parent_id: str, *, limit: int = 1000) -> list[WorkItem]:
+        """The items *parent_id*'s outcomes created (``parent_id`` set), at most *limit*, by
+        ``(created_at, id)``: one outcome's children in their order. None for an unknown id."""
         ...
 
     async def request_cancel(self, item_id: str) -> WorkItem:

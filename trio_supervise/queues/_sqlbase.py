@@ -13,7 +13,13 @@ in each backend:
 - the two batched statements, where one statement per row (SQLite) and one ``unnest``
   statement (PostgreSQL) are each the fast form (:meth:`SQLQueue._renew_rows`,
   :meth:`SQLQueue._settle_rows`);
-- wake-ups (:meth:`SQLQueue._notify`, :meth:`SQLQueue._before_wait`).
+- wake-ups (:meth:`SQLQueue._notify`, :meth:`SQLQueue._before_wait`);
+- the multi-row insert of new items (:meth:`SQLQueue._insert_rows`) and a cursor with rows
+  read by column name on any connection, the application's too (:meth:`SQLQueue._cursor`).
+
+Enqueueing is written once as a synchronous core, :meth:`SQLQueue._enqueue_rows`, that runs in
+a transaction its caller holds: the queue's own :meth:`SQLQueue.enqueue_many` on its
+connection, or the application's code on the application's own connection.
 
 Every statement runs inside :meth:`SQLQueue._transaction` on the connection it was given.
 """
@@ -27,6 +33,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
+import attrs
 import trio
 
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost, QueueError
@@ -34,26 +41,33 @@ from . import _sql
 from ._protocol import (
     DEFAULT_QUEUE,
     MAX_ERRORS,
+    WAITING_DUE_AT,
+    Enqueued,
     ErrorEntry,
     ItemState,
     JSONValue,
     Lease,
     LeaseStatus,
+    NewItem,
     QueueInfo,
     SettleKind,
     Settlement,
     SingleWrites,
+    UniqueScope,
     WorkItem,
+    check_child,
     check_config,
+    check_entries,
     check_json,
-    check_new_item,
     check_prune,
     check_queue_name,
+    check_unique,
+    plan_batch,
     storable_text,
     unstorable_outcome,
 )
 
-__all__ = ["SQLQueue", "SettleEntry"]
+__all__ = ["EnqueueBatch", "SQLQueue", "SettleEntry"]
 
 T = TypeVar("T")
 Row = Any
@@ -77,9 +91,37 @@ def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
 
 _STATES = {str(state): state for state in ItemState}
 """``ItemState(text)`` as a dict lookup (the enum call costs ten times as much per row)."""
+_FINISHED_STATES = frozenset(str(state) for state in ItemState if state.finished)
+"""The stored text of the states an item never leaves on its own (a child's fan-in)."""
+
+_WAITED_FOR = (
+    "item {item_id!r} is a child its parent waits for; cancel it first (the parent counts it), "
+    "then delete it"
+)
 
 SettleEntry = tuple[int, Settlement, dict[str, Any]]
 """One settlement on its way to the database: its position, itself, its converted values."""
+
+
+@attrs.frozen
+class EnqueueBatch:
+    """A checked batch of new items, converted for the database (:meth:`SQLQueue._prepare`)."""
+
+    entries: list[NewItem]
+    """Every entry, checked (configs are the checked copies)."""
+    sent: list[int]
+    """The indices of the entries to write (a repeated key is written once)."""
+    repeats: dict[int, int]
+    """Index of an entry repeating an earlier entry's key -> that entry's index."""
+    params: list[dict[str, Any]]
+    """One statement parameter dict per sent entry, in the order of ``sent``."""
+    now: Any
+    """The "now" parameter the batch was prepared with."""
+
+
+_MAX_KEY_ROUNDS = 5
+"""How often one enqueue looks again for a key's holder that changed under it (each round
+needs another transaction to take or release the key in between)."""
 
 
 class SQLQueue(SingleWrites):
@@ -151,6 +193,26 @@ class SQLQueue(SingleWrites):
         ``due_now``)."""
         raise NotImplementedError  # pragma: no cover
 
+    def _set_parents(self, conn: Any, children: Sequence[dict[str, Any]]) -> None:
+        """Record each created child's ``parent_id`` and ``parent_version`` (``id``,
+        ``parent_id``, ``parent_version`` per child)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _fan_in(self, conn: Any, item_ids: Sequence[str], now: Any) -> list[str]:
+        """*item_ids* just finished: count each waited-for one (once) toward its parent's wait;
+        the spec ids of the parents that became due."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _cursor(self, conn: Any) -> Any:
+        """A cursor on *conn* whose rows are read by column name, whatever the connection's own
+        row factory (the application's connection may have none)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _insert_rows(self, cur: Any, params: Sequence[dict[str, Any]], now: Any) -> list[Row]:
+        """Insert the items of *params* (``ON CONFLICT (idempotency_key) DO NOTHING``); the
+        rows inserted, each with ``due_now``."""
+        raise NotImplementedError  # pragma: no cover
+
     def _notify(self, conn: Any, spec_ids: Sequence[str]) -> None:
         """Tell other processes that work of *spec_ids* became due (in the transaction)."""
 
@@ -188,6 +250,11 @@ class SQLQueue(SingleWrites):
             timeout=row["timeout"],
             result=None if (result := row["result"]) is None else self._from_config(result),
             errors=_error_entries(self._from_config(row["errors"])),
+            parent_id=row["parent_id"],
+            waiting_children=row["waiting_children"],
+            unique_scope=row["unique_scope"],
+            unique_until=None if (until := row["unique_until"]) is None else self._from_time(until),
+            released_key=row["released_key"],
         )
 
     def _why(self, conn: Any, item_id: str) -> str:
@@ -211,59 +278,194 @@ class SQLQueue(SingleWrites):
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
+        unique: UniqueScope = "forever",
     ) -> WorkItem:
-        config = check_new_item(
+        entry = NewItem(
             spec_id=spec_id,
             config=config,
-            item_id=item_id,
             tenant_id=tenant_id,
             subject_id=subject_id,
+            due_at=due_at,
+            item_id=item_id,
             idempotency_key=idempotency_key,
             priority=priority,
             queue=queue,
-            timeout=evaluation_timeout,
+            evaluation_timeout=evaluation_timeout,
+            unique=unique,
         )
-        item_id = uuid.uuid4().hex if item_id is None else item_id
-        now = self._now()
-        params = {
-            "id": item_id,
-            "spec_id": spec_id,
-            "tenant_id": tenant_id,
-            "subject_id": subject_id,
-            "config": json.dumps(config),
-            "due_at": now if due_at is None else self._time(due_at),
-            "idempotency_key": idempotency_key,
-            "now": now,
-            "priority": priority,
-            "queue": queue,
-            "timeout": None if evaluation_timeout is None else float(evaluation_timeout),
-        }
-        queries = self._queries
+        [done] = await self.enqueue_many([entry])
+        return done.item
 
-        def run(conn: Any) -> tuple[Row, bool]:
+    async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
+        batch = self._prepare(entries)
+        if not batch.entries:
+            await trio.lowlevel.checkpoint()
+            return []
+
+        def run(conn: Any) -> list[Enqueued]:
             with self._transaction(conn):
-                if idempotency_key is not None:
-                    row = conn.execute(queries["get_by_key"], params).fetchone()
-                    if row is not None:
-                        return row, False
-                try:
-                    row = conn.execute(queries["enqueue"], params).fetchone()
-                except Exception as error:
-                    if self._is_duplicate(error):
-                        raise DuplicateItem(item_id) from error
-                    raise
-                if row is None:  # another enqueuer took the key since: theirs wins
-                    existing = conn.execute(queries["get_by_key"], params).fetchone()
-                    if existing is None:  # pragma: no cover - deleted in between
-                        raise QueueError(f"item with idempotency key {idempotency_key!r} vanished")
-                    return existing, False
-                if row["due_now"]:
-                    self._notify(conn, [spec_id])
-                return row, True
+                done, due = self._write_batch(conn, batch)
+                self._notify(conn, due)
+            return done
 
-        row, created = await self._run(run, retry=False)
-        if created:
+        # Not retried on a dead connection: the commit may have landed (see _run).
+        done = await self._run(run, retry=False)
+        if any(each.created for each in done):
             self._changed()
+        return done
+
+    def _prepare(self, entries: Sequence[NewItem]) -> EnqueueBatch:
+        """Check every entry and convert the ones to write; raises before anything is written."""
+        checked = check_entries(entries)
+        sent, repeats = plan_batch(checked)
+        now = self._now()
+        params = []
+        for index in sent:
+            entry = checked[index]
+            scope, seconds = check_unique(entry.unique, entry.idempotency_key)
+            timeout = entry.evaluation_timeout
+            params.append(
+                {
+                    "id": uuid.uuid4().hex if entry.item_id is None else entry.item_id,
+                    "spec_id": entry.spec_id,
+                    "tenant_id": entry.tenant_id,
+                    "subject_id": entry.subject_id,
+                    "config": json.dumps(entry.config),
+                    "due_at": now if entry.due_at is None else self._time(entry.due_at),
+                    "idempotency_key": entry.idempotency_key,
+                    "now": now,
+                    "priority": entry.priority,
+                    "queue": entry.queue,
+                    "timeout": None if timeout is None else float(timeout),
+                    "unique_scope": scope,
+                    "period_us": None if seconds is None else _sql.duration_us("unique", seconds),
+                }
+            )
+        return EnqueueBatch(checked, sent, repeats, params, now)
+
+    def _enqueue_rows(
+        self, conn: Any, entries: Sequence[NewItem]
+    ) -> tuple[list[Enqueued], list[str]]:
+        """Enqueue *entries* on *conn*, inside a transaction the caller holds.
+
+        The core of every enqueue: :meth:`enqueue_many` calls it on the queue's connection in
+        its own transaction; code that enqueues in the application's transaction calls it on
+        the application's connection (a ``psycopg.Connection`` for :class:`PostgresQueue`, a
+        ``sqlite3.Connection`` for :class:`SQLiteQueue`, with this queue's schema on its
+        ``search_path`` / in its file). Synchronous and blocking: from Trio, call it in a
+        thread. It reads rows through :meth:`_cursor`, so the connection's row factory does
+        not matter.
+
+        Contract:
+
+        - every entry is checked first (a bad one raises ``ConfigError``/``ValueError`` naming
+          its index and field) and nothing is executed then;
+        - it runs its statements on *conn* and neither commits, rolls back nor notifies; an
+          exception it raises (:class:`DuplicateItem` for an explicit item id that exists, a
+          driver error) leaves the caller's transaction to be rolled back: some of the batch
+          may have been written in it;
+        - it returns one :class:`Enqueued` per entry, in order, and the spec ids of the items
+          it created that are due now. The caller wakes waiters for those once the transaction
+          commits: ``queue._notify(conn, spec_ids)`` inside the transaction on PostgreSQL
+          (``NOTIFY`` is delivered at commit), and ``queue._changed()`` after the commit for
+          this process's own waiters (SQLite has only those).
+        - On PostgreSQL, at the default ``READ COMMITTED`` isolation, concurrent enqueuers of
+          one key create one item between them (the later ones wait for the first's commit
+          and find its item). At ``SERIALIZABLE`` or ``REPEATABLE READ`` a concurrent one may
+          fail with a serialization error instead, to be retried by the caller.
+        """
+        return self._write_batch(conn, self._prepare(entries))
+
+    def _write_batch(self, conn: Any, batch: EnqueueBatch) -> tuple[list[Enqueued], list[str]]:
+        """Write a prepared batch on *conn* (see :meth:`_enqueue_rows`)."""
+        queries, params, now = self._queries, batch.params, batch.now
+        cur = self._cursor(conn)
+        found: dict[int, tuple[Row, bool]] = {}
+        """Position in ``params`` -> (row, created)."""
+        pending = list(range(len(params)))
+        keyed = [pos for pos in pending if params[pos]["idempotency_key"] is not None]
+        if keyed:
+            pending = self._take_keys(cur, params, pending, found, now)
+        explicit = [params[pos]["id"] for pos in pending if batch.entries[batch.sent[pos]].item_id]
+        if explicit:
+            taken = {
+                row["id"]
+                for row in cur.execute(
+                    queries["existing_ids"], {"ids": self._ids(explicit)}
+                ).fetchall()
+            }
+            for item_id in explicit:
+                if item_id in taken:
+                    raise DuplicateItem(item_id)
+        for _ in range(_MAX_KEY_ROUNDS):
+            if not pending:
+                break
+            try:
+                rows = self._insert_rows(cur, [params[pos] for pos in pending], now)
+            except Exception as error:
+                if self._is_duplicate(error) and explicit:  # taken since the check above
+                    raise DuplicateItem(
+                        explicit[0] if len(explicit) == 1 else ", ".join(explicit)
+                    ) from error
+                raise
+            by_id = {row["id"]: row for row in rows}
+            missing = []
+            for pos in pending:
+                row = by_id.get(params[pos]["id"])
+                if row is None:
+                    missing.append(pos)
+                else:
+                    found[pos] = (row, True)
+            # Entries not written lost their key to another enqueuer since we looked: theirs
+            # win. Look again (and release again, should that holder have lapsed already).
+            pending = self._take_keys(cur, params, missing, found, now) if missing else []
+        if pending:  # pragma: no cover - the key changed hands five times during one enqueue
+            key = params[pending[0]]["idempotency_key"]
+            raise QueueError(f"the holder of idempotency key {key!r} kept changing; try again")
+        by_sent = {batch.sent[pos]: found[pos] for pos in range(len(params))}
+        results: list[Enqueued] = []
+        due: set[str] = set()
+        for index in range(len(batch.entries)):
+            row, created = by_sent[batch.repeats.get(index, index)]
+            created = created and index not in batch.repeats
+            results.append(Enqueued(item=self._item(row), created=created))
+            if created and row["due_now"]:
+                due.add(row["spec_id"])
+        return results, sorted(due)
+
+    def _take_keys(
+        self,
+        cur: Any,
+        params: Sequence[dict[str, Any]],
+        positions: Sequence[int],
+        found: dict[int, tuple[Row, bool]],
+        now: Any,
+    ) -> list[int]:
+        """Release the lapsed holders of the keys at *positions* and record the live holders
+        in *found*; the positions left to insert."""
+        queries = self._queries
+        keys = self._ids(sorted({params[pos]["idempotency_key"] for pos in positions} - {None}))
+        cur.execute(queries["release_keys"], {"keys": keys, "now": now})
+        holders = {
+            row["idempotency_key"]: row
+            for row in cur.execute(queries["holders"], {"keys": keys}).fetchall()
+        }
+        left = []
+        for pos in positions:
+            holder = holders.get(params[pos]["idempotency_key"])
+            if holder is None:
+                left.append(pos)
+            else:
+                found[pos] = (holder, False)
+        return left
+
+    async def get_by_key(self, idempotency_key: str) -> WorkItem:
+        query = self._queries["get_by_key"]
+        row = await self._run(
+            lambda conn: conn.execute(query, {"key": idempotency_key}).fetchone(), read=True
+        )
+        if row is None:
+            raise ItemNotFound(idempotency_key, "idempotency key")
         return self._item(row)
 
     async def get(self, item_id: str) -> WorkItem:
@@ -299,13 +501,24 @@ class SQLQueue(SingleWrites):
         rows = await self._run(lambda conn: conn.execute(query).fetchall(), read=True)
         return {(row["spec_id"], ItemState(row["state"])): row["n"] for row in rows}
 
+    async def list_children(self, parent_id: str, *, limit: int = 1000) -> list[WorkItem]:
+        params = {"parent_id": parent_id, "limit": _sql.check_limit(limit)}
+        query = self._queries["list_children"]
+        rows = await self._run(lambda conn: conn.execute(query, params).fetchall(), read=True)
+        return [self._item(row) for row in rows]
+
     async def request_cancel(self, item_id: str) -> WorkItem:
-        params = {"id": item_id, "now": self._now()}
+        now = self._now()
+        params = {"id": item_id, "now": now}
         query = self._queries["request_cancel"]
 
         def run(conn: Any) -> Row:
-            with self._write(conn):
-                return conn.execute(query, params).fetchone()
+            with self._transaction(conn):
+                row = conn.execute(query, params).fetchone()
+                if row is not None and row["parent_id"] is not None and row["state"] == "cancelled":
+                    # A waited-for child cancelled while queued: its parent's fan-in counts it.
+                    self._notify(conn, self._fan_in(conn, [item_id], now))
+                return row
 
         row = await self._run(run)
         if row is None:
@@ -379,7 +592,9 @@ class SQLQueue(SingleWrites):
                     raise ItemNotFound(item_id)
                 if current["state"] == "running":
                     raise ItemStateError(f"item {item_id!r} is running; cancel it first")
-                raise ItemStateError(f"item {item_id!r} is waiting for its children")
+                if current["waiting_children"]:
+                    raise ItemStateError(f"item {item_id!r} is waiting for its children")
+                raise ItemStateError(_WAITED_FOR.format(item_id=item_id))
 
         row = await self._run(run, retry=False)  # a lost commit would read as "not found"
         self._changed()
@@ -510,10 +725,83 @@ class SQLQueue(SingleWrites):
                     if s.kind is SettleKind.COMPLETE and s.result is not None
                     else None
                 ),
+                "children": [
+                    check_child(child, what=f"children[{index}]")
+                    for index, child in enumerate(s.children)
+                ],
             }
         except (ValueError, OverflowError) as error:
             return self._entry(index, unstorable_outcome(s, error))
         return index, s, values
+
+    def _write_children(
+        self, conn: Any, s: Settlement, children: Sequence[NewItem]
+    ) -> tuple[int, list[str]]:
+        """Enqueue the checked *children* of the applied settlement *s* through
+        :meth:`_enqueue_rows` (in the settlement's transaction) and record their parent; how
+        many were created, and the spec ids due now.
+
+        A child repeating an earlier child's id, or whose id exists already, is left out first,
+        so the enqueue core never refuses the settlement for it; one whose key is held is not
+        created by the core itself. None of these is this parent's child, nor waited for.
+        """
+        wanted: dict[str, NewItem] = {}
+        for child in children:
+            assert child.item_id is not None  # Settlement names every child
+            wanted.setdefault(child.item_id, child)
+        taken = {
+            row["id"]
+            for row in conn.execute(
+                self._queries["existing_ids"], {"ids": self._ids(list(wanted))}
+            ).fetchall()
+        }
+        fresh = [child for item_id, child in wanted.items() if item_id not in taken]
+        if not fresh:
+            return 0, []
+        done, due = self._enqueue_rows(conn, fresh)
+        version = s.lease_version if s.wait_for_children else None
+        made = [
+            {"id": each.item.id, "parent_id": s.item_id, "parent_version": version}
+            for each in done
+            if each.created
+        ]
+        if made:
+            self._set_parents(conn, made)
+        return len(made), due
+
+    def _children_and_fan_in(
+        self, conn: Any, entries: Sequence[SettleEntry], rows: Sequence[Row], now: Any
+    ) -> list[str]:
+        """After *rows* settled: write the applied entries' children and waits, and count the
+        finished children toward their parents; the spec ids that became due."""
+        due: list[str] = []
+        # Entry by entry, in batch order, as the memory queue writes them (so an id or key two
+        # entries' children share goes to the first that creates it).
+        for ord_ in sorted(row["ord"] for row in rows):
+            _, s, values = entries[ord_ - 1]
+            created = 0
+            if values["children"]:
+                created, created_due = self._write_children(conn, s, values["children"])
+                due.extend(created_due)
+            if s.wait_for_children:
+                params = {
+                    "id": s.item_id,
+                    "version": s.lease_version,
+                    "n": created,
+                    "waiting": self._time(WAITING_DUE_AT),
+                    "now": now,
+                }
+                waited = conn.execute(self._queries["wait_for_children"], params).fetchone()
+                if waited is not None and waited["due_now"]:
+                    due.append(waited["spec_id"])
+        finished = [
+            entries[row["ord"] - 1][1].item_id
+            for row in rows
+            if row["parent_id"] is not None and row["state"] in _FINISHED_STATES
+        ]
+        if finished:
+            due.extend(self._fan_in(conn, finished, now))
+        return due
 
     async def _settle(self, settlements: Sequence[Settlement], *, why: bool) -> list[bool]:
         # One statement cannot update a row twice, and a second write with the same
@@ -527,15 +815,20 @@ class SQLQueue(SingleWrites):
             return []
         now = self._now()
         entries = [self._entry(index, s) for index, s in enumerate(sent)]
+        children = any(values["children"] for _, _, values in entries) or any(
+            s.wait_for_children for s in sent
+        )
         data_errors = self._data_errors()
 
         def write(conn: Any, entries: Sequence[SettleEntry]) -> list[Row]:
             with self._transaction(conn):
                 rows = self._settle_rows(conn, entries, now)
-                self._notify(
-                    conn,
-                    [row["spec_id"] for row in rows if row["state"] == "queued" and row["due_now"]],
-                )
+                due = [
+                    row["spec_id"] for row in rows if row["state"] == "queued" and row["due_now"]
+                ]
+                if rows and (children or any(row["parent_id"] is not None for row in rows)):
+                    due.extend(self._children_and_fan_in(conn, entries, rows, now))
+                self._notify(conn, due)
                 if why and not rows:
                     s = entries[0][1]
                     raise LeaseLost(s.item_id, s.lease_version, self._why(conn, s.item_id))

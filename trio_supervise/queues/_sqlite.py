@@ -399,6 +399,20 @@ class SQLiteQueue(SQLQueue):
     def _data_errors(self) -> tuple[type[Exception], ...]:
         return _DATA_ERRORS
 
+    def _cursor(self, conn: sqlite3.Connection) -> sqlite3.Cursor:
+        cur = conn.cursor()
+        cur.row_factory = sqlite3.Row
+        return cur
+
+    def _insert_rows(
+        self, cur: sqlite3.Cursor, params: Sequence[dict[str, Any]], now: int
+    ) -> list[Any]:
+        # executemany of one prepared INSERT is SQLite's fastest multi-row form (RETURNING does
+        # not work with it), then one read of the rows written, by id.
+        cur.executemany(_Q["enqueue"], params)
+        ids = json.dumps([each["id"] for each in params])
+        return cur.execute(_Q["enqueued"], {"ids": ids, "now": now}).fetchall()
+
     def _renew_rows(
         self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int
     ) -> Iterable[sqlite3.Row]:
@@ -434,6 +448,29 @@ class SQLiteQueue(SQLQueue):
             if row is not None:
                 rows.append({**dict(row), "ord": position})
         return rows
+
+    def _set_parents(self, conn: sqlite3.Connection, children: Sequence[dict[str, Any]]) -> None:
+        conn.executemany(_Q["set_parent"], children)
+
+    def _fan_in(self, conn: sqlite3.Connection, item_ids: Sequence[str], now: int) -> list[str]:
+        # Inside BEGIN IMMEDIATE: this connection alone writes, so read-then-update is atomic.
+        due = []
+        for item_id in item_ids:
+            waited = conn.execute(_Q["waited_parent"], {"id": item_id}).fetchone()
+            if waited is None:
+                continue
+            conn.execute(_Q["counted"], {"id": item_id})
+            row = conn.execute(
+                _Q["count_down"],
+                {
+                    "parent_id": waited["parent_id"],
+                    "parent_version": waited["parent_version"],
+                    "now": now,
+                },
+            ).fetchone()
+            if row is not None and row["due_now"]:
+                due.append(row["spec_id"])
+        return due
 
     async def aclose(self) -> None:
         if self._closed:

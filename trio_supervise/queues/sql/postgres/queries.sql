@@ -24,21 +24,52 @@ SELECT pg_advisory_xact_lock(
     hashtextextended('trio_supervise:migrate:' || coalesce(%(schema)s::text, current_schema(), ''), 0)
 );
 
--- name: enqueue
+-- name: enqueue_many
+-- One statement for a whole batch: one array per column, one row per entry. An entry whose
+-- idempotency key another item holds is skipped (DO NOTHING) and not returned.
 INSERT INTO trio_supervise_items AS i (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at, priority, queue, timeout
-) VALUES (
-    %(id)s, %(spec_id)s, %(tenant_id)s, %(subject_id)s, %(config)s::jsonb, 'queued',
-    coalesce(%(due_at)s::timestamptz, %(now)s::timestamptz, now()), %(idempotency_key)s,
+    created_at, updated_at, priority, queue, timeout, unique_scope, unique_until
+)
+SELECT n.id, n.spec_id, n.tenant_id, n.subject_id, n.config::jsonb, 'queued',
+    coalesce(n.due_at, %(now)s::timestamptz, now()), n.idempotency_key,
     coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-    %(priority)s, %(queue)s, %(timeout)s
+    n.priority, n.queue, n.timeout, n.unique_scope,
+    coalesce(%(now)s::timestamptz, now()) + n.period_us * interval '1 microsecond'
+FROM unnest(
+    %(ids)s::text[], %(spec_ids)s::text[], %(tenant_ids)s::text[], %(subject_ids)s::text[],
+    %(configs)s::text[], %(due_ats)s::timestamptz[], %(keys)s::text[], %(priorities)s::int[],
+    %(queues)s::text[], %(timeouts)s::float8[], %(scopes)s::text[], %(periods_us)s::bigint[]
+) AS n(
+    id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
+    timeout, unique_scope, period_us
 )
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *, i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 
+-- name: release_keys
+-- A key whose holder's scope has lapsed ('unfinished': the holder finished; 'period': past
+-- unique_until) moves to the holder's released_key, so the insert after it may take it. A
+-- concurrent enqueuer of the key waits here on the holder's row, then finds it released.
+UPDATE trio_supervise_items SET released_key = idempotency_key, idempotency_key = NULL
+WHERE idempotency_key = ANY(%(keys)s::text[])
+  AND (
+      (unique_scope = 'unfinished' AND state IN ('completed', 'cancelled', 'dead'))
+      OR (unique_scope = 'period' AND unique_until <= coalesce(%(now)s::timestamptz, now()))
+  );
+
+-- name: holders
+SELECT * FROM trio_supervise_items WHERE idempotency_key = ANY(%(keys)s::text[]);
+
+-- name: existing_ids
+SELECT id FROM trio_supervise_items WHERE id = ANY(%(ids)s::text[]);
+
 -- name: get_by_key
-SELECT * FROM trio_supervise_items WHERE idempotency_key = %(idempotency_key)s;
+-- The key's holder, else the newest item that held it.
+SELECT * FROM trio_supervise_items
+WHERE idempotency_key = %(key)s OR released_key = %(key)s
+ORDER BY idempotency_key IS NULL, created_at DESC, id DESC
+LIMIT 1;
 
 -- name: get
 SELECT * FROM trio_supervise_items WHERE id = %(id)s;
@@ -93,6 +124,7 @@ UPDATE trio_supervise_items SET
     error_count = 0,
     attempt = 0,
     cancel_requested = false,
+    waiting_children = 0,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s AND state <> 'running'
 RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
@@ -202,8 +234,57 @@ FROM unnest(
     %(ats)s::timestamptz[], %(configs)s::text[], %(errors)s::text[], %(results)s::text[]
 ) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, result, ord)
 WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
-RETURNING s.ord, i.spec_id, i.state,
+RETURNING s.ord, i.spec_id, i.state, i.parent_id,
     i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+
+-- name: set_parents
+-- The children a settlement just enqueued (in its transaction): their parent, and the parent's
+-- lease version when it waits for them.
+UPDATE trio_supervise_items AS i SET parent_id = c.parent_id, parent_version = c.parent_version
+FROM unnest(%(ids)s::text[], %(parent_ids)s::text[], %(parent_versions)s::bigint[])
+    AS c(id, parent_id, parent_version)
+WHERE i.id = c.id;
+
+-- name: wait_for_children
+-- A parent settled "continue, waiting for its children": how many it waits for, never due
+-- (%(waiting)s) meanwhile, or due now when none was created.
+UPDATE trio_supervise_items SET
+    waiting_children = %(n)s,
+    due_at = CASE WHEN %(n)s > 0 THEN %(waiting)s::timestamptz
+        ELSE coalesce(%(now)s::timestamptz, now()) END
+WHERE id = %(id)s AND lease_version = %(version)s AND state = 'queued'
+RETURNING spec_id, %(n)s = 0 AS due_now;
+
+-- name: fan_in
+-- Children that just finished: each waited-for one counts once (parent_version cleared) toward
+-- its parent's wait, if the parent still waits at that lease version; the last makes it due
+-- now. One UPDATE of the parent row, so concurrent finishes serialise on its row lock and
+-- each sees the count the other left (READ COMMITTED re-reads the locked row).
+WITH done AS (
+    SELECT id, parent_id, parent_version FROM trio_supervise_items
+    WHERE id = ANY(%(ids)s::text[]) AND parent_version IS NOT NULL
+      AND state IN ('completed', 'cancelled', 'dead')
+    FOR UPDATE
+), cleared AS (
+    UPDATE trio_supervise_items AS c SET parent_version = NULL FROM done WHERE c.id = done.id
+), counted AS (
+    SELECT parent_id, parent_version, count(*)::int AS n FROM done
+    GROUP BY parent_id, parent_version
+)
+UPDATE trio_supervise_items AS p SET
+    waiting_children = greatest(p.waiting_children - counted.n, 0),
+    due_at = CASE WHEN p.waiting_children <= counted.n
+        THEN coalesce(%(now)s::timestamptz, now()) ELSE p.due_at END,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM counted
+WHERE p.id = counted.parent_id AND p.lease_version = counted.parent_version
+  AND p.state = 'queued' AND p.waiting_children > 0
+RETURNING p.spec_id, p.waiting_children = 0 AS due_now;
+
+-- name: list_children
+SELECT * FROM trio_supervise_items WHERE parent_id = %(parent_id)s
+ORDER BY created_at, id
+LIMIT %(limit)s;
 
 -- name: notify
 SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(spec_id);
@@ -273,7 +354,9 @@ SELECT count(*) AS n FROM (
 
 -- name: delete_item
 DELETE FROM trio_supervise_items
-WHERE id = %(id)s AND state <> 'running' AND waiting_children = 0
+-- Not a running item, a parent waiting for children, or a child its parent waits for (cancel
+-- it first, so the parent's fan-in counts it).
+WHERE id = %(id)s AND state <> 'running' AND waiting_children = 0 AND parent_version IS NULL
 RETURNING *;
 
 -- name: edit_config

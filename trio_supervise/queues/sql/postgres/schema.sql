@@ -33,6 +33,7 @@ CREATE TABLE trio_supervise_items (
     unique_scope     text        NOT NULL DEFAULT 'forever',
     unique_until     timestamptz,
     released_key     text,
+    parent_version   bigint,
     CONSTRAINT trio_supervise_items_lease_check
         CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );

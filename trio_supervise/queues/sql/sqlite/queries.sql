@@ -20,18 +20,45 @@ SELECT coalesce(max(version), 0) AS version FROM trio_supervise_schema_version;
 INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version, :now);
 
 -- name: enqueue
+-- Run with executemany, one parameter set per entry, in one transaction. An entry whose
+-- idempotency key another item holds is skipped (DO NOTHING).
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at, priority, queue, timeout
+    created_at, updated_at, priority, queue, timeout, unique_scope, unique_until
 ) VALUES (
     :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
-    :now, :now, :priority, :queue, :timeout
+    :now, :now, :priority, :queue, :timeout, :unique_scope, :now + :period_us
 )
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *, due_at <= :now AS due_now;
+ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: enqueued
+-- The rows just inserted, by id.
+SELECT *, due_at <= :now AS due_now FROM trio_supervise_items
+WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: release_keys
+-- A key whose holder's scope has lapsed ('unfinished': the holder finished; 'period': past
+-- unique_until) moves to the holder's released_key, so the insert after it may take it.
+UPDATE trio_supervise_items SET released_key = idempotency_key, idempotency_key = NULL
+WHERE idempotency_key IN (SELECT value FROM json_each(:keys))
+  AND (
+      (unique_scope = 'unfinished' AND state IN ('completed', 'cancelled', 'dead'))
+      OR (unique_scope = 'period' AND unique_until <= :now)
+  );
+
+-- name: holders
+SELECT * FROM trio_supervise_items
+WHERE idempotency_key IN (SELECT value FROM json_each(:keys));
+
+-- name: existing_ids
+SELECT id FROM trio_supervise_items WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: get_by_key
-SELECT * FROM trio_supervise_items WHERE idempotency_key = :idempotency_key;
+-- The key's holder, else the newest item that held it.
+SELECT * FROM trio_supervise_items
+WHERE idempotency_key = :key OR released_key = :key
+ORDER BY idempotency_key IS NULL, created_at DESC, id DESC
+LIMIT 1;
 
 -- name: get
 SELECT * FROM trio_supervise_items WHERE id = :id;
@@ -78,6 +105,7 @@ UPDATE trio_supervise_items SET
     error_count = 0,
     attempt = 0,
     cancel_requested = 0,
+    waiting_children = 0,
     updated_at = :now
 WHERE id = :id AND state <> 'running'
 RETURNING *, due_at <= :now AS due_now;
@@ -166,7 +194,46 @@ UPDATE trio_supervise_items SET
     lease_expires_at = NULL,
     updated_at = :now
 WHERE id = :id AND lease_version = :version AND state = 'running'
-RETURNING id, spec_id, state, due_at <= :now AS due_now;
+RETURNING id, spec_id, state, parent_id, due_at <= :now AS due_now;
+
+-- name: set_parent
+-- A child a settlement just enqueued (in its transaction): its parent, and the parent's lease
+-- version when it waits for it.
+UPDATE trio_supervise_items SET parent_id = :parent_id, parent_version = :parent_version
+WHERE id = :id;
+
+-- name: wait_for_children
+-- A parent settled "continue, waiting for its children": how many it waits for, never due
+-- (:waiting) meanwhile, or due now when none was created.
+UPDATE trio_supervise_items SET
+    waiting_children = :n,
+    due_at = CASE WHEN :n > 0 THEN :waiting ELSE :now END
+WHERE id = :id AND lease_version = :version AND state = 'queued'
+RETURNING spec_id, :n = 0 AS due_now;
+
+-- name: waited_parent
+-- A child that just finished, if its parent waits for it and it has not been counted yet.
+SELECT parent_id, parent_version FROM trio_supervise_items
+WHERE id = :id AND parent_version IS NOT NULL AND state IN ('completed', 'cancelled', 'dead');
+
+-- name: counted
+UPDATE trio_supervise_items SET parent_version = NULL WHERE id = :id;
+
+-- name: count_down
+-- One less child to wait for, if the parent still waits at that lease version; the last one
+-- makes it due now (SET reads the row as it was).
+UPDATE trio_supervise_items SET
+    waiting_children = waiting_children - 1,
+    due_at = CASE WHEN waiting_children = 1 THEN :now ELSE due_at END,
+    updated_at = :now
+WHERE id = :parent_id AND lease_version = :parent_version AND state = 'queued'
+  AND waiting_children > 0
+RETURNING spec_id, waiting_children = 0 AS due_now;
+
+-- name: list_children
+SELECT * FROM trio_supervise_items WHERE parent_id = :parent_id
+ORDER BY created_at, id
+LIMIT :limit;
 
 -- name: next_due_at
 -- Also returns how far away that is, in seconds by the queue's clock.
@@ -222,7 +289,9 @@ SELECT count(*) AS n FROM (
 
 -- name: delete_item
 DELETE FROM trio_supervise_items
-WHERE id = :id AND state <> 'running' AND waiting_children = 0
+-- Not a running item, a parent waiting for children, or a child its parent waits for (cancel
+-- it first, so the parent's fan-in counts it).
+WHERE id = :id AND state <> 'running' AND waiting_children = 0 AND parent_version IS NULL
 RETURNING *;
 
 -- name: edit_config

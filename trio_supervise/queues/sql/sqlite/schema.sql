@@ -34,6 +34,7 @@ CREATE TABLE trio_supervise_items (
     unique_scope     TEXT    NOT NULL DEFAULT 'forever',
     unique_until     INTEGER,
     released_key     TEXT,
+    parent_version   INTEGER,
     CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
 

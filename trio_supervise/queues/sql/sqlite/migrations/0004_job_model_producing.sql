@@ -11,6 +11,9 @@ ALTER TABLE trio_supervise_items ADD COLUMN unique_until INTEGER;
 -- A key whose scope has lapsed moves here from idempotency_key, so a new item may take it while
 -- this one can still be found by it.
 ALTER TABLE trio_supervise_items ADD COLUMN released_key TEXT;
+-- The parent's lease version when its outcome created this child and waits for it (NULL: not
+-- waited for, or counted already): a child's finish counts once, toward that wait only.
+ALTER TABLE trio_supervise_items ADD COLUMN parent_version INTEGER;
 
 -- Serves a parent's reads of its children and the fan-in on a child's settlement.
 CREATE INDEX trio_supervise_items_parent_idx

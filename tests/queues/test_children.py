@@ -1,0 +1,434 @@
+"""Child items and fan-in, on every backend: children are written with their parent's fenced
+settlement, and a waiting parent is due again when its last child finishes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+from trio_supervise import ConfigError
+from trio_supervise.queues import (
+    WAITING_DUE_AT,
+    ItemState,
+    NewItem,
+    SettleKind,
+    Settlement,
+    WorkItem,
+    WorkQueue,
+)
+from trio_supervise.queues._protocol import check_child, child_item_id
+
+from .conftest import START, ManualClock
+
+
+async def claim(queue: WorkQueue, spec: str = "parent", limit: int = 1) -> list[WorkItem]:
+    return await queue.claim_due([spec], "w1", 30, limit)
+
+
+async def fan_out(
+    queue: WorkQueue, n: int, *, wait: bool = True, kind: SettleKind = SettleKind.CONTINUE
+) -> WorkItem:
+    """Enqueue a parent, claim it and settle it with *n* children; the parent as claimed."""
+    await queue.enqueue("parent", item_id="p")
+    [parent] = await claim(queue)
+    settlement = Settlement(
+        item_id="p",
+        lease_version=parent.lease_version,
+        kind=kind,
+        result={"done": True} if kind is SettleKind.COMPLETE else None,
+        children=[NewItem(spec_id="child", config={"n": index}) for index in range(n)],
+        wait_for_children=wait,
+    )
+    assert await queue.settle_many([settlement]) == [True]
+    return parent
+
+
+async def finish(queue: WorkQueue, child: WorkItem, kind: SettleKind) -> None:
+    error = "boom" if kind is SettleKind.DEAD else None
+    settlement = Settlement(
+        item_id=child.id, lease_version=child.lease_version, kind=kind, error=error
+    )
+    assert await queue.settle_many([settlement]) == [True]
+
+
+async def test_children_are_written_with_the_parent_settlement(queue: WorkQueue) -> None:
+    """The children exist, queued and due now, each recording its parent, with ids
+    deterministic per (parent, lease version, index), in their order."""
+    parent = await fan_out(queue, 3, wait=False)
+    children = await queue.list_children("p")
+    assert [child.id for child in children] == [
+        child_item_id("p", parent.lease_version, index) for index in range(3)
+    ]
+    assert [child.config for child in children] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    for child in children:
+        assert child.parent_id == "p"
+        assert child.state is ItemState.QUEUED
+        assert child.due_at == START
+    stored = await queue.get("p")
+    assert (stored.state, stored.waiting_children, stored.due_at) == (ItemState.QUEUED, 0, START)
+
+
+async def test_a_stale_parent_creates_nothing(queue: WorkQueue, clock: ManualClock) -> None:
+    """A parent whose lease moved on (expired, claimed again) is refused and writes no child."""
+    await queue.enqueue("parent", item_id="p")
+    [stale] = await claim(queue)
+    clock.advance(31)
+    [fresh] = await claim(queue)
+    assert fresh.lease_version > stale.lease_version
+    settlement = Settlement(
+        item_id="p",
+        lease_version=stale.lease_version,
+        kind=SettleKind.CONTINUE,
+        children=[NewItem(spec_id="child")],
+        wait_for_children=True,
+    )
+    assert await queue.settle_many([settlement]) == [False]
+    assert await queue.list_children("p") == []
+    assert (await queue.get("p")).state is ItemState.RUNNING
+
+
+async def test_a_waiting_parent_is_not_due_until_its_last_child_finishes(
+    queue: WorkQueue, clock: ManualClock
+) -> None:
+    """Completed, cancelled and dead children all count; the last one makes the parent due now."""
+    await fan_out(queue, 3)
+    waiting = await queue.get("p")
+    assert (waiting.state, waiting.waiting_children) == (ItemState.QUEUED, 3)
+    assert waiting.due_at == WAITING_DUE_AT
+    assert waiting.waiting
+    assert await queue.next_due_at(["parent"]) == WAITING_DUE_AT
+    children = await claim(queue, "child", 3)
+    for kind, child in zip(
+        (SettleKind.COMPLETE, SettleKind.DEAD, SettleKind.CANCEL), children, strict=True
+    ):
+        clock.advance(5)
+        assert await claim(queue) == []
+        await finish(queue, child, kind)
+    parent = await queue.get("p")
+    assert (parent.waiting_children, parent.due_at) == (0, clock.current)
+    [claimed] = await claim(queue)
+    assert claimed.id == "p"
+    states = {child.id: child.state for child in await queue.list_children("p")}
+    assert sorted(states.values()) == sorted(
+        [ItemState.COMPLETED, ItemState.DEAD, ItemState.CANCELLED]
+    )
+
+
+async def test_the_parent_reads_its_childrens_results(queue: WorkQueue) -> None:
+    """list_children shows each child's state and stored result."""
+    await fan_out(queue, 2)
+    for child in await claim(queue, "child", 2):
+        settlement = Settlement(
+            item_id=child.id,
+            lease_version=child.lease_version,
+            kind=SettleKind.COMPLETE,
+            result={"square": child.config["n"] ** 2},
+        )
+        assert await queue.settle_many([settlement]) == [True]
+    results = [child.result for child in await queue.list_children("p")]
+    assert results == [{"square": 0}, {"square": 1}]
+
+
+async def test_cancelling_a_queued_child_counts_toward_the_fan_in(queue: WorkQueue) -> None:
+    """request_cancel of a queued child finishes it: the parent waits for one less."""
+    await fan_out(queue, 2)
+    first, second = await queue.list_children("p")
+    await queue.request_cancel(first.id)
+    assert (await queue.get("p")).waiting_children == 1
+    await queue.request_cancel(first.id)  # again: counted once
+    assert (await queue.get("p")).waiting_children == 1
+    await queue.request_cancel(second.id)
+    parent = await queue.get("p")
+    assert (parent.waiting_children, parent.due_at) == (0, START)
+
+
+async def test_waiting_with_no_children_is_due_at_once(queue: WorkQueue) -> None:
+    """Continue(wait_for_children=True) with no children: the fan-in of nothing is now."""
+    await fan_out(queue, 0)
+    parent = await queue.get("p")
+    assert (parent.state, parent.waiting_children, parent.due_at) == (ItemState.QUEUED, 0, START)
+
+
+async def test_an_existing_key_is_not_created_nor_waited_for(queue: WorkQueue) -> None:
+    """A child whose idempotency key (or id) exists already is skipped: the parent waits only
+    for the children its outcome created."""
+    await queue.enqueue("child", idempotency_key="k", item_id="other")
+    await queue.enqueue("parent", item_id="p")
+    [parent] = await claim(queue)
+    settlement = Settlement(
+        item_id="p",
+        lease_version=parent.lease_version,
+        kind=SettleKind.CONTINUE,
+        children=[
+            NewItem(spec_id="child", idempotency_key="k"),
+            NewItem(spec_id="child", item_id="other"),
+            NewItem(spec_id="child", item_id="mine"),
+        ],
+        wait_for_children=True,
+    )
+    assert await queue.settle_many([settlement]) == [True]
+    assert [child.id for child in await queue.list_children("p")] == ["mine"]
+    assert (await queue.get("other")).parent_id is None
+    assert (await queue.get("p")).waiting_children == 1
+
+
+async def test_a_fire_and_forget_child_does_not_count_toward_a_later_wait(
+    queue: WorkQueue,
+) -> None:
+    """Only children created with the wait count: an earlier one finishing changes nothing."""
+    await queue.enqueue("parent", item_id="p")
+    [parent] = await claim(queue)
+    early = Settlement(
+        item_id="p",
+        lease_version=parent.lease_version,
+        kind=SettleKind.CONTINUE,
+        children=[NewItem(spec_id="early")],
+    )
+    assert await queue.settle_many([early]) == [True]
+    [parent] = await claim(queue)
+    waited = Settlement(
+        item_id="p",
+        lease_version=parent.lease_version,
+        kind=SettleKind.CONTINUE,
+        children=[NewItem(spec_id="child")],
+        wait_for_children=True,
+    )
+    assert await queue.settle_many([waited]) == [True]
+    [child] = await claim(queue, "early")
+    await finish(queue, child, SettleKind.COMPLETE)
+    assert (await queue.get("p")).waiting_children == 1
+
+
+async def test_a_retried_child_does_not_rearm_its_parent(queue: WorkQueue) -> None:
+    """``retry`` of a finished child runs it again on its own: the parent's fan-in counted it
+    once, and does not count it again."""
+    await fan_out(queue, 2)
+    first, _ = await claim(queue, "child", 2)
+    await finish(queue, first, SettleKind.DEAD)
+    assert (await queue.get("p")).waiting_children == 1
+    await queue.retry(first.id)
+    assert (await queue.get("p")).waiting_children == 1
+    [again] = await claim(queue, "child")
+    assert again.id == first.id
+    await finish(queue, again, SettleKind.COMPLETE)
+    assert (await queue.get("p")).waiting_children == 1
+
+
+async def test_retrying_a_waiting_parent_ends_its_wait(queue: WorkQueue) -> None:
+    """An operator's retry of a waiting parent makes it due now; its children no longer
+    count it down (it was claimed at a new lease version)."""
+    await fan_out(queue, 1)
+    retried = await queue.retry("p")
+    assert (retried.waiting_children, retried.due_at) == (0, START)
+    [parent] = await claim(queue)
+    [child] = await claim(queue, "child")
+    await finish(queue, child, SettleKind.COMPLETE)
+    stored = await queue.get("p")
+    assert (stored.state, stored.lease_version) == (ItemState.RUNNING, parent.lease_version)
+
+
+async def test_a_completed_parent_may_create_children(queue: WorkQueue) -> None:
+    """Stop with children: the parent completes and its follow-ups are queued."""
+    await fan_out(queue, 2, wait=False, kind=SettleKind.COMPLETE)
+    parent = await queue.get("p")
+    assert (parent.state, parent.result) == (ItemState.COMPLETED, {"done": True})
+    assert len(await queue.list_children("p")) == 2
+
+
+async def test_an_unstorable_child_makes_the_parent_dead_and_creates_nothing(
+    queue: WorkQueue,
+) -> None:
+    """A child the backend cannot store fails its parent's entry alone (dead, saying why); the
+    batch-mate settles as asked and nothing of the bad entry is written."""
+    await queue.enqueue("parent", item_id="p")
+    await queue.enqueue("parent", item_id="q")
+    first, second = await queue.claim_due(["parent"], "w1", 30, 2)
+    bad = Settlement(
+        item_id=first.id,
+        lease_version=first.lease_version,
+        kind=SettleKind.CONTINUE,
+        children=[NewItem(spec_id="child"), NewItem(spec_id="child", config={"text": "nul\x00"})],
+        wait_for_children=True,
+    )
+    good = Settlement(
+        item_id=second.id,
+        lease_version=second.lease_version,
+        kind=SettleKind.CONTINUE,
+        children=[NewItem(spec_id="child")],
+    )
+    assert await queue.settle_many([bad, good]) == [True, True]
+    dead = await queue.get(first.id)
+    assert dead.state is ItemState.DEAD
+    assert dead.last_error is not None
+    assert "children[1]" in dead.last_error
+    assert await queue.list_children(first.id) == []
+    assert len(await queue.list_children(second.id)) == 1
+
+
+async def test_a_nested_fan_in(queue: WorkQueue) -> None:
+    """A child may wait for children of its own; each level fans in on its own."""
+    await fan_out(queue, 1)
+    [child] = await claim(queue, "child")
+    settlement = Settlement(
+        item_id=child.id,
+        lease_version=child.lease_version,
+        kind=SettleKind.CONTINUE,
+        children=[NewItem(spec_id="grandchild")],
+        wait_for_children=True,
+    )
+    assert await queue.settle_many([settlement]) == [True]
+    [grandchild] = await claim(queue, "grandchild")
+    await finish(queue, grandchild, SettleKind.COMPLETE)
+    assert (await queue.get("p")).waiting_children == 1
+    [child] = await claim(queue, "child")
+    await finish(queue, child, SettleKind.COMPLETE)
+    assert (await queue.get("p")).waiting_children == 0
+
+
+def test_settlement_refuses_children_where_they_make_no_sense() -> None:
+    """Children only with continue, reschedule or complete; a wait only with continue."""
+    with pytest.raises(ValueError, match="a retry settlement cannot create children"):
+        Settlement(
+            item_id="p",
+            lease_version=1,
+            kind=SettleKind.RETRY,
+            error="x",
+            children=[NewItem(spec_id="c")],
+        )
+    with pytest.raises(ValueError, match="a complete settlement cannot wait for children"):
+        Settlement(item_id="p", lease_version=1, kind=SettleKind.COMPLETE, wait_for_children=True)
+    with pytest.raises(TypeError, match=r"children\[0\] must be a NewItem"):
+        Settlement(item_id="p", lease_version=1, kind=SettleKind.CONTINUE, children=["c"])  # type: ignore[list-item]
+
+
+def test_new_item_checked_names_the_child_and_the_field() -> None:
+    """A bad child is refused naming where it is and what is wrong."""
+    with pytest.raises(ConfigError, match=r"children\[2\]: config is not JSON-compatible"):
+        check_child(NewItem(spec_id="c", config={"x": object()}), what="children[2]")
+    with pytest.raises(ValueError, match=r"children\[0\]: priority must be"):
+        check_child(NewItem(spec_id="c", priority=1000), what="children[0]")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("connections", "children"), [(2, 2), (4, 8)])
+async def test_children_finishing_at_once_leave_the_parent_due_once(
+    connections: int, children: int
+) -> None:
+    """On PostgreSQL, the last children settled at the same moment on separate connections:
+    the count reaches 0 exactly once (never below), and the parent is claimable once."""
+    from contextlib import AsyncExitStack
+
+    from trio_supervise.queues import PostgresQueue
+
+    from .conftest import pg_schema
+
+    with pg_schema() as (dsn, schema):
+        async with AsyncExitStack() as stack:
+            queues = [
+                await stack.enter_async_context(
+                    await PostgresQueue.connect(
+                        dsn, schema=schema, migrate=index == 0, pool_size=2, listen=False
+                    )
+                )
+                for index in range(connections)
+            ]
+            one = queues[0]
+            for round_ in range(10):
+                parent_id, spec = f"p{round_}", f"child{round_}"
+                await one.enqueue("parent", item_id=parent_id)
+                [parent] = await one.claim_due(["parent"], "w", 30, 1)
+                settlement = Settlement(
+                    item_id=parent_id,
+                    lease_version=parent.lease_version,
+                    kind=SettleKind.CONTINUE,
+                    children=[NewItem(spec_id=spec) for _ in range(children)],
+                    wait_for_children=True,
+                )
+                assert await one.settle_many([settlement]) == [True]
+                claimed = await one.claim_due([spec], "w", 30, children)
+                assert len(claimed) == children
+                results: list[list[bool]] = []
+
+                async def settle(
+                    queue: PostgresQueue, child: WorkItem, results: list[list[bool]] = results
+                ) -> None:
+                    done = Settlement(
+                        item_id=child.id, lease_version=child.lease_version, kind=SettleKind.DEAD,
+                        error="gone",
+                    )  # fmt: skip
+                    results.append(await queue.settle_many([done]))
+
+                async with trio.open_nursery() as nursery:
+                    for index, child in enumerate(claimed):
+                        nursery.start_soon(settle, queues[index % connections], child)
+                assert results == [[True]] * children
+                stored = await one.get(parent_id)
+                assert (stored.state, stored.waiting_children) == (ItemState.QUEUED, 0)
+                assert stored.due_at != WAITING_DUE_AT
+                assert [item.id for item in await one.claim_due(["parent"], "w", 30, 5)] == [
+                    parent_id
+                ]
+                assert await one.claim_due(["parent"], "w", 30, 5) == []
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+
+def test_cli_shows_a_waiting_parent_and_lists_its_children(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`items show` says "waiting for N children" with the children per state and each child
+    its parent; `items list` says it in the due column; `items list --parent` lists them."""
+    from trio_supervise.queues import open_queue
+
+    from .test_cli_reads import run
+
+    url = f"sqlite:///{tmp_path}/q.db"
+
+    async def setup() -> None:
+        async with open_queue(url) as queue:
+            await fan_out(queue, 3)
+            [child] = await claim(queue, "child")
+            await finish(queue, child, SettleKind.COMPLETE)
+
+    trio.run(setup)
+    code, out, _ = run(capsys, "items", "show", "p", "--database-url", url)
+    assert code == 0
+    lines = [line.split(None, 1) for line in out.splitlines()]
+    assert ["due", "waiting for 2 children"] in lines
+    assert ["children", "3 (1 completed, 2 queued)"] in lines
+    code, out, _ = run(capsys, "items", "show", "p.1.0001", "--database-url", url)
+    assert ["parent", "p"] in [line.split(None, 1) for line in out.splitlines()]
+    code, out, _ = run(capsys, "items", "list", "--database-url", url)
+    assert any("waiting for 2 children" in line for line in out.splitlines())
+    code, out, _ = run(
+        capsys, "items", "list", "--parent", "p", "--state", "queued", "--database-url", url
+    )
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines()[1:3]] == ["p.1.0001", "p.1.0002"]
+    assert out.splitlines()[-1] == "2 of 2"
+    code, out, _ = run(capsys, "items", "show", "p", "--json", "--database-url", url)
+    document = json.loads(out)
+    assert (document["waiting_children"], len(document["children"])) == (2, 3)
+
+
+async def test_deleting_a_waited_for_child_is_refused_until_it_is_cancelled(
+    queue: WorkQueue, clock: ManualClock
+) -> None:
+    """Deleting a queued child its parent waits for would leave the parent waiting for ever: it
+    is refused; cancelled first, the child counts toward the fan-in and may then be deleted."""
+    from trio_supervise import ItemStateError
+
+    await fan_out(queue, 1)
+    [child] = await queue.list_children("p")
+    with pytest.raises(ItemStateError, match="cancel it first"):
+        await queue.delete(child.id)
+    with pytest.raises(ItemStateError, match="waiting for its children"):
+        await queue.delete("p")
+    await queue.request_cancel(child.id)
+    assert (await queue.get("p")).waiting_children == 0
+    await queue.delete(child.id)
+    assert await queue.list_children("p") == []
