@@ -16,6 +16,21 @@ Named queues, priorities, pausing
     the whole fleet) is not claimed until :meth:`WorkQueue.resume_queue`; items already running
     finish and settle as usual, and its due items do not wake :meth:`WorkQueue.wait_for_work`.
 
+Concurrency keys
+    An item may carry a ``concurrency_key`` (a non-empty string) and a ``concurrency_limit``
+    (an integer from 1 to :data:`MAX_CONCURRENCY_LIMIT`; a key given without a limit gets
+    :data:`DEFAULT_CONCURRENCY_LIMIT`, 1; a limit without a key is refused). The key is
+    fleet-wide: across queues, spec ids, workers and machines. An item of key *K* with limit *L*
+    is claimed only while fewer than *L* running items of *K* hold a live lease (``lease_expires_at
+    > now``; an expired one is rescue-able and does not count). The claim decides it atomically.
+    A claim first takes the *window*: the first ``limit`` claimable items in claim order, leaving
+    out keyed items whose key is at their limit (so a queue head of blocked keyed items never
+    starves the items behind it); then, of the window's items of *K*, only the first
+    ``L - running(K)`` are claimed (each by its own *L*). The rest of the window stays queued,
+    so a claim may return fewer items than ``limit`` while more are due. A blocked keyed item
+    becomes claimable, for :meth:`WorkQueue.next_due_at`, when enough of its key's leases expire
+    (the *L*-th latest live lease expiry of *K*), or earlier when one of them settles.
+
 Leases and fencing
     :meth:`WorkQueue.claim_due` hands out items of one queue whose ``due_at`` has passed, plus
     running items whose lease has expired (rescue is part of claiming), ordered by ``priority``,
@@ -90,11 +105,14 @@ __all__ = [
     "WorkItem",
     "WorkQueue",
     "DEFAULT_QUEUE",
+    "DEFAULT_CONCURRENCY_LIMIT",
+    "MAX_CONCURRENCY_LIMIT",
     "MAX_DELAY",
     "MAX_JSON_DEPTH",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "QueueInfo",
+    "check_concurrency",
     "check_priority",
     "check_queue_name",
     "check_timeout",
@@ -235,6 +253,46 @@ def check_queue_name(queue: object) -> str:
     return queue
 
 
+DEFAULT_CONCURRENCY_LIMIT = 1
+"""The limit of an item given a ``concurrency_key`` but no ``concurrency_limit``: one at a time."""
+MAX_CONCURRENCY_LIMIT = 1_000_000
+"""The largest ``concurrency_limit`` (a number every backend stores as an integer)."""
+
+
+def check_concurrency(key: object, limit: object) -> tuple[str | None, int | None]:
+    """The ``(concurrency_key, concurrency_limit)`` to store, or :class:`ValueError` naming the rule.
+
+    Both None: no key. A key without a limit gets :data:`DEFAULT_CONCURRENCY_LIMIT`. A limit
+    without a key is refused (it would limit nothing).
+    """
+    from .._errors import ConfigError
+
+    if key is None:
+        if limit is not None:
+            raise ValueError(
+                f"concurrency_limit needs a concurrency_key, got limit {limit!r} without a key"
+            )
+        return None, None
+    if not isinstance(key, str) or not key or len(key) > 200:
+        raise ValueError(
+            f"concurrency_key must be a non-empty string of at most 200 characters, got {key!r}"
+        )
+    problem = _unstorable(key)
+    if problem is not None:
+        raise ConfigError(f"concurrency_key must not contain {problem}")
+    if limit is None:
+        return key, DEFAULT_CONCURRENCY_LIMIT
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 1 <= limit <= MAX_CONCURRENCY_LIMIT
+    ):
+        raise ValueError(
+            f"concurrency_limit must be an integer from 1 to {MAX_CONCURRENCY_LIMIT}, got {limit!r}"
+        )
+    return key, limit
+
+
 MAX_TIMEOUT = 365 * 24 * 3600.0
 """The longest evaluation timeout (a year, in seconds)."""
 
@@ -265,6 +323,8 @@ def check_new_item(
     priority: int = 0,
     queue: str = DEFAULT_QUEUE,
     timeout: float | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> JSONValue:
     """Validate what ``enqueue`` was given, the same way on every backend; return the config.
 
@@ -281,6 +341,7 @@ def check_new_item(
     check_priority(priority)
     check_queue_name(queue)
     check_timeout(timeout)
+    check_concurrency(concurrency_key, concurrency_limit)
     if item_id is not None and not item_id:
         raise ValueError("item_id must be a non-empty string")
     texts = {
@@ -373,6 +434,10 @@ class WorkItem:
     """The JSON result a completed item was stopped with (``Stop(result=...)``), else None."""
     errors: tuple[ErrorEntry, ...] = ()
     """The last :data:`MAX_ERRORS` errors, oldest first (kept across retries)."""
+    concurrency_key: str | None = None
+    """The fleet-wide key whose running items are limited (see the module doc), or None."""
+    concurrency_limit: int | None = None
+    """At most this many items of ``concurrency_key`` run at once; None without a key."""
 
     @property
     def lease(self) -> Lease:
@@ -421,6 +486,8 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     _set(new, "timeout", get("timeout", item.timeout))
     _set(new, "result", get("result", item.result))
     _set(new, "errors", get("errors", item.errors))
+    _set(new, "concurrency_key", get("concurrency_key", item.concurrency_key))
+    _set(new, "concurrency_limit", get("concurrency_limit", item.concurrency_limit))
     return new
 
 
@@ -596,13 +663,17 @@ class WorkQueue(Protocol):
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkItem:
         """Add an item, due at *due_at* (default: now); config ``None`` means ``{}``.
 
         It waits in *queue* with *priority* (lower first; see the module doc); a priority out
         of range raises :class:`ValueError`. *evaluation_timeout* (seconds) bounds each
         evaluation of this item (stored as ``WorkItem.timeout``), overriding its driver's
-        ``timeout``.
+        ``timeout``. With a *concurrency_key*, at most *concurrency_limit* (default 1) items of
+        that key run at once, fleet-wide (see the module doc); a limit without a key raises
+        :class:`ValueError`.
 
         With an *idempotency_key* that an existing item already carries (in any state), nothing
         is written and that item is returned. An explicit *item_id* that exists already raises

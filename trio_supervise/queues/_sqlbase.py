@@ -10,6 +10,8 @@ in each backend:
   :meth:`SQLQueue._from_time`, :meth:`SQLQueue._from_config`);
 - how a blocking call reaches a connection (:meth:`SQLQueue._run`: SQLite's writer and
   read-only reader, each behind its own limiter; PostgreSQL's pool, read pool and listener);
+- the claim (:meth:`SQLQueue._claim_rows`: SQLite's one statement under its write lock,
+  PostgreSQL's unkeyed fast path plus an advisory-locked keyed path);
 - the two batched statements, where one statement per row (SQLite) and one ``unnest``
   statement (PostgreSQL) are each the fast form (:meth:`SQLQueue._renew_rows`,
   :meth:`SQLQueue._settle_rows`);
@@ -44,6 +46,7 @@ from ._protocol import (
     Settlement,
     SingleWrites,
     WorkItem,
+    check_concurrency,
     check_json,
     check_new_item,
     check_queue_name,
@@ -135,6 +138,15 @@ class SQLQueue(SingleWrites):
         """What one unstorable value raises: the entry is at fault, not the database."""
         raise NotImplementedError  # pragma: no cover
 
+    def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
+        """Lease the claimable rows (``claim_due``'s parameters), concurrency keys respected.
+
+        SQLite's one statement under its write lock; PostgreSQL overrides it (an unkeyed fast
+        path, and a locked keyed path: see its ``claim_keyed`` query)."""
+        with self._write(conn):
+            rows: list[Row] = conn.execute(self._queries["claim_due"], params).fetchall()
+            return rows
+
     def _renew_rows(
         self, conn: Any, leases: Sequence[Lease], lease_us: int, now: Any
     ) -> Iterable[Row]:
@@ -184,6 +196,8 @@ class SQLQueue(SingleWrites):
             timeout=row["timeout"],
             result=None if (result := row["result"]) is None else self._from_config(result),
             errors=_error_entries(self._from_config(row["errors"])),
+            concurrency_key=row["concurrency_key"],
+            concurrency_limit=row["concurrency_limit"],
         )
 
     def _why(self, conn: Any, item_id: str) -> str:
@@ -207,6 +221,8 @@ class SQLQueue(SingleWrites):
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkItem:
         config = check_new_item(
             spec_id=spec_id,
@@ -218,7 +234,10 @@ class SQLQueue(SingleWrites):
             priority=priority,
             queue=queue,
             timeout=evaluation_timeout,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
+        concurrency_key, concurrency_limit = check_concurrency(concurrency_key, concurrency_limit)
         item_id = uuid.uuid4().hex if item_id is None else item_id
         now = self._now()
         params = {
@@ -233,6 +252,8 @@ class SQLQueue(SingleWrites):
             "priority": priority,
             "queue": queue,
             "timeout": None if evaluation_timeout is None else float(evaluation_timeout),
+            "concurrency_key": concurrency_key,
+            "concurrency_limit": concurrency_limit,
         }
         queries = self._queries
 
@@ -351,14 +372,9 @@ class SQLQueue(SingleWrites):
         if limit == 0 or not spec_ids:
             await trio.lowlevel.checkpoint()
             return []
-        query = self._queries["claim_due"]
-
-        def run(conn: Any) -> list[Row]:
-            with self._write(conn):
-                rows: list[Row] = conn.execute(query, params).fetchall()
-                return rows
-
-        items = [self._item(row) for row in await self._run(run)]
+        items = [
+            self._item(row) for row in await self._run(lambda conn: self._claim_rows(conn, params))
+        ]
         items.sort(key=lambda item: (item.priority, item.due_at, item.id))
         return items
 

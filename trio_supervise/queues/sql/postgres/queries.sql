@@ -27,12 +27,12 @@ SELECT pg_advisory_xact_lock(
 -- name: enqueue
 INSERT INTO trio_supervise_items AS i (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at, priority, queue, timeout
+    created_at, updated_at, priority, queue, timeout, concurrency_key, concurrency_limit
 ) VALUES (
     %(id)s, %(spec_id)s, %(tenant_id)s, %(subject_id)s, %(config)s::jsonb, 'queued',
     coalesce(%(due_at)s::timestamptz, %(now)s::timestamptz, now()), %(idempotency_key)s,
     coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-    %(priority)s, %(queue)s, %(timeout)s
+    %(priority)s, %(queue)s, %(timeout)s, %(concurrency_key)s, %(concurrency_limit)s
 )
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *, i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
@@ -90,21 +90,122 @@ WHERE id = %(id)s AND state <> 'running'
 RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 
 -- name: claim_due
--- One statement: lock one queue's first claimable rows in (priority, due_at, id) order (none
--- while the queue is paused), skipping rows another claimer holds, and lease them. Running rows whose lease has expired are rescued here too.
--- The claim counts the attempt.
-WITH due AS (
-    SELECT id FROM trio_supervise_items
-    WHERE queue = %(queue)s AND state IN ('queued', 'running')
-      AND spec_id = ANY(%(spec_ids)s::text[])
-      AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END
+-- One statement, in autocommit: lock one queue's first claimable rows in (priority, due_at, id)
+-- order (none while the queue is paused), skipping rows another claimer holds, and lease the
+-- unkeyed ones. Running rows whose lease has expired are rescued here too. The claim counts
+-- the attempt.
+--
+-- Concurrency keys (see the protocol's module doc): the window (head) leaves out keyed rows
+-- whose key is at its limit, so a head of blocked keyed rows never starves the rows behind it.
+-- This statement never leases a keyed row: its snapshot may predate another claimer's commit,
+-- so two claimers could each count zero running rows of a key and each take one. It reports
+-- how many keyed rows its window held instead (one row with a NULL id when it leased none);
+-- if any, the queue claims them with claim_keys and claim_keyed in one transaction. Without
+-- keyed rows (the common case) a claim stays this one round trip.
+WITH head AS (
+    SELECT c.id, c.concurrency_key FROM trio_supervise_items AS c
+    WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
+      AND c.spec_id = ANY(%(spec_ids)s::text[])
+      AND CASE WHEN c.state = 'queued' THEN c.due_at ELSE c.lease_expires_at END
           <= coalesce(%(now)s::timestamptz, now())
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
-    ORDER BY priority, due_at, id
+      AND (c.concurrency_key IS NULL OR (
+          SELECT count(*) FROM trio_supervise_items AS r
+          WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
+            AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+      ) < c.concurrency_limit)
+    ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE trio_supervise_items AS i SET
+    state = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = coalesce(%(now)s::timestamptz, now())
+        + %(lease_us)s::bigint * interval '1 microsecond',
+    lease_version = i.lease_version + 1,
+    attempt = i.attempt + 1,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM head
+    WHERE i.id = head.id AND head.concurrency_key IS NULL
+    RETURNING i.*
+)
+SELECT claimed.*,
+    (SELECT count(*) FROM head WHERE head.concurrency_key IS NOT NULL) AS keyed
+FROM (VALUES (1)) AS one LEFT JOIN claimed ON true;
+
+-- name: claim_keys
+-- Statement 1 of a keyed claim (inside a transaction): the distinct keys among the window's
+-- keyed rows (the same window as claim_due's), each locked with a transaction-scoped advisory
+-- lock, keyed by the schema and the key. A try-lock never waits, so claimers never deadlock;
+-- a key another claimer holds is left out of this claim (it is being claimed right now). The
+-- lock function is volatile, so it runs on the final distinct keys only, never pushed down.
+SELECT k.key FROM (
+    SELECT DISTINCT head.concurrency_key AS key FROM (
+        SELECT c.concurrency_key FROM trio_supervise_items AS c
+        WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
+          AND c.spec_id = ANY(%(spec_ids)s::text[])
+          AND CASE WHEN c.state = 'queued' THEN c.due_at ELSE c.lease_expires_at END
+              <= coalesce(%(now)s::timestamptz, now())
+          AND NOT EXISTS (
+              SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
+          )
+          AND c.concurrency_key IS NOT NULL
+          AND (
+              SELECT count(*) FROM trio_supervise_items AS r
+              WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
+                AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+          ) < c.concurrency_limit
+        ORDER BY c.priority, c.due_at, c.id
+        LIMIT %(limit)s
+    ) AS head
+) AS k
+WHERE pg_try_advisory_xact_lock(
+    hashtextextended('trio_supervise:concurrency_key:' || current_schema() || ':' || k.key, 0)
+);
+
+-- name: claim_keyed
+-- Statement 2 of a keyed claim, in the same transaction after claim_keys. Atomic because every
+-- claim of a keyed row happens here, under its key's advisory lock, and this statement's
+-- snapshot is taken after the lock was granted, so after the previous holder committed: the
+-- live rows it counts per key include every claim of that key ever committed. Writes that run
+-- without the lock only lower the count (settlements, expiring leases), which errs on the safe
+-- side. Keyed rows are claimable only if their key is locked (%(keys)s) and has free slots;
+-- of the window's rows of one key only the first (limit - live) are leased (row_number over
+-- the key, in a CTE of its own: FOR UPDATE cannot share a SELECT with a window function).
+WITH head AS (
+    SELECT c.id, c.priority, c.due_at, c.concurrency_key, c.concurrency_limit,
+        CASE WHEN c.concurrency_key IS NULL THEN 0 ELSE (
+            SELECT count(*) FROM trio_supervise_items AS r
+            WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
+              AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+        ) END AS live
+    FROM trio_supervise_items AS c
+    WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
+      AND c.spec_id = ANY(%(spec_ids)s::text[])
+      AND CASE WHEN c.state = 'queued' THEN c.due_at ELSE c.lease_expires_at END
+          <= coalesce(%(now)s::timestamptz, now())
+      AND NOT EXISTS (
+          SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
+      )
+      AND (c.concurrency_key IS NULL OR (
+          c.concurrency_key = ANY(%(keys)s::text[])
+          AND (
+              SELECT count(*) FROM trio_supervise_items AS r
+              WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
+                AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+          ) < c.concurrency_limit
+      ))
+    ORDER BY c.priority, c.due_at, c.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT head.*, row_number() OVER (
+        PARTITION BY head.concurrency_key ORDER BY head.priority, head.due_at, head.id
+    ) AS rank
+    FROM head
 )
 UPDATE trio_supervise_items AS i SET
     state = 'running',
@@ -114,8 +215,9 @@ UPDATE trio_supervise_items AS i SET
     lease_version = i.lease_version + 1,
     attempt = i.attempt + 1,
     updated_at = coalesce(%(now)s::timestamptz, now())
-FROM due
-WHERE i.id = due.id
+FROM ranked
+WHERE i.id = ranked.id
+  AND (ranked.concurrency_key IS NULL OR ranked.rank <= ranked.concurrency_limit - ranked.live)
 RETURNING i.*;
 
 -- name: renew_many
@@ -202,13 +304,30 @@ SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(sp
 
 -- name: next_due_at
 -- Also returns how far away that is by the queue's clock, so waits agree with the database.
+-- A keyed row whose key is at its limit is claimable no sooner than its key frees, with no
+-- write in between: when the limit-th latest live lease of the key expires (blocked.until,
+-- nth = its limit).
+WITH blocked AS (
+    SELECT concurrency_key AS k, lease_expires_at AS until,
+        row_number() OVER (PARTITION BY concurrency_key ORDER BY lease_expires_at DESC) AS nth
+    FROM trio_supervise_items
+    WHERE state = 'running' AND concurrency_key IS NOT NULL
+      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+)
 SELECT t.at, extract(epoch FROM t.at - coalesce(%(now)s::timestamptz, now()))::float8 AS wait
 FROM (
-    SELECT min(CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END) AS at
-    FROM trio_supervise_items
-    WHERE state IN ('queued', 'running') AND spec_id = ANY(%(spec_ids)s::text[])
-      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-      AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+    SELECT min(CASE WHEN c.concurrency_key IS NULL THEN c.base ELSE greatest(c.base, (
+        SELECT b.until FROM blocked AS b
+        WHERE b.k = c.concurrency_key AND b.nth = c.concurrency_limit
+    )) END) AS at
+    FROM (
+        SELECT CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END AS base,
+            concurrency_key, concurrency_limit
+        FROM trio_supervise_items
+        WHERE state IN ('queued', 'running') AND spec_id = ANY(%(spec_ids)s::text[])
+          AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+          AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+    ) AS c
 ) AS t;
 
 -- name: pause_queue
