@@ -260,7 +260,7 @@ MAX_CONCURRENCY_LIMIT = 1_000_000
 
 
 def check_concurrency(key: object, limit: object) -> tuple[str | None, int | None]:
-    """The ``(concurrency_key, concurrency_limit)`` to store, or :class:`ValueError` naming the rule.
+    """The ``(concurrency_key, concurrency_limit)`` to store; a bad one raises, naming the rule.
 
     Both None: no key. A key without a limit gets :data:`DEFAULT_CONCURRENCY_LIMIT`. A limit
     without a key is refused (it would limit nothing).
