@@ -541,13 +541,13 @@ class MemoryQueue(SingleWrites):
             source: tuple[Any, list[_Entry]] | None = None
             if expired:
                 best = (expired[-1].priority, expired[-1].due_at, expired[-1].id)
-            for key, heap in queued:
+            for heap_key, heap in queued:
                 entry = self._top(heap)
                 if entry is None or entry[0] > now:
                     continue
-                candidate = (key[2], entry[0], entry[1])
+                candidate = (heap_key[2], entry[0], entry[1])
                 if best is None or candidate < best:
-                    best, source = candidate, (key, heap)
+                    best, source = candidate, (heap_key, heap)
             if best is None:
                 break
             if source is None:
@@ -557,17 +557,17 @@ class MemoryQueue(SingleWrites):
         claimed: list[WorkItem] = []
         expires = now + dt.timedelta(seconds=lease)
         ranks: dict[str, int] = {}
-        for item, heap_key in window:
-            key = item.concurrency_key
-            if key is not None:
+        for item, home in window:
+            ckey = item.concurrency_key
+            if ckey is not None:
                 assert item.concurrency_limit is not None
-                ranks[key] = rank = ranks.get(key, 0) + 1
-                if rank > item.concurrency_limit - live[key]:
+                ranks[ckey] = rank = ranks.get(ckey, 0) + 1
+                if rank > item.concurrency_limit - live[ckey]:
                     # Past its key's free slots in this claim: left as it was, still claimable.
-                    if heap_key is None:
+                    if home is None:
                         put_back.append(item)
                     else:
-                        self._push(self._queued, heap_key, item.due_at, item)
+                        self._push(self._queued, home, item.due_at, item)
                     continue
             item = self._put(
                 item,
@@ -661,8 +661,8 @@ class MemoryQueue(SingleWrites):
     def _next_due_at(self, wanted: set[str], queues: set[str] | None) -> dt.datetime | None:
         times = []
         now = self._now()
-        for key, heap in self._queued.items():
-            spec_id, queue = key[0], key[1]
+        for heap_key, heap in self._queued.items():
+            spec_id, queue = heap_key[0], heap_key[1]
             if (
                 spec_id not in wanted
                 or (queues is not None and queue not in queues)
@@ -672,10 +672,9 @@ class MemoryQueue(SingleWrites):
             entry = self._top(heap)
             if entry is not None:
                 # A heap's items share a key: blocked, none is claimable before it frees.
-                until = self._blocked_until(key[3], key[4], now)
+                until = self._blocked_until(heap_key[3], heap_key[4], now)
                 times.append(entry[0] if until is None else max(entry[0], until))
-        for key, heap in self._leased.items():
-            spec_id, queue = key
+        for (spec_id, queue), heap in self._leased.items():
             if (
                 spec_id not in wanted
                 or (queues is not None and queue not in queues)
