@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from trio_supervise import ConfigError
-from trio_supervise.queues import ItemState, PostgresQueue, WorkQueue
+from trio_supervise.queues import ItemState, LeaseStatus, PostgresQueue, WorkQueue
 
 from .conftest import START, ManualClock, open_backend
 
@@ -203,3 +203,19 @@ async def test_concurrent_postgres_claimers_never_share_a_slot(
         assert len([i for i in got if i.startswith("k")]) == 1
         running = await queue.list_items(states=[ItemState.RUNNING], limit=100)
         assert len([i for i in running if i.concurrency_key == "k"]) == 1
+
+
+async def test_an_expired_keyed_lease_is_not_renewed(queue: WorkQueue, clock: ManualClock) -> None:
+    """Once a keyed item's lease has expired its slot is free, so a late renewal is refused
+    (LOST) even before another claim takes the slot; an unkeyed item's late renewal holds."""
+    await queue.enqueue("spec", item_id="keyed", concurrency_key="k")
+    await queue.enqueue("spec", item_id="plain")
+    keyed, plain = await queue.claim_due(["spec"], "w", 5, 2)
+    clock.advance(4)
+    assert await queue.renew("keyed", "w", keyed.lease_version, 5) is LeaseStatus.HELD
+    clock.advance(6)
+    statuses = await queue.renew_many([keyed.lease, plain.lease], 30)
+    assert statuses == {"keyed": LeaseStatus.LOST, "plain": LeaseStatus.HELD}
+    # Still running under that version (nobody rescued it): its owner may still settle it.
+    await queue.release("keyed", keyed.lease_version, 0)
+    assert (await queue.get("keyed")).state is ItemState.QUEUED

@@ -339,8 +339,13 @@ class MemoryQueue(SingleWrites):
                 )
             case SettleKind.COMPLETE | SettleKind.CANCEL | SettleKind.DEAD:
                 changes: dict[str, Any] = {}
-                if s.kind is SettleKind.COMPLETE and s.result is not None:
-                    changes = {"result": check_json(s.result, what="result")}
+                if s.kind is SettleKind.COMPLETE:
+                    # As the SQL backends: a completion stores its result, None included (a
+                    # retried item completed again without one keeps none of its old one).
+                    result = s.result
+                    changes = {
+                        "result": None if result is None else check_json(result, what="result")
+                    }
                 if s.kind is SettleKind.DEAD:
                     changes = {
                         "error_count": item.error_count + 1,
@@ -593,6 +598,12 @@ class MemoryQueue(SingleWrites):
             or item.state is not ItemState.RUNNING
             or item.lease_version != lease.version
             or item.lease_owner != lease.worker_id
+            or (
+                # A keyed item's expired lease freed its key's slot: too late to renew it.
+                item.concurrency_key is not None
+                and item.lease_expires_at is not None
+                and item.lease_expires_at <= self._now()
+            )
         ):
             self._log("renew", lease.item_id, lease.version, applied=False)
             return LeaseStatus.LOST

@@ -29,7 +29,9 @@ Concurrency keys
     ``L - running(K)`` are claimed (each by its own *L*). The rest of the window stays queued,
     so a claim may return fewer items than ``limit`` while more are due. A blocked keyed item
     becomes claimable, for :meth:`WorkQueue.next_due_at`, when enough of its key's leases expire
-    (the *L*-th latest live lease expiry of *K*), or earlier when one of them settles.
+    (the *L*-th latest live lease expiry of *K*), or earlier when one of them settles. A keyed
+    item's lease that has expired is not renewed (:attr:`LeaseStatus.LOST`): its slot was free
+    from that moment, so a late owner stops rather than run beside the item given the slot.
 
 Leases and fencing
     :meth:`WorkQueue.claim_due` hands out items of one queue whose ``due_at`` has passed, plus

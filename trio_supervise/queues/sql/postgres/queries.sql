@@ -222,6 +222,8 @@ RETURNING i.*;
 
 -- name: renew_many
 -- Fenced on (id, version, owner) and the running state; rows that come back are renewed.
+-- A keyed row's expired lease is not renewed: its slot was free from the moment it expired
+-- (a claim may have given it to another item of the key), so the late owner must stop.
 UPDATE trio_supervise_items AS i SET
     lease_expires_at = coalesce(%(now)s::timestamptz, now())
         + %(lease_us)s::bigint * interval '1 microsecond',
@@ -229,6 +231,7 @@ UPDATE trio_supervise_items AS i SET
 FROM unnest(%(ids)s::text[], %(versions)s::bigint[], %(owners)s::text[]) AS l(id, version, owner)
 WHERE i.id = l.id AND i.lease_version = l.version AND i.lease_owner = l.owner
   AND i.state = 'running'
+  AND (i.concurrency_key IS NULL OR i.lease_expires_at > coalesce(%(now)s::timestamptz, now()))
 RETURNING i.id, i.lease_version, i.lease_owner, i.cancel_requested;
 
 -- name: mark_error

@@ -133,10 +133,13 @@ WHERE id IN (
 RETURNING *;
 
 -- name: renew
+-- A keyed row's expired lease is not renewed: its slot was free from the moment it expired
+-- (a claim may have given it to another item of the key), so the late owner must stop.
 UPDATE trio_supervise_items SET
     lease_expires_at = :now + :lease_us,
     updated_at = :now
 WHERE id = :id AND lease_version = :version AND lease_owner = :owner AND state = 'running'
+  AND (concurrency_key IS NULL OR lease_expires_at > :now)
 RETURNING id, lease_version, lease_owner, cancel_requested;
 
 -- name: mark_error
