@@ -63,6 +63,16 @@ async def test_one_claim_takes_no_more_of_a_key_than_its_limit(queue: WorkQueue)
     assert item.state is ItemState.QUEUED
 
 
+async def test_a_claim_counts_the_running_items_of_a_key(queue: WorkQueue) -> None:
+    """With one of a key's two slots taken, a claim of its three due items takes just one."""
+    await queue.enqueue("spec", item_id="k0", concurrency_key="k", concurrency_limit=2)
+    assert await claim_ids(queue) == ["k0"]
+    for n in range(1, 4):
+        await queue.enqueue("spec", item_id=f"k{n}", concurrency_key="k", concurrency_limit=2)
+    assert await claim_ids(queue) == ["k1"]
+    assert await claim_ids(queue) == []
+
+
 async def test_blocked_keys_never_starve_the_items_behind_them(queue: WorkQueue) -> None:
     """A queue head full of items whose key is at its limit does not hide the items after it:
     the claim's window leaves the blocked key out, so unkeyed and other keys' items are claimed."""
