@@ -6,11 +6,15 @@ clock, so under ``autojump_clock`` due times and lease expiries follow virtual t
 
 Claims, and the next due time, are served by heaps, so they cost ``O(log n)`` per item rather
 than a scan of every item ever enqueued: queued items by ``(due_at, id)``, one heap per
-``(spec id, queue, priority)``, and running items by lease expiry, one heap per
-``(spec id, queue)``. Every write replaces the stored
+``(spec id, queue, priority, concurrency key, concurrency limit)``, and running items by lease
+expiry, one heap per ``(spec id, queue)``. Every write replaces the stored
 :class:`WorkItem` (they are frozen) and pushes a fresh heap entry; an entry whose item has
 been replaced since is stale and is dropped when it reaches the top of its heap, or earlier,
 when its heap has doubled since it was last swept (:meth:`MemoryQueue._sweep`).
+
+Concurrency keys: a key at its limit blocks whole queued heaps (they are split by key and
+limit), and each key's running items are kept by id, so counting a key's live leases costs the
+items it runs, not the queue.
 """
 
 from __future__ import annotations
@@ -284,7 +288,9 @@ class MemoryQueue(SingleWrites):
             if item.lease_expires_at is not None and item.lease_expires_at > now
         ]
 
-    def _blocked_until(self, key: str | None, limit: int | None, now: dt.datetime) -> Any:
+    def _blocked_until(
+        self, key: str | None, limit: int | None, now: dt.datetime
+    ) -> dt.datetime | None:
         """When an item of *key* with *limit* stops being blocked by its key's running items
         (no write in between): the *limit*-th latest live lease expiry; None if it is not
         blocked now (or has no key)."""
