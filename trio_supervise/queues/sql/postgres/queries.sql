@@ -102,7 +102,14 @@ RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 -- how many keyed rows its window held instead (one row with a NULL id when it leased none);
 -- if any, the queue claims them with claim_keys and claim_keyed in one transaction. Without
 -- keyed rows (the common case) a claim stays this one round trip.
-WITH head AS (
+WITH live AS MATERIALIZED (
+    -- Live leases per key, counted once per statement (and only if a keyed row asks: a CTE
+    -- is read lazily), from the partial index over running keyed rows.
+    SELECT concurrency_key AS k, count(*) AS n FROM trio_supervise_items
+    WHERE state = 'running' AND concurrency_key IS NOT NULL
+      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+    GROUP BY concurrency_key
+), head AS (
     SELECT c.id, c.concurrency_key FROM trio_supervise_items AS c
     WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
       AND c.spec_id = ANY(%(spec_ids)s::text[])
@@ -111,11 +118,7 @@ WITH head AS (
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
-      AND (c.concurrency_key IS NULL OR (
-          SELECT count(*) FROM trio_supervise_items AS r
-          WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
-            AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
-      ) < c.concurrency_limit)
+      AND (c.concurrency_key IS NULL OR coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit)
     ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -142,6 +145,14 @@ FROM (VALUES (1)) AS one LEFT JOIN claimed ON true;
 -- lock, keyed by the schema and the key. A try-lock never waits, so claimers never deadlock;
 -- a key another claimer holds is left out of this claim (it is being claimed right now). The
 -- lock function is volatile, so it runs on the final distinct keys only, never pushed down.
+WITH live AS MATERIALIZED (
+    -- Live leases per key, counted once per statement (and only if a keyed row asks: a CTE
+    -- is read lazily), from the partial index over running keyed rows.
+    SELECT concurrency_key AS k, count(*) AS n FROM trio_supervise_items
+    WHERE state = 'running' AND concurrency_key IS NOT NULL
+      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+    GROUP BY concurrency_key
+)
 SELECT k.key FROM (
     SELECT DISTINCT head.concurrency_key AS key FROM (
         SELECT c.concurrency_key FROM trio_supervise_items AS c
@@ -153,11 +164,7 @@ SELECT k.key FROM (
               SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
           )
           AND c.concurrency_key IS NOT NULL
-          AND (
-              SELECT count(*) FROM trio_supervise_items AS r
-              WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
-                AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
-          ) < c.concurrency_limit
+          AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
         ORDER BY c.priority, c.due_at, c.id
         LIMIT %(limit)s
     ) AS head
@@ -175,13 +182,16 @@ WHERE pg_try_advisory_xact_lock(
 -- side. Keyed rows are claimable only if their key is locked (%(keys)s) and has free slots;
 -- of the window's rows of one key only the first (limit - live) are leased (row_number over
 -- the key, in a CTE of its own: FOR UPDATE cannot share a SELECT with a window function).
-WITH head AS (
+WITH live AS MATERIALIZED (
+    -- Live leases per key, counted once per statement (and only if a keyed row asks: a CTE
+    -- is read lazily), from the partial index over running keyed rows.
+    SELECT concurrency_key AS k, count(*) AS n FROM trio_supervise_items
+    WHERE state = 'running' AND concurrency_key IS NOT NULL
+      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+    GROUP BY concurrency_key
+), head AS (
     SELECT c.id, c.priority, c.due_at, c.concurrency_key, c.concurrency_limit,
-        CASE WHEN c.concurrency_key IS NULL THEN 0 ELSE (
-            SELECT count(*) FROM trio_supervise_items AS r
-            WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
-              AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
-        ) END AS live
+        CASE WHEN c.concurrency_key IS NULL THEN 0 ELSE coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) END AS live
     FROM trio_supervise_items AS c
     WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
       AND c.spec_id = ANY(%(spec_ids)s::text[])
@@ -192,11 +202,7 @@ WITH head AS (
       )
       AND (c.concurrency_key IS NULL OR (
           c.concurrency_key = ANY(%(keys)s::text[])
-          AND (
-              SELECT count(*) FROM trio_supervise_items AS r
-              WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
-                AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
-          ) < c.concurrency_limit
+          AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
       ))
     ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
@@ -309,29 +315,35 @@ SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(sp
 -- Also returns how far away that is by the queue's clock, so waits agree with the database.
 -- A keyed row whose key is at its limit is claimable no sooner than its key frees, with no
 -- write in between: when the limit-th latest live lease of the key expires (blocked.until,
--- nth = its limit).
-WITH blocked AS (
+-- nth = its limit). With no live keyed lease anywhere (blocked is empty: one probe of the
+-- partial key index) that changes nothing, and the plain minimum is all it computes; else the
+-- earliest time per (key, limit) meets blocked, a few rows (a correlated subquery would be
+-- costed per row, past the JIT threshold, on every wait).
+WITH blocked AS MATERIALIZED (
     SELECT concurrency_key AS k, lease_expires_at AS until,
         row_number() OVER (PARTITION BY concurrency_key ORDER BY lease_expires_at DESC) AS nth
     FROM trio_supervise_items
     WHERE state = 'running' AND concurrency_key IS NOT NULL
       AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+), due AS NOT MATERIALIZED (
+    SELECT CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END AS base,
+        concurrency_key, concurrency_limit
+    FROM trio_supervise_items
+    WHERE state IN ('queued', 'running') AND spec_id = ANY(%(spec_ids)s::text[])
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+), t AS MATERIALIZED (  -- computed once, though read twice below
+    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM blocked) THEN (SELECT min(base) FROM due) ELSE (
+        SELECT min(greatest(c.base, b.until))
+        FROM (
+            SELECT min(base) AS base, concurrency_key, concurrency_limit FROM due
+            GROUP BY concurrency_key, concurrency_limit
+        ) AS c
+        LEFT JOIN blocked AS b ON b.k = c.concurrency_key AND b.nth = c.concurrency_limit
+    ) END AS at
 )
 SELECT t.at, extract(epoch FROM t.at - coalesce(%(now)s::timestamptz, now()))::float8 AS wait
-FROM (
-    SELECT min(CASE WHEN c.concurrency_key IS NULL THEN c.base ELSE greatest(c.base, (
-        SELECT b.until FROM blocked AS b
-        WHERE b.k = c.concurrency_key AND b.nth = c.concurrency_limit
-    )) END) AS at
-    FROM (
-        SELECT CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END AS base,
-            concurrency_key, concurrency_limit
-        FROM trio_supervise_items
-        WHERE state IN ('queued', 'running') AND spec_id = ANY(%(spec_ids)s::text[])
-          AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-          AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
-    ) AS c
-) AS t;
+FROM t;
 
 -- name: pause_queue
 INSERT INTO trio_supervise_paused_queues (queue, paused_at)
