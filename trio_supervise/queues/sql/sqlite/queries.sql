@@ -86,12 +86,28 @@ RETURNING *, due_at <= :now AS due_now;
 --
 -- Concurrency keys (see the protocol's module doc): a keyed row is claimable only while fewer
 -- than its concurrency_limit running rows of its key hold a live lease (lease_expires_at >
--- now; an expired one is being rescued, not run). The window (the innermost SELECT) leaves out
--- rows whose key is at its limit, so blocked keyed rows at the head never starve the rows
--- behind them; of the window's rows of one key, only the first (limit - live) are taken
--- (row_number over the key). The counts are atomic: BEGIN IMMEDIATE makes this the only
--- writer, and the statement reads them before it writes (the IN list is computed first).
--- Each count is a probe of trio_supervise_items_key_idx; unkeyed rows skip it.
+-- now; an expired one is being rescued, not run). The window leaves out rows whose key is at
+-- its limit, so blocked keyed rows at the head never starve the rows behind them; of the
+-- window's rows of one key, only the first (limit - live) are taken: a keyed row's rank is
+-- the count of the window's rows of its key before it. Unkeyed rows skip every count, so the
+-- common claim costs what it did before keys. The counts are atomic: BEGIN IMMEDIATE makes
+-- this the only writer, and the window is materialized before any row is written. Each live
+-- count is a probe of trio_supervise_items_key_idx.
+WITH window_rows AS MATERIALIZED (
+    SELECT id, priority, due_at, concurrency_key, concurrency_limit
+    FROM trio_supervise_items AS c
+    WHERE queue = :queue AND state IN ('queued', 'running')
+      AND spec_id IN (SELECT value FROM json_each(:spec_ids))
+      AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END <= :now
+      AND NOT EXISTS (SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = :queue)
+      AND (c.concurrency_key IS NULL OR (
+          SELECT count(*) FROM trio_supervise_items AS r
+          WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
+            AND r.lease_expires_at > :now
+      ) < c.concurrency_limit)
+    ORDER BY priority, due_at, id
+    LIMIT :limit
+)
 UPDATE trio_supervise_items SET
     state = 'running',
     lease_owner = :worker_id,
@@ -100,35 +116,16 @@ UPDATE trio_supervise_items SET
     attempt = attempt + 1,
     updated_at = :now
 WHERE id IN (
-    SELECT id FROM (
-        SELECT id, concurrency_key, concurrency_limit, live,
-            row_number() OVER (
-                PARTITION BY concurrency_key ORDER BY priority, due_at, id
-            ) AS rank
-        FROM (
-            SELECT id, priority, due_at, concurrency_key, concurrency_limit,
-                CASE WHEN c.concurrency_key IS NULL THEN 0 ELSE (
-                    SELECT count(*) FROM trio_supervise_items AS r
-                    WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
-                      AND r.lease_expires_at > :now
-                ) END AS live
-            FROM trio_supervise_items AS c
-            WHERE queue = :queue AND state IN ('queued', 'running')
-              AND spec_id IN (SELECT value FROM json_each(:spec_ids))
-              AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END <= :now
-              AND NOT EXISTS (
-                  SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = :queue
-              )
-              AND (c.concurrency_key IS NULL OR (
-                  SELECT count(*) FROM trio_supervise_items AS r
-                  WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
-                    AND r.lease_expires_at > :now
-              ) < c.concurrency_limit)
-            ORDER BY priority, due_at, id
-            LIMIT :limit
-        )
-    )
-    WHERE concurrency_key IS NULL OR rank <= concurrency_limit - live
+    SELECT w.id FROM window_rows AS w
+    WHERE w.concurrency_key IS NULL OR (
+        SELECT count(*) FROM trio_supervise_items AS r
+        WHERE r.state = 'running' AND r.concurrency_key = w.concurrency_key
+          AND r.lease_expires_at > :now
+    ) + (
+        SELECT count(*) FROM window_rows AS e
+        WHERE e.concurrency_key = w.concurrency_key
+          AND (e.priority, e.due_at, e.id) < (w.priority, w.due_at, w.id)
+    ) < w.concurrency_limit
 )
 RETURNING *;
 
