@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sqlite3
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -27,6 +25,7 @@ import trio
 from trio_supervise.queues import PostgresQueue, SQLiteQueue, WorkQueue
 
 from .conftest import pg_schema
+from .test_multiprocess import started_workers
 
 WORKER = Path(__file__).with_name("_mp_keys_worker.py")
 PROCESSES = 4
@@ -87,17 +86,7 @@ _COMPLETED = "SELECT count(*) FROM trio_supervise_items WHERE state = 'completed
 def _run_workers(
     args: list[str], out_dir: Path, done: Callable[[], bool], *, timeout: float = 60
 ) -> None:
-    procs = [
-        subprocess.Popen([sys.executable, str(WORKER), *args, f"w{n}", str(out_dir)])
-        for n in range(PROCESSES)
-    ]
-    try:
-        deadline = time.monotonic() + 60
-        while len(list(out_dir.glob("ready-*"))) < PROCESSES:
-            assert time.monotonic() < deadline, "workers did not start"
-            assert all(p.poll() is None for p in procs), "a worker died while starting"
-            time.sleep(0.02)
-        (out_dir / "go").touch()
+    with started_workers(WORKER, args, out_dir, PROCESSES) as procs:
         deadline = time.monotonic() + timeout
         while not done():
             assert time.monotonic() < deadline, "the items were not all completed in time"
@@ -106,11 +95,6 @@ def _run_workers(
         (out_dir / "stop").touch()
         for proc in procs:
             assert proc.wait(timeout=30) == 0
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
 
 def _check_audit(rows: Iterable[tuple[str, str, str]]) -> None:
