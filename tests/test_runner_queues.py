@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -74,6 +75,85 @@ async def test_a_paused_queue_waits_and_in_flight_items_finish(
         await trio.sleep(10)
     assert driver.starts["m1"] == [11.0]
     assert sorted(driver.ends) == ["m0", "m1", "m2"]
+
+
+class CountingQueue(ts.MemoryQueue):
+    """The memory queue, counting claim calls."""
+
+    claims = 0
+
+    async def claim_due(self, *args: Any, **kwargs: Any) -> list[ts.WorkItem]:
+        self.claims += 1
+        return await super().claim_due(*args, **kwargs)
+
+
+async def test_a_concurrency_key_limits_a_runner_across_its_slots(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Six items of key "acme" (limit 2) and two plain ones, four slots: at most two acme items
+    run at once, the plain ones start at once beside them, and the runner neither spins nor
+    stalls while acme's items wait for a slot."""
+    queue = CountingQueue()
+    driver = Recorder()
+    for n in range(6):
+        await queue.enqueue(
+            "job",
+            item_id=f"acme-{n}",
+            priority=-1,
+            concurrency_key="acme",
+            concurrency_limit=2,
+            config={"sleep": 10},
+        )
+    for n in range(2):
+        await queue.enqueue("job", item_id=f"plain-{n}", config={"sleep": 10})
+    async with running(make_runner(queue, driver, concurrency=4)):
+        await trio.sleep(35)
+    starts = {i: t[0] for i, t in driver.starts.items()}
+    assert sorted(t for i, t in starts.items() if i.startswith("acme")) == [
+        0.0,
+        0.0,
+        10.0,
+        10.0,
+        20.0,
+        20.0,
+    ]
+    assert (starts["plain-0"], starts["plain-1"]) == (0.0, 0.0)
+    assert (await queue.get("acme-5")).state is ts.ItemState.COMPLETED
+    # A waiting acme item does not make the runner claim again and again (next_due_at puts it
+    # at its key's next free slot): a claim per start, plus a few that found nothing.
+    assert queue.claims < 16
+
+
+async def test_a_driver_declares_a_concurrency_key_per_tenant() -> None:
+    """A driver's concurrency_key template ("{tenant}") and limit apply in
+    DriverRegistry.enqueue; an explicit key wins; no tenant means no key."""
+
+    class PerTenant(Recorder):
+        concurrency_key = "mail:{tenant}"
+        concurrency_limit = 3
+
+    class Odd(Recorder):
+        concurrency_key = "{customer}"
+
+    registry: ts.DriverRegistry[None] = ts.DriverRegistry()
+    registry.register(PerTenant())
+    queue = ts.MemoryQueue()
+    item = await registry.enqueue(queue, "job", tenant_id="acme")
+    assert (item.concurrency_key, item.concurrency_limit) == ("mail:acme", 3)
+    item = await registry.enqueue(queue, "job", tenant_id="acme", concurrency_key="vip")
+    assert (item.concurrency_key, item.concurrency_limit) == ("vip", 3)
+    item = await registry.enqueue(queue, "job", concurrency_key="vip", concurrency_limit=1)
+    assert (item.concurrency_key, item.concurrency_limit) == ("vip", 1)
+    with pytest.raises(ts.DriverError, match=r"concurrency_key '\{customer\}' may use only"):
+        ts.DriverRegistry[None]().register(Odd())
+
+    class ByTenant(Recorder):
+        concurrency_key = "{tenant}"
+
+    registry = ts.DriverRegistry[None]().register(ByTenant())
+    assert (await registry.enqueue(queue, "job")).concurrency_key is None
+    item = await registry.enqueue(queue, "job", tenant_id="t1")
+    assert (item.concurrency_key, item.concurrency_limit) == ("t1", 1)
 
 
 def test_queue_limits_are_checked() -> None:

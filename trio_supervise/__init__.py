@@ -75,6 +75,7 @@ from ._workflow import Stop as Stop
 from ._workflow import TypedWorkflowDriver as TypedWorkflowDriver
 from ._workflow import WorkflowDriver as WorkflowDriver
 from ._workflow import run_due_pass as run_due_pass
+from .queues import DEFAULT_CONCURRENCY_LIMIT as DEFAULT_CONCURRENCY_LIMIT
 from .queues import DEFAULT_QUEUE as DEFAULT_QUEUE
 from .queues import MAX_ERRORS as MAX_ERRORS
 from .queues import MAX_PRIORITY as MAX_PRIORITY
@@ -96,6 +97,7 @@ from .queues import migrate as migrate
 from .queues import open_queue as open_queue
 
 __all__ = [
+    "DEFAULT_CONCURRENCY_LIMIT",
     "DEFAULT_QUEUE",
     "MAX_ERRORS",
     "MAX_PRIORITY",

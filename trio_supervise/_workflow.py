@@ -27,6 +27,7 @@ from ._convert import structure_config, unstructure
 from ._errors import ConfigError, DriverError, LeaseLost, QueueError, QueueFailed, SuperviseError
 from ._policy import Jitter, RestartPolicy
 from .queues._protocol import (
+    DEFAULT_CONCURRENCY_LIMIT,
     DEFAULT_QUEUE,
     MAX_DELAY,
     LeaseStatus,
@@ -36,6 +37,7 @@ from .queues._protocol import (
     WorkItem,
     WorkQueue,
     check_child,
+    check_concurrency,
     check_json,
     check_priority,
     check_queue_name,
@@ -315,6 +317,27 @@ def _binds(signature: inspect.Signature, count: int) -> bool:
     return True
 
 
+def _driver_concurrency(driver: object) -> tuple[str | None, int]:
+    """A driver's ``concurrency_key`` template and ``concurrency_limit``, checked (ValueError)."""
+    template = getattr(driver, "concurrency_key", None)
+    limit = getattr(driver, "concurrency_limit", None)
+    if template is not None:
+        if not isinstance(template, str) or not template:
+            raise ValueError(
+                f"concurrency_key must be a non-empty string template, got {template!r}"
+            )
+        try:
+            probe = template.format(tenant="t", subject="s")
+        except (KeyError, IndexError, ValueError) as error:
+            raise ValueError(
+                f"concurrency_key {template!r} may use only {{tenant}} and {{subject}}: {error!r}"
+            ) from None
+        check_concurrency(probe, limit)
+    elif limit is not None:
+        check_concurrency("probe", limit)
+    return template, DEFAULT_CONCURRENCY_LIMIT if limit is None else limit
+
+
 @attrs.define(eq=False)
 class DriverRegistry(Generic[ContextT]):
     """Which driver owns which spec id. Registration order never matters for dispatch."""
@@ -375,6 +398,7 @@ class DriverRegistry(Generic[ContextT]):
             check_priority(getattr(driver, "priority", 0))
             check_queue_name(getattr(driver, "queue", DEFAULT_QUEUE))
             check_timeout(getattr(driver, "timeout", None))
+            _driver_concurrency(driver)
         except ValueError as error:
             raise DriverError(f"driver '{name}': {error}") from None
         for spec_id in seen:
@@ -395,13 +419,31 @@ class DriverRegistry(Generic[ContextT]):
 
         A driver may declare ``priority`` (an int, lower first) and ``queue`` (a queue name) as
         attributes; they apply when *priority* or *queue* is not given here (else 0 and
-        ``"default"``). Every other keyword goes to :meth:`WorkQueue.enqueue` as is.
+        ``"default"``). It may also declare ``concurrency_key``, a template formatted with the
+        item's ``{tenant}`` and ``{subject}`` (``"{tenant}"``: at most ``concurrency_limit``
+        items of one tenant run at once; ``"smtp"``: of the whole driver), used when no
+        ``concurrency_key`` is given here; a key that formats to ``""`` (no tenant) means no
+        key. Its ``concurrency_limit`` (default 1) applies to every keyed item it enqueues
+        without a ``concurrency_limit``, an explicit key too. Every other keyword goes to
+        :meth:`WorkQueue.enqueue` as is.
         """
         driver = self._by_spec.get(spec_id)
         if priority is None:
             priority = getattr(driver, "priority", 0)
         if queue is None:
             queue = getattr(driver, "queue", DEFAULT_QUEUE)
+        if driver is not None:
+            template, limit = _driver_concurrency(driver)
+            if fields.get("concurrency_key") is None and template is not None:
+                fields["concurrency_key"] = (
+                    template.format(
+                        tenant=fields.get("tenant_id", ""), subject=fields.get("subject_id", "")
+                    )
+                    or None
+                )
+            keyed = fields.get("concurrency_key") is not None
+            if keyed and fields.get("concurrency_limit") is None:
+                fields["concurrency_limit"] = limit
         return await work_queue.enqueue(spec_id, priority=priority, queue=queue, **fields)
 
     def spec_ids(self) -> list[str]:

@@ -80,3 +80,34 @@ def test_queues_commands_on_a_missing_database_create_nothing(
     assert code == 1
     assert "no database at" in err
     assert not path.exists()
+
+
+def test_enqueue_takes_a_concurrency_key_and_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--concurrency-key/--concurrency-limit` are stored (a key alone: limit 1); `items show`
+    prints them; a limit without a key, or below 1, is refused naming the rule."""
+    url = f"sqlite:///{tmp_path}/q.db"
+    code, out, _ = run(
+        capsys, "items", "enqueue", "job", "--id", "a", "--concurrency-key", "acme",
+        "--concurrency-limit", "3", "--database-url", url, "--json",
+    )  # fmt: skip
+    assert code == 0
+    document = json.loads(out)
+    assert (document["concurrency_key"], document["concurrency_limit"]) == ("acme", 3)
+    code, out, _ = run(
+        capsys, "items", "enqueue", "job", "--id", "b", "--concurrency-key", "acme",
+        "--database-url", url, "--json",
+    )  # fmt: skip
+    assert (code, json.loads(out)["concurrency_limit"]) == (0, 1)
+    code, out, _ = run(capsys, "items", "show", "a", "--database-url", url)
+    assert any(line.split() == ["concurrency", "acme", "(limit", "3)"] for line in out.splitlines())
+    code, _, err = run(
+        capsys, "items", "enqueue", "job", "--concurrency-limit", "2", "--database-url", url
+    )
+    assert code == 1
+    assert "concurrency_limit needs a concurrency_key" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["items", "enqueue", "job", "--concurrency-key", "k", "--concurrency-limit", "0"])
+    assert exit_info.value.code == 2
+    assert "--concurrency-limit: must be an integer from 1" in capsys.readouterr().err

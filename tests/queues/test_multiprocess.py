@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,25 +37,35 @@ async def _all_completed(queue: WorkQueue) -> dict[tuple[str, ItemState], int]:
         return dict(await queue.counts())
 
 
-def _run_workers(args: list[str], out_dir: Path) -> Counter[str]:
+@contextlib.contextmanager
+def started_workers(
+    worker: Path, args: list[str], out_dir: Path, count: int
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """*count* processes of *worker* (ids ``w0``...), each ready, then told to go (OUT_DIR/go);
+    any still running when the block ends is killed."""
     procs = [
-        subprocess.Popen([sys.executable, str(WORKER), *args, f"w{n}", str(out_dir)])
-        for n in range(PROCESSES)
+        subprocess.Popen([sys.executable, str(worker), *args, f"w{n}", str(out_dir)])
+        for n in range(count)
     ]
     try:
         deadline = time.monotonic() + 60
-        while len(list(out_dir.glob("ready-*"))) < PROCESSES:
+        while len(list(out_dir.glob("ready-*"))) < count:
             assert time.monotonic() < deadline, "workers did not start"
             assert all(p.poll() is None for p in procs), "a worker died while starting"
             time.sleep(0.02)
         (out_dir / "go").touch()
-        for proc in procs:
-            assert proc.wait(timeout=60) == 0
+        yield procs
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _run_workers(args: list[str], out_dir: Path) -> Counter[str]:
+    with started_workers(WORKER, args, out_dir, PROCESSES) as procs:
+        for proc in procs:
+            assert proc.wait(timeout=60) == 0
     done: Counter[str] = Counter()
     for path in out_dir.glob("done-*"):
         done.update(path.read_text().split())

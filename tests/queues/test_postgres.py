@@ -147,6 +147,62 @@ async def test_claim_is_served_by_the_claim_index() -> None:
         assert "Sort" not in text
 
 
+async def test_keyed_claims_stay_on_the_claim_index_and_cheap_to_plan() -> None:
+    """On 100k rows, a fifth of them keyed (some running), every claim statement walks the claim
+    index in order (the only sort is the keyed path's row_number over its few window rows), and
+    no claim or next_due_at is costed past the JIT threshold (a per-row count would be)."""
+    with pg_schema() as (dsn, schema):
+        await migrate_schema(dsn, schema)
+        fill = (
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_expires_at, "
+            "created_at, updated_at, priority, queue, concurrency_key, concurrency_limit) "
+            "SELECT 'i' || g, 's' || (g % 3), "
+            "CASE g % 10 WHEN 0 THEN 'queued' WHEN 1 THEN 'running' ELSE 'completed' END, "
+            "now() - g * interval '1 second', "
+            "CASE WHEN g % 10 = 1 THEN now() + interval '1 minute' END, now(), now(), "
+            "g % 7 - 3, CASE WHEN g % 4 = 0 THEN 'mail' ELSE 'default' END, "
+            "CASE WHEN g % 5 = 0 THEN 'k' || (g % 50) END, CASE WHEN g % 5 = 0 THEN 1 END "
+            "FROM generate_series(1, 100000) AS g; ANALYZE trio_supervise_items"
+        )
+        await trio.to_thread.run_sync(_sql, dsn, schema, fill)
+        queries = _queries.load_queries("postgres")
+        for name in ("claim_due", "claim_keys", "claim_keyed", "next_due_at"):
+            text = (
+                queries[name]
+                .replace("%(queue)s", "'default'")
+                .replace("%(spec_ids)s", "'{s1,s2}'")
+                .replace("%(queues)s", "NULL")
+                .replace("%(keys)s", "'{k1,k2}'")
+                .replace("%(now)s", "NULL")
+                .replace("%(limit)s", "10")
+                .replace("%(worker_id)s", "'w'")
+                .replace("%(lease_us)s", "1000000")
+            )
+            plan = await trio.to_thread.run_sync(
+                _sql, dsn, schema, f"EXPLAIN {text}", "-c jit=on -c jit_above_cost=100000"
+            )
+            lines = [str(row[0]) for row in plan]
+            assert not any("JIT" in line for line in lines), (name, lines)
+            if name != "next_due_at":
+                # No Sort between the walk and its Limit: its ancestors (the lines above it, each
+                # less indented) up to the Limit. Above it, a sort of `limit` rows is fine.
+                at = next(n for n, line in enumerate(lines) if "items_claim_idx" in line)
+                depth, between = _indent(lines[at]), []
+                for line in reversed(lines[:at]):
+                    if _indent(line) < depth:
+                        depth = _indent(line)
+                        if line.strip().startswith("->  Limit"):
+                            break
+                        between.append(line.strip())
+                else:
+                    raise AssertionError(f"{name}: the claim index walk has no Limit above it")
+                assert not any(line.startswith("->  Sort") for line in between), (name, between)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
 async def migrate_schema(dsn: str, schema: str) -> None:
     async with await PostgresQueue.connect(dsn, schema=schema, migrate=True):
         pass

@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 
 from trio_supervise import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
 from trio_supervise.queues import (
+    MAX_ERRORS,
     WAITING_DUE_AT,
     ItemState,
     Lease,
@@ -56,6 +57,9 @@ WORKERS = ["w1", "w2"]
 KEYS = [None, None, "k1", "k2"]
 IDS = [None, None, None, "x1", "x2"]
 QUEUES = ["default", "default", "q2"]
+CKEYS = [None, "c1", "c2", "c2"]
+"""Concurrency keys; each has one limit (c1: one at a time, c2: two)."""
+CLIMITS = {"c1": 1, "c2": 2}
 DURATIONS = [0.0, 0.5, 1.0, 2.5, 5.0]
 CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 POISON = {"n": "\udcff"}
@@ -118,11 +122,21 @@ class Model:
     attempt: int = 0
     priority: int = 0
     queue: str = "default"
+    ckey: str | None = None
+    climit: int | None = None
+    timeout: float | None = None
+    result: Any = None
+    errors: list[tuple[dt.datetime, str, int, str]] = attrs.field(factory=list)
     old_versions: list[int] = attrs.field(factory=list)
     parent_id: str | None = None
     waiting_children: int = 0
     waited_by: tuple[str, int] | None = None
     """The parent (id, lease version) whose wait this child still counts toward."""
+
+    def add_error(self, at: dt.datetime, error: str) -> None:
+        """The history entry a failure writes: by the lease owner, at this attempt; bounded."""
+        self.errors = [*self.errors, (at, self.lease_owner or "", self.attempt, error)]
+        self.errors = self.errors[-MAX_ERRORS:]
 
     def claimable_at(self) -> dt.datetime | None:
         if self.state is ItemState.QUEUED:
@@ -161,6 +175,11 @@ class Model:
             self.queue,
             self.parent_id,
             self.waiting_children,
+            self.ckey,
+            self.climit,
+            self.timeout,
+            self.result,
+            tuple(self.errors),
         )
 
 
@@ -183,6 +202,11 @@ def view(item: WorkItem) -> tuple[Any, ...]:
         item.queue,
         item.parent_id,
         item.waiting_children,
+        item.concurrency_key,
+        item.concurrency_limit,
+        item.timeout,
+        item.result,
+        tuple((e.at, e.worker, e.attempt, e.error) for e in item.errors),
     )
 
 
@@ -218,6 +242,26 @@ class QueueMachine(RuleBasedStateMachine):
     def pick(self, index: int) -> Model:
         return self.model[sorted(self.model)[index % len(self.model)]]
 
+    def live(self, key: str) -> list[dt.datetime]:
+        """The live lease expiries of *key*'s running items."""
+        now = self.now()
+        return [
+            m.lease_expires_at
+            for m in self.model.values()
+            if m.ckey == key
+            and m.state is ItemState.RUNNING
+            and m.lease_expires_at is not None
+            and m.lease_expires_at > now
+        ]
+
+    def blocked_until(self, m: Model) -> dt.datetime | None:
+        """When *m*'s key frees for it with no write in between: its limit-th latest live lease
+        expiry; None if it is not blocked."""
+        if m.ckey is None or m.climit is None:
+            return None
+        live = sorted(self.live(m.ckey), reverse=True)
+        return live[m.climit - 1] if len(live) >= m.climit else None
+
     def version(self, item: Model, which: str) -> int:
         if which == "old" and item.old_versions:
             return item.old_versions[-1]
@@ -249,6 +293,9 @@ class QueueMachine(RuleBasedStateMachine):
                 f"children[{poisoned[0]}]: {POISON_REASON}",
             )
         later = self.now() + dt.timedelta(seconds=s.delay)
+        if s.kind in (SettleKind.RETRY, SettleKind.DEAD):
+            assert s.error is not None
+            item.add_error(self.now(), s.error)
         match s.kind:
             case SettleKind.CONTINUE:
                 item.requeue(later)
@@ -265,6 +312,7 @@ class QueueMachine(RuleBasedStateMachine):
                 item.error_count, item.last_error = item.error_count + 1, s.error
             case SettleKind.COMPLETE:
                 item.finish(ItemState.COMPLETED)
+                item.result = s.result
             case SettleKind.CANCEL:
                 item.finish(ItemState.CANCELLED)
             case SettleKind.DEAD:
@@ -330,6 +378,7 @@ class QueueMachine(RuleBasedStateMachine):
         offset: float,
         n: int,
         poison: bool = False,
+        result: bool = False,
     ) -> Settlement:
         return Settlement(
             item_id=item.id,
@@ -339,6 +388,7 @@ class QueueMachine(RuleBasedStateMachine):
             at=self.now() + dt.timedelta(seconds=offset),
             config=POISON if poison else {"n": n},
             error=f"error {n}",
+            result={"r": [n]} if result and kind is SettleKind.COMPLETE else None,
         )
 
     # rules
@@ -351,6 +401,8 @@ class QueueMachine(RuleBasedStateMachine):
         n=st.integers(0, 9),
         priority=st.sampled_from([0, 0, -3, 2]),
         queue=st.sampled_from(QUEUES),
+        ckey=st.sampled_from(CKEYS),
+        timeout=st.sampled_from([None, None, 2.5]),
     )
     def enqueue(
         self,
@@ -361,6 +413,8 @@ class QueueMachine(RuleBasedStateMachine):
         n: int,
         priority: int,
         queue: str,
+        ckey: str | None,
+        timeout: float | None,
     ) -> None:
         due = self.now() + dt.timedelta(seconds=offset)
         # Ids the queue would generate are random; the model's must be reproducible.
@@ -378,6 +432,9 @@ class QueueMachine(RuleBasedStateMachine):
                 idempotency_key=key,
                 priority=priority,
                 queue=queue,
+                evaluation_timeout=timeout,
+                concurrency_key=ckey,
+                concurrency_limit=None if ckey is None else CLIMITS[ckey],
             )
 
         got = outcome(self.portal, call)
@@ -398,6 +455,9 @@ class QueueMachine(RuleBasedStateMachine):
                 config={"n": n},
                 priority=priority,
                 queue=queue,
+                ckey=ckey,
+                climit=None if ckey is None else CLIMITS[ckey],
+                timeout=timeout,
             )
 
     @rule(
@@ -408,22 +468,37 @@ class QueueMachine(RuleBasedStateMachine):
         queue=st.sampled_from(QUEUES),
     )
     def claim(self, specs: list[str], worker: str, lease: float, limit: int, queue: str) -> None:
+        """The window (the first `limit` claimable items, keys at their limit left out), then
+        per key only its free slots: the protocol's module doc."""
         now = self.now()
-        due = sorted(
-            (m.priority, m.due_at, m.id)
-            for m in self.model.values()
-            if m.spec_id in specs
-            and m.queue == queue
-            and queue not in self.paused
-            and (at := m.claimable_at()) is not None
-            and at <= now
-        )
+        live = {key: len(self.live(key)) for key in CLIMITS}
+        window = sorted(
+            (
+                m
+                for m in self.model.values()
+                if m.spec_id in specs
+                and m.queue == queue
+                and queue not in self.paused
+                and (at := m.claimable_at()) is not None
+                and at <= now
+                and (m.ckey is None or live[m.ckey] < CLIMITS[m.ckey])
+            ),
+            key=lambda m: (m.priority, m.due_at, m.id),
+        )[:limit]
+        ranks: dict[str, int] = {}
+        expected = []
+        for m in window:
+            if m.ckey is not None:
+                ranks[m.ckey] = ranks.get(m.ckey, 0) + 1
+                if ranks[m.ckey] > CLIMITS[m.ckey] - live[m.ckey]:
+                    continue
+            expected.append(m.id)
 
         async def call() -> list[WorkItem]:
             return await self.queue.claim_due(specs, worker, lease, limit, queue=queue)
 
         got = self.portal.run(call)
-        assert [i.id for i in got] == [item_id for _, _, item_id in due[:limit]]
+        assert [i.id for i in got] == expected
         for item in got:
             m = self.model[item.id]
             assert item.lease_version > m.lease_version
@@ -431,6 +506,13 @@ class QueueMachine(RuleBasedStateMachine):
             m.state, m.lease_owner, m.lease_version = ItemState.RUNNING, worker, item.lease_version
             m.lease_expires_at = now + dt.timedelta(seconds=lease)
             m.attempt += 1
+        for key, key_limit in CLIMITS.items():
+            assert len(self.live(key)) <= key_limit
+
+    @rule(worker=st.sampled_from(WORKERS), lease=st.sampled_from(DURATIONS[1:]))
+    def claim_everything(self, worker: str, lease: float) -> None:
+        """A wide claim of the default queue: where batches meet keys with running items."""
+        self.claim(SPECS, worker, lease, 3, "default")
 
     @precondition(lambda self: self.model)
     @rule(
@@ -444,6 +526,8 @@ class QueueMachine(RuleBasedStateMachine):
         owner = "intruder" if which == "owner" else (m.lease_owner or "w1")
         version = self.version(m, which)
         ok = m.holds(version) and m.lease_owner == owner
+        if m.ckey is not None and m.lease_expires_at is not None:
+            ok = ok and m.lease_expires_at > self.now()  # an expired keyed lease freed its slot
         expected = (
             (LeaseStatus.CANCEL_REQUESTED if m.cancel_requested else LeaseStatus.HELD)
             if ok
@@ -493,15 +577,17 @@ class QueueMachine(RuleBasedStateMachine):
                 st.sampled_from(["fresh", "old", "future"]),
                 st.sampled_from(SettleKind),
                 st.sampled_from([False, False, False, True]),
+                st.booleans(),
             ),
             max_size=4,
         ),
         n=st.integers(0, 9),
     )
-    def settle_many(self, picks: list[tuple[int, str, SettleKind, bool]], n: int) -> None:
+    def settle_many(self, picks: list[tuple[int, str, SettleKind, bool, bool]], n: int) -> None:
+        """Batches of outcomes; a completion may carry a result, which the item then keeps."""
         batch = [
-            self.settlement(self.pick(index), which, kind, 1.0, 5.0, n, poison)
-            for index, which, kind, poison in picks
+            self.settlement(self.pick(index), which, kind, 1.0, 5.0, n, poison, result)
+            for index, which, kind, poison, result in picks
         ]
         got = self.portal.run(self.queue.settle_many, batch)
         assert got == [self.apply(s) for s in batch]
@@ -582,7 +668,7 @@ class QueueMachine(RuleBasedStateMachine):
     ) -> None:
         """A new parent is enqueued, claimed (with whatever else is due) and fans out, waiting:
         the common shape, so that fan-in is met often."""
-        self.enqueue("a", -5.0, None, None, n, -100, "default")
+        self.enqueue("a", -5.0, None, None, n, -100, "default", None, None)
         self.claim_everything_due()
         parent = self.model[f"i{self.serial:03}"]
         if parent.state is ItemState.RUNNING:
@@ -629,16 +715,24 @@ class QueueMachine(RuleBasedStateMachine):
         assert [view(c) for c in got] == [c.view() for c in expected]
 
     @precondition(lambda self: self.model)
-    @rule(index=st.integers(0, 99), which=st.sampled_from(["fresh", "old"]), n=st.integers(0, 9))
-    def mark_error(self, index: int, which: str, n: int) -> None:
+    @rule(
+        index=st.integers(0, 99),
+        which=st.sampled_from(["fresh", "old"]),
+        n=st.integers(0, 9),
+        times=st.sampled_from([1, 1, 1, MAX_ERRORS + 2]),
+    )
+    def mark_error(self, index: int, which: str, n: int, times: int) -> None:
+        """Errors add to the count and the history, which keeps only the newest MAX_ERRORS."""
         m = self.pick(index)
         version = self.version(m, which)
-        got = outcome(self.portal, self.queue.mark_error, m.id, version, f"mark {n}")
-        if m.holds(version):
-            assert got is None
-            m.error_count, m.last_error = m.error_count + 1, f"mark {n}"
-        else:
-            assert got is LeaseLost
+        for each in range(times):
+            got = outcome(self.portal, self.queue.mark_error, m.id, version, f"mark {n}.{each}")
+            if m.holds(version):
+                assert got is None
+                m.error_count, m.last_error = m.error_count + 1, f"mark {n}.{each}"
+                m.add_error(self.now(), f"mark {n}.{each}")
+            else:
+                assert got is LeaseLost
 
     @rule(index=st.integers(0, 99), missing=st.booleans())
     def request_cancel(self, index: int, missing: bool) -> None:
@@ -682,7 +776,8 @@ class QueueMachine(RuleBasedStateMachine):
             return
         m = self.pick(index)
         got = outcome(self.portal, self.queue.delete, m.id)
-        if m.state is ItemState.RUNNING:
+        if m.state is ItemState.RUNNING or m.waiting_children > 0 or m.waited_by is not None:
+            # Running, waiting for children, or a child its parent still counts on: refused.
             assert got is ItemStateError
             return
         assert isinstance(got, WorkItem)
@@ -793,13 +888,19 @@ class QueueMachine(RuleBasedStateMachine):
         assert dict(self.portal.run(self.queue.counts)) == counts
         for specs in (["a"], SPECS):
             times = [
-                at
+                at if (until := self.blocked_until(m)) is None else max(at, until)
                 for m in expected
                 if m.spec_id in specs
                 and m.queue not in self.paused
                 and (at := m.claimable_at()) is not None
             ]
             assert self.portal.run(self.queue.next_due_at, specs) == min(times, default=None)
+
+    @invariant()
+    def no_key_runs_past_its_limit(self) -> None:
+        """Never more live-leased running items of a concurrency key than its limit."""
+        for key, limit in CLIMITS.items():
+            assert len(self.live(key)) <= limit
 
 
 # -- running it against each backend ---------------------------------------------------------

@@ -247,6 +247,12 @@ def print_item(
         ("subject", item.subject_id),
         ("queue", item.queue),
         ("priority", str(item.priority)),
+        (
+            "concurrency",
+            f"{item.concurrency_key} (limit {item.concurrency_limit})"
+            if item.concurrency_key is not None
+            else "",
+        ),
         ("errors", str(item.error_count)),
         ("last error", item.last_error or ""),
         (

@@ -15,7 +15,14 @@ from .._errors import ConfigError
 from .._settings import MAX_COUNT
 from .._workflow import first_line
 from ..queues import ItemState, WorkItem, WorkQueue
-from ..queues._protocol import DEFAULT_QUEUE, MAX_PRIORITY, MIN_PRIORITY, check_priority
+from ..queues._protocol import (
+    DEFAULT_QUEUE,
+    MAX_CONCURRENCY_LIMIT,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    check_concurrency,
+    check_priority,
+)
 from . import _items_edit
 from ._common import (
     AS_JSON,
@@ -81,6 +88,17 @@ def register(commands: Subparsers) -> None:
     )
     enqueue.add_argument(
         "--queue", default=DEFAULT_QUEUE, help=f"the named queue (default {DEFAULT_QUEUE!r})"
+    )
+    enqueue.add_argument(
+        "--concurrency-key",
+        metavar="KEY",
+        help="at most --concurrency-limit items of this key run at once, fleet-wide",
+    )
+    enqueue.add_argument(
+        "--concurrency-limit",
+        metavar="N",
+        type=_concurrency_limit,
+        help="how many items of --concurrency-key may run at once (default 1)",
     )
     enqueue.set_defaults(handler=_cmd_enqueue)
 
@@ -202,6 +220,15 @@ def _priority(text: str) -> int:
         ) from None
 
 
+def _concurrency_limit(text: str) -> int:
+    try:
+        return check_concurrency("key", int(text))[1] or 1
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from 1 to {MAX_CONCURRENCY_LIMIT}, got {printable(text)!r}"
+        ) from None
+
+
 def _cmd_enqueue(args: argparse.Namespace) -> int:
     config: Any = None
     if args.item_config is not None:
@@ -223,6 +250,8 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
             idempotency_key=args.key,
             priority=args.priority,
             queue=args.queue,
+            concurrency_key=args.concurrency_key,
+            concurrency_limit=args.concurrency_limit,
         )
 
     item: WorkItem = with_queue(args, body, create=True)

@@ -7,6 +7,7 @@ from ._factory import parse_queue_url as parse_queue_url
 from ._memory import MemoryQueue as MemoryQueue
 from ._memory import QueueEvent as QueueEvent
 from ._postgres import PostgresQueue as PostgresQueue
+from ._protocol import DEFAULT_CONCURRENCY_LIMIT as DEFAULT_CONCURRENCY_LIMIT
 from ._protocol import DEFAULT_QUEUE as DEFAULT_QUEUE
 from ._protocol import MAX_ERRORS as MAX_ERRORS
 from ._protocol import MAX_JSON_DEPTH as MAX_JSON_DEPTH
@@ -33,6 +34,7 @@ from ._sqlite import DEFAULT_SQLITE_PATH as DEFAULT_SQLITE_PATH
 from ._sqlite import SQLiteQueue as SQLiteQueue
 
 __all__ = [
+    "DEFAULT_CONCURRENCY_LIMIT",
     "DEFAULT_DATABASE_URL",
     "DEFAULT_QUEUE",
     "DEFAULT_SQLITE_PATH",

@@ -6,11 +6,15 @@ clock, so under ``autojump_clock`` due times and lease expiries follow virtual t
 
 Claims, and the next due time, are served by heaps, so they cost ``O(log n)`` per item rather
 than a scan of every item ever enqueued: queued items by ``(due_at, id)``, one heap per
-``(spec id, queue, priority)``, and running items by lease expiry, one heap per
-``(spec id, queue)``. Every write replaces the stored
+``(spec id, queue, priority, concurrency key, concurrency limit)``, and running items by lease
+expiry, one heap per ``(spec id, queue)``. Every write replaces the stored
 :class:`WorkItem` (they are frozen) and pushes a fresh heap entry; an entry whose item has
 been replaced since is stale and is dropped when it reaches the top of its heap, or earlier,
 when its heap has doubled since it was last swept (:meth:`MemoryQueue._sweep`).
+
+Concurrency keys: a key at its limit blocks whole queued heaps (they are split by key and
+limit), and each key's running items are kept by id, so counting a key's live leases costs the
+items it runs, not the queue.
 """
 
 from __future__ import annotations
@@ -146,9 +150,14 @@ class MemoryQueue(SingleWrites):
     _released: dict[str, list[str]] = attrs.field(init=False, factory=dict)
     """Idempotency key -> the ids of the items that held it until their scope lapsed."""
     _versions: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
-    _queued: dict[tuple[str, str, int], _Heap] = attrs.field(init=False, factory=dict)
-    """Per ``(spec id, queue, priority)``, queued items by ``(due_at, id)`` (with stale entries;
-    see the module doc)."""
+    _queued: dict[tuple[str, str, int, str | None, int | None], _Heap] = attrs.field(
+        init=False, factory=dict
+    )
+    """Per ``(spec id, queue, priority, concurrency key, concurrency limit)``, queued items by
+    ``(due_at, id)`` (with stale entries; see the module doc). Every item of one heap is
+    blocked by its key, or none is."""
+    _running_keyed: dict[str, dict[str, WorkItem]] = attrs.field(init=False, factory=dict)
+    """Per concurrency key, its running items by id (live leases or not)."""
     _leased: dict[tuple[str, str], _Heap] = attrs.field(init=False, factory=dict)
     """Per ``(spec id, queue)``, running items by ``(lease_expires_at, id)``."""
     _paused: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
@@ -193,6 +202,7 @@ class MemoryQueue(SingleWrites):
         self._released.clear()
         self._queued.clear()
         self._leased.clear()
+        self._running_keyed.clear()
         self._paused.clear()
         self._fan_in.clear()
         self._children_of.clear()
@@ -251,8 +261,22 @@ class MemoryQueue(SingleWrites):
     def _store(self, item: WorkItem) -> None:
         """Store *item* (replacing any older copy) and index it if it can be claimed."""
         self._items[item.id] = item
+        key = item.concurrency_key
+        if key is not None:
+            running = self._running_keyed.get(key)
+            if item.state is ItemState.RUNNING:
+                if running is None:
+                    running = self._running_keyed[key] = {}
+                running[item.id] = item
+            elif running is not None and running.pop(item.id, None) is not None and not running:
+                del self._running_keyed[key]
         if item.state is ItemState.QUEUED:
-            self._push(self._queued, (item.spec_id, item.queue, item.priority), item.due_at, item)
+            self._push(
+                self._queued,
+                (item.spec_id, item.queue, item.priority, key, item.concurrency_limit),
+                item.due_at,
+                item,
+            )
         elif item.state is ItemState.RUNNING:
             assert item.lease_expires_at is not None
             self._push(self._leased, (item.spec_id, item.queue), item.lease_expires_at, item)
@@ -286,6 +310,31 @@ class MemoryQueue(SingleWrites):
                 return entry
             heapq.heappop(heap)
         return None
+
+    def _live(self, key: str, now: dt.datetime) -> list[dt.datetime]:
+        """The lease expiries of *key*'s running items whose lease is live at *now*."""
+        running = self._running_keyed.get(key)
+        if not running:
+            return []
+        return [
+            item.lease_expires_at
+            for item in running.values()
+            if item.lease_expires_at is not None and item.lease_expires_at > now
+        ]
+
+    def _blocked_until(
+        self, key: str | None, limit: int | None, now: dt.datetime
+    ) -> dt.datetime | None:
+        """When an item of *key* with *limit* stops being blocked by its key's running items
+        (no write in between): the *limit*-th latest live lease expiry; None if it is not
+        blocked now (or has no key)."""
+        if key is None or limit is None:
+            return None
+        live = self._live(key, now)
+        if len(live) < limit:
+            return None
+        live.sort(reverse=True)
+        return live[limit - 1]
 
     def _requeue(
         self, item: WorkItem, due_at: dt.datetime, now: dt.datetime, **changes: Any
@@ -334,8 +383,13 @@ class MemoryQueue(SingleWrites):
                 )
             case SettleKind.COMPLETE | SettleKind.CANCEL | SettleKind.DEAD:
                 changes: dict[str, Any] = {}
-                if s.kind is SettleKind.COMPLETE and s.result is not None:
-                    changes = {"result": check_json(s.result, what="result")}
+                if s.kind is SettleKind.COMPLETE:
+                    # As the SQL backends: a completion stores its result, None included (a
+                    # retried item completed again without one keeps none of its old one).
+                    result = s.result
+                    changes = {
+                        "result": None if result is None else check_json(result, what="result")
+                    }
                 if s.kind is SettleKind.DEAD:
                     changes = {
                         "error_count": item.error_count + 1,
@@ -414,6 +468,8 @@ class MemoryQueue(SingleWrites):
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
         unique: UniqueScope = "forever",
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkItem:
         entry = NewItem(
             spec_id=spec_id,
@@ -427,6 +483,8 @@ class MemoryQueue(SingleWrites):
             queue=queue,
             evaluation_timeout=evaluation_timeout,
             unique=unique,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
         [done] = await self.enqueue_many([entry])
         return done.item
@@ -504,6 +562,8 @@ class MemoryQueue(SingleWrites):
             timeout=None if timeout is None else float(timeout),
             unique_scope=scope,
             unique_until=None if seconds is None else now + dt.timedelta(seconds=seconds),
+            concurrency_key=entry.concurrency_key,
+            concurrency_limit=entry.concurrency_limit,
         )
 
     def _insert_child(self, child: NewItem, now: dt.datetime, parent_id: str) -> WorkItem | None:
@@ -708,29 +768,64 @@ class MemoryQueue(SingleWrites):
                 assert heap is not None
                 expired.append(heapq.heappop(heap)[3])
         expired.sort(key=lambda item: (item.priority, item.due_at, item.id), reverse=True)
+        # Live leases per concurrency key, counted once, before this claim takes any.
+        live: dict[str, int] = {}
+
+        def blocked(key: str | None, key_limit: int | None) -> bool:
+            if key is None or key_limit is None:
+                return False
+            if key not in live:
+                live[key] = len(self._live(key, now))
+            return live[key] >= key_limit
+
+        # A heap's items share a key and limit: a heap blocked by its key is left out whole.
         queued = sorted(
-            (key[2], heap)
-            for key, heap in self._queued.items()
-            if key[0] in wanted and key[1] == queue and heap
+            (
+                (key, heap)
+                for key, heap in self._queued.items()
+                if key[0] in wanted and key[1] == queue and heap and not blocked(key[3], key[4])
+            ),
+            key=lambda pair: pair[0][2],
         )
-        claimed: list[WorkItem] = []
-        expires = now + dt.timedelta(seconds=lease)
-        while len(claimed) < limit:
-            # The smallest (priority, due_at, id) among the expired leases and due queued items.
+        # The window: the first `limit` claimable items not blocked by their key, in
+        # (priority, due_at, id) order (see the protocol's module doc).
+        window: list[tuple[WorkItem, Any]] = []
+        put_back: list[WorkItem] = []
+        while len(window) < limit:
+            while expired and blocked(expired[-1].concurrency_key, expired[-1].concurrency_limit):
+                put_back.append(expired.pop())
             best: tuple[int, dt.datetime, str] | None = None
-            source: list[_Entry] | None = None
+            source: tuple[Any, list[_Entry]] | None = None
             if expired:
                 best = (expired[-1].priority, expired[-1].due_at, expired[-1].id)
-            for priority, heap in queued:
+            for heap_key, heap in queued:
                 entry = self._top(heap)
                 if entry is None or entry[0] > now:
                     continue
-                candidate = (priority, entry[0], entry[1])
+                candidate = (heap_key[2], entry[0], entry[1])
                 if best is None or candidate < best:
-                    best, source = candidate, heap
+                    best, source = candidate, (heap_key, heap)
             if best is None:
                 break
-            item = expired.pop() if source is None else heapq.heappop(source)[3]
+            if source is None:
+                window.append((expired.pop(), None))
+            else:
+                window.append((heapq.heappop(source[1])[3], source[0]))
+        claimed: list[WorkItem] = []
+        expires = now + dt.timedelta(seconds=lease)
+        ranks: dict[str, int] = {}
+        for item, home in window:
+            ckey = item.concurrency_key
+            if ckey is not None:
+                assert item.concurrency_limit is not None
+                ranks[ckey] = rank = ranks.get(ckey, 0) + 1
+                if rank > item.concurrency_limit - live[ckey]:
+                    # Past its key's free slots in this claim: left as it was, still claimable.
+                    if home is None:
+                        put_back.append(item)
+                    else:
+                        self._push(self._queued, home, item.due_at, item)
+                    continue
             item = self._put(
                 item,
                 now,
@@ -742,8 +837,8 @@ class MemoryQueue(SingleWrites):
             )
             self._log("claim", item.id, item.lease_version, at=now, worker_id=worker_id)
             claimed.append(item)
-        for item in expired:
-            # Not claimed this time (the limit): back in its heap, still claimable.
+        for item in (*expired, *put_back):
+            # Not claimed this time (the limit, or its key): back in its heap, still claimable.
             assert item.lease_expires_at is not None
             self._push(self._leased, (item.spec_id, item.queue), item.lease_expires_at, item)
         return claimed
@@ -758,6 +853,12 @@ class MemoryQueue(SingleWrites):
             or item.state is not ItemState.RUNNING
             or item.lease_version != lease.version
             or item.lease_owner != lease.worker_id
+            or (
+                # A keyed item's expired lease freed its key's slot: too late to renew it.
+                item.concurrency_key is not None
+                and item.lease_expires_at is not None
+                and item.lease_expires_at <= self._now()
+            )
         ):
             self.events.append(
                 QueueEvent(now, "renew", lease.item_id, lease.version, _NO_DETAIL, False)
@@ -832,18 +933,37 @@ class MemoryQueue(SingleWrites):
 
     def _next_due_at(self, wanted: set[str], queues: set[str] | None) -> dt.datetime | None:
         times = []
-        for heaps in (self._queued, self._leased):
-            for key, heap in heaps.items():
-                spec_id, queue = key[0], key[1]
-                if (
-                    spec_id not in wanted
-                    or (queues is not None and queue not in queues)
-                    or queue in self._paused
-                ):
-                    continue
-                entry = self._top(heap)
-                if entry is not None:
-                    times.append(entry[0])
+        now = self._now()
+        for heap_key, heap in self._queued.items():
+            spec_id, queue = heap_key[0], heap_key[1]
+            if (
+                spec_id not in wanted
+                or (queues is not None and queue not in queues)
+                or queue in self._paused
+            ):
+                continue
+            entry = self._top(heap)
+            if entry is not None:
+                # A heap's items share a key: blocked, none is claimable before it frees.
+                until = self._blocked_until(heap_key[3], heap_key[4], now)
+                times.append(entry[0] if until is None else max(entry[0], until))
+        for (spec_id, queue), heap in self._leased.items():
+            if (
+                spec_id not in wanted
+                or (queues is not None and queue not in queues)
+                or queue in self._paused
+            ):
+                continue
+            if (entry := self._top(heap)) is None:
+                continue
+            if not self._running_keyed:
+                times.append(entry[0])
+                continue
+            # A keyed expired lease may be blocked by its key: look at each (few run at once).
+            for at, item_id, _, item in heap:
+                if self._items.get(item_id) is item:
+                    until = self._blocked_until(item.concurrency_key, item.concurrency_limit, now)
+                    times.append(at if until is None else max(at, until))
         return min(times, default=None)
 
     async def wait_for_work(

@@ -6,10 +6,12 @@ at once, so no thread ever waits inside the pool. Status reads (``get``, ``list_
 ``counts``, ``next_due_at``) have a small pool of their own (``read_pool_size``), so however
 many status pages are open, claims, renewals and settlements always find a connection.
 
-- Claims are one statement: a CTE picks the first claimable ids in ``(due_at, id)`` order
-  ``FOR UPDATE SKIP LOCKED`` (concurrent claimers skip each other's rows instead of waiting)
-  and an ``UPDATE ... RETURNING`` leases them. A partial index on ``(due_at, id)`` over the
-  queued and running rows serves it.
+- Claims are one statement: a CTE picks the first claimable ids in ``(priority, due_at, id)``
+  order ``FOR UPDATE SKIP LOCKED`` (concurrent claimers skip each other's rows instead of
+  waiting) and an ``UPDATE ... RETURNING`` leases them. A partial index on
+  ``(queue, priority, due_at, id)`` over the queued and running rows serves it. Rows with a
+  concurrency key take a second, transactional path under advisory locks on their keys (see
+  ``claim_keyed`` in ``queries.sql``), so two claimers never both count a key's slot free.
 - Every write after a claim is fenced: the lease version (and, for renewals, the owner) is in
   the ``WHERE``. ``renew_many`` and ``settle_many`` are one ``UPDATE ... FROM unnest(...)``.
 - Lease times come from the database's clock (``now()``) by default, so machines whose clocks
@@ -497,9 +499,30 @@ class PostgresQueue(SQLQueue):
             "timeouts": [each["timeout"] for each in params],
             "scopes": [each["unique_scope"] for each in params],
             "periods_us": [each["period_us"] for each in params],
+            "concurrency_keys": [each["concurrency_key"] for each in params],
+            "concurrency_limits": [each["concurrency_limit"] for each in params],
             "now": now,
         }
         return cur.execute(_Q["enqueue_many"], arrays).fetchall()
+
+    def _claim_rows(self, conn: psycopg.Connection[Row], params: dict[str, Any]) -> list[Any]:
+        # The fast path: one autocommit statement leases the window's unkeyed rows and says how
+        # many keyed ones it saw (a row with a NULL id when it leased none).
+        rows = conn.execute(_Q["claim_due"], params).fetchall()
+        keyed = rows[0]["keyed"] if rows else 0
+        claimed = [row for row in rows if row["id"] is not None]
+        left = params["limit"] - len(claimed)
+        if not keyed or left <= 0:
+            return claimed
+        # The keyed path: lock the window's keys (try-locks, held to commit), then claim in a
+        # statement whose snapshot starts after the locks: see claim_keys and claim_keyed.
+        with conn.transaction():
+            keyed_params = {**params, "limit": left}
+            keys = [row["key"] for row in conn.execute(_Q["claim_keys"], keyed_params)]
+            if keys:
+                keyed_params["keys"] = keys
+                claimed += conn.execute(_Q["claim_keyed"], keyed_params).fetchall()
+        return claimed
 
     def _renew_rows(
         self, conn: psycopg.Connection[Row], leases: Sequence[Lease], lease_us: int, now: Any

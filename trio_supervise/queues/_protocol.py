@@ -16,6 +16,23 @@ Named queues, priorities, pausing
     the whole fleet) is not claimed until :meth:`WorkQueue.resume_queue`; items already running
     finish and settle as usual, and its due items do not wake :meth:`WorkQueue.wait_for_work`.
 
+Concurrency keys
+    An item may carry a ``concurrency_key`` (a non-empty string) and a ``concurrency_limit``
+    (an integer from 1 to :data:`MAX_CONCURRENCY_LIMIT`; a key given without a limit gets
+    :data:`DEFAULT_CONCURRENCY_LIMIT`, 1; a limit without a key is refused). The key is
+    fleet-wide: across queues, spec ids, workers and machines. An item of key *K* with limit *L*
+    is claimed only while fewer than *L* running items of *K* hold a live lease (``lease_expires_at
+    > now``; an expired one is rescue-able and does not count). The claim decides it atomically.
+    A claim first takes the *window*: the first ``limit`` claimable items in claim order, leaving
+    out keyed items whose key is at their limit (so a queue head of blocked keyed items never
+    starves the items behind it); then, of the window's items of *K*, only the first
+    ``L - running(K)`` are claimed (each by its own *L*). The rest of the window stays queued,
+    so a claim may return fewer items than ``limit`` while more are due. A blocked keyed item
+    becomes claimable, for :meth:`WorkQueue.next_due_at`, when enough of its key's leases expire
+    (the *L*-th latest live lease expiry of *K*), or earlier when one of them settles. A keyed
+    item's lease that has expired is not renewed (:attr:`LeaseStatus.LOST`): its slot was free
+    from that moment, so a late owner stops rather than run beside the item given the slot.
+
 Leases and fencing
     :meth:`WorkQueue.claim_due` hands out items of one queue whose ``due_at`` has passed, plus
     running items whose lease has expired (rescue is part of claiming), ordered by ``priority``,
@@ -120,6 +137,8 @@ __all__ = [
     "WorkQueue",
     "DEFAULT_QUEUE",
     "MAX_CHILDREN",
+    "DEFAULT_CONCURRENCY_LIMIT",
+    "MAX_CONCURRENCY_LIMIT",
     "MAX_DELAY",
     "WAITING_DUE_AT",
     "MAX_JSON_DEPTH",
@@ -127,6 +146,7 @@ __all__ = [
     "MIN_PRIORITY",
     "QueueInfo",
     "check_config",
+    "check_concurrency",
     "check_priority",
     "check_prune",
     "check_queue_name",
@@ -303,6 +323,46 @@ def check_queue_name(queue: object) -> str:
     return queue
 
 
+DEFAULT_CONCURRENCY_LIMIT = 1
+"""The limit of an item given a ``concurrency_key`` but no ``concurrency_limit``: one at a time."""
+MAX_CONCURRENCY_LIMIT = 1_000_000
+"""The largest ``concurrency_limit`` (a number every backend stores as an integer)."""
+
+
+def check_concurrency(key: object, limit: object) -> tuple[str | None, int | None]:
+    """The ``(concurrency_key, concurrency_limit)`` to store; a bad one raises, naming the rule.
+
+    Both None: no key. A key without a limit gets :data:`DEFAULT_CONCURRENCY_LIMIT`. A limit
+    without a key is refused (it would limit nothing).
+    """
+    from .._errors import ConfigError
+
+    if key is None:
+        if limit is not None:
+            raise ValueError(
+                f"concurrency_limit needs a concurrency_key, got limit {limit!r} without a key"
+            )
+        return None, None
+    if not isinstance(key, str) or not key or len(key) > 200:
+        raise ValueError(
+            f"concurrency_key must be a non-empty string of at most 200 characters, got {key!r}"
+        )
+    problem = _unstorable(key)
+    if problem is not None:
+        raise ConfigError(f"concurrency_key must not contain {problem}")
+    if limit is None:
+        return key, DEFAULT_CONCURRENCY_LIMIT
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 1 <= limit <= MAX_CONCURRENCY_LIMIT
+    ):
+        raise ValueError(
+            f"concurrency_limit must be an integer from 1 to {MAX_CONCURRENCY_LIMIT}, got {limit!r}"
+        )
+    return key, limit
+
+
 MAX_TIMEOUT = 365 * 24 * 3600.0
 """The longest evaluation timeout (a year, in seconds)."""
 
@@ -382,6 +442,8 @@ def check_new_item(
     queue: str = DEFAULT_QUEUE,
     timeout: float | None = None,
     unique: object = "forever",
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> JSONValue:
     """Validate what ``enqueue`` was given, the same way on every backend; return the config.
 
@@ -399,6 +461,7 @@ def check_new_item(
     check_queue_name(queue)
     check_timeout(timeout)
     check_unique(unique, idempotency_key)
+    check_concurrency(concurrency_key, concurrency_limit)
     if item_id is not None and not item_id:
         raise ValueError("item_id must be a non-empty string")
     texts = {
@@ -561,6 +624,10 @@ class WorkItem:
     released_key: str | None = None
     """The key this item held until its scope lapsed and a newer item took it (then
     ``idempotency_key`` is None); :meth:`WorkQueue.get_by_key` still finds it by that key."""
+    concurrency_key: str | None = None
+    """The fleet-wide key whose running items are limited (see the module doc), or None."""
+    concurrency_limit: int | None = None
+    """At most this many items of ``concurrency_key`` run at once; None without a key."""
 
     @property
     def lease(self) -> Lease:
@@ -614,6 +681,8 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     _set(new, "unique_scope", get("unique_scope", item.unique_scope))
     _set(new, "unique_until", get("unique_until", item.unique_until))
     _set(new, "released_key", get("released_key", item.released_key))
+    _set(new, "concurrency_key", get("concurrency_key", item.concurrency_key))
+    _set(new, "concurrency_limit", get("concurrency_limit", item.concurrency_limit))
     return new
 
 
@@ -652,6 +721,11 @@ class NewItem:
     evaluation_timeout: float | None = None
     unique: UniqueScope = "forever"
     """How long *idempotency_key* holds once this item is created (see :data:`UniqueScope`)."""
+    concurrency_key: str | None = None
+    """The fleet-wide key whose running items are limited (see the module doc), or None."""
+    concurrency_limit: int | None = None
+    """At most this many items of *concurrency_key* run at once (default
+    :data:`DEFAULT_CONCURRENCY_LIMIT` with a key)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -687,7 +761,10 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
                 queue=entry.queue,
                 timeout=entry.evaluation_timeout,
                 unique=entry.unique,
+                concurrency_key=entry.concurrency_key,
+                concurrency_limit=entry.concurrency_limit,
             )
+            key, limit = check_concurrency(entry.concurrency_key, entry.concurrency_limit)
             due_at = entry.due_at
             if due_at is not None:
                 if not isinstance(due_at, dt.datetime):
@@ -701,8 +778,14 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             if len(entries) == 1:
                 raise
             raise type(error)(f"entry {index}: {error}") from None
-        if config is not entry.config or due_at is not entry.due_at:
-            entry = attrs.evolve(entry, config=config, due_at=due_at)
+        if (
+            config is not entry.config
+            or due_at is not entry.due_at
+            or limit is not entry.concurrency_limit
+        ):
+            entry = attrs.evolve(
+                entry, config=config, due_at=due_at, concurrency_key=key, concurrency_limit=limit
+            )
         checked.append(entry)
     return checked
 
@@ -942,13 +1025,17 @@ class WorkQueue(Protocol):
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
         unique: UniqueScope = "forever",
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkItem:
         """Add an item, due at *due_at* (default: now); config ``None`` means ``{}``.
 
         It waits in *queue* with *priority* (lower first; see the module doc); a priority out
         of range raises :class:`ValueError`. *evaluation_timeout* (seconds) bounds each
         evaluation of this item (stored as ``WorkItem.timeout``), overriding its driver's
-        ``timeout``.
+        ``timeout``. With a *concurrency_key*, at most *concurrency_limit* (default 1) items of
+        that key run at once, fleet-wide (see the module doc); a limit without a key raises
+        :class:`ValueError`.
 
         With an *idempotency_key* that an existing item holds, nothing is written and that
         item is returned (:meth:`enqueue_many` says which happened). How long the new item

@@ -10,6 +10,8 @@ in each backend:
   :meth:`SQLQueue._from_time`, :meth:`SQLQueue._from_config`);
 - how a blocking call reaches a connection (:meth:`SQLQueue._run`: SQLite's writer and
   read-only reader, each behind its own limiter; PostgreSQL's pool, read pool and listener);
+- the claim (:meth:`SQLQueue._claim_rows`: SQLite's one statement under its write lock,
+  PostgreSQL's unkeyed fast path plus an advisory-locked keyed path);
 - the two batched statements, where one statement per row (SQLite) and one ``unnest``
   statement (PostgreSQL) are each the fast form (:meth:`SQLQueue._renew_rows`,
   :meth:`SQLQueue._settle_rows`);
@@ -181,6 +183,15 @@ class SQLQueue(SingleWrites):
         """What one unstorable value raises: the entry is at fault, not the database."""
         raise NotImplementedError  # pragma: no cover
 
+    def _claim_rows(self, conn: Any, params: dict[str, Any]) -> list[Row]:
+        """Lease the claimable rows (``claim_due``'s parameters), concurrency keys respected.
+
+        SQLite's one statement under its write lock; PostgreSQL overrides it (an unkeyed fast
+        path, and a locked keyed path: see its ``claim_keyed`` query)."""
+        with self._write(conn):
+            rows: list[Row] = conn.execute(self._queries["claim_due"], params).fetchall()
+            return rows
+
     def _renew_rows(
         self, conn: Any, leases: Sequence[Lease], lease_us: int, now: Any
     ) -> Iterable[Row]:
@@ -255,6 +266,8 @@ class SQLQueue(SingleWrites):
             unique_scope=row["unique_scope"],
             unique_until=None if (until := row["unique_until"]) is None else self._from_time(until),
             released_key=row["released_key"],
+            concurrency_key=row["concurrency_key"],
+            concurrency_limit=row["concurrency_limit"],
         )
 
     def _why(self, conn: Any, item_id: str) -> str:
@@ -279,6 +292,8 @@ class SQLQueue(SingleWrites):
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
         unique: UniqueScope = "forever",
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkItem:
         entry = NewItem(
             spec_id=spec_id,
@@ -292,6 +307,8 @@ class SQLQueue(SingleWrites):
             queue=queue,
             evaluation_timeout=evaluation_timeout,
             unique=unique,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
         [done] = await self.enqueue_many([entry])
         return done.item
@@ -339,6 +356,8 @@ class SQLQueue(SingleWrites):
                     "timeout": None if timeout is None else float(timeout),
                     "unique_scope": scope,
                     "period_us": None if seconds is None else _sql.duration_us("unique", seconds),
+                    "concurrency_key": entry.concurrency_key,
+                    "concurrency_limit": entry.concurrency_limit,
                 }
             )
         return EnqueueBatch(checked, sent, repeats, params, now)
@@ -639,14 +658,9 @@ class SQLQueue(SingleWrites):
         if limit == 0 or not spec_ids:
             await trio.lowlevel.checkpoint()
             return []
-        query = self._queries["claim_due"]
-
-        def run(conn: Any) -> list[Row]:
-            with self._write(conn):
-                rows: list[Row] = conn.execute(query, params).fetchall()
-                return rows
-
-        items = [self._item(row) for row in await self._run(run)]
+        items = [
+            self._item(row) for row in await self._run(lambda conn: self._claim_rows(conn, params))
+        ]
         items.sort(key=lambda item: (item.priority, item.due_at, item.id))
         return items
 

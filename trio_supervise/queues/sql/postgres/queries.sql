@@ -29,20 +29,23 @@ SELECT pg_advisory_xact_lock(
 -- idempotency key another item holds is skipped (DO NOTHING) and not returned.
 INSERT INTO trio_supervise_items AS i (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at, priority, queue, timeout, unique_scope, unique_until
+    created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
+    concurrency_key, concurrency_limit
 )
 SELECT n.id, n.spec_id, n.tenant_id, n.subject_id, n.config::jsonb, 'queued',
     coalesce(n.due_at, %(now)s::timestamptz, now()), n.idempotency_key,
     coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
     n.priority, n.queue, n.timeout, n.unique_scope,
-    coalesce(%(now)s::timestamptz, now()) + n.period_us * interval '1 microsecond'
+    coalesce(%(now)s::timestamptz, now()) + n.period_us * interval '1 microsecond',
+    n.concurrency_key, n.concurrency_limit
 FROM unnest(
     %(ids)s::text[], %(spec_ids)s::text[], %(tenant_ids)s::text[], %(subject_ids)s::text[],
     %(configs)s::text[], %(due_ats)s::timestamptz[], %(keys)s::text[], %(priorities)s::int[],
-    %(queues)s::text[], %(timeouts)s::float8[], %(scopes)s::text[], %(periods_us)s::bigint[]
+    %(queues)s::text[], %(timeouts)s::float8[], %(scopes)s::text[], %(periods_us)s::bigint[],
+    %(concurrency_keys)s::text[], %(concurrency_limits)s::int[]
 ) AS n(
     id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
-    timeout, unique_scope, period_us
+    timeout, unique_scope, period_us, concurrency_key, concurrency_limit
 )
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *, i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
@@ -130,21 +133,128 @@ WHERE id = %(id)s AND state <> 'running'
 RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 
 -- name: claim_due
--- One statement: lock one queue's first claimable rows in (priority, due_at, id) order (none
--- while the queue is paused), skipping rows another claimer holds, and lease them. Running rows whose lease has expired are rescued here too.
--- The claim counts the attempt.
-WITH due AS (
-    SELECT id FROM trio_supervise_items
-    WHERE queue = %(queue)s AND state IN ('queued', 'running')
-      AND spec_id = ANY(%(spec_ids)s::text[])
-      AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END
+-- One statement, in autocommit: lock one queue's first claimable rows in (priority, due_at, id)
+-- order (none while the queue is paused), skipping rows another claimer holds, and lease the
+-- unkeyed ones. Running rows whose lease has expired are rescued here too. The claim counts
+-- the attempt.
+--
+-- Concurrency keys (see the protocol's module doc): the window (head) leaves out keyed rows
+-- whose key is at its limit, so a head of blocked keyed rows never starves the rows behind it.
+-- This statement never leases a keyed row: its snapshot may predate another claimer's commit,
+-- so two claimers could each count zero running rows of a key and each take one. It reports
+-- how many keyed rows its window held instead (one row with a NULL id when it leased none);
+-- if any, the queue claims them with claim_keys and claim_keyed in one transaction. Without
+-- keyed rows (the common case) a claim stays this one round trip.
+WITH live AS MATERIALIZED (
+    -- Live leases per key, counted once per statement (and only if a keyed row asks: a CTE
+    -- is read lazily), from the partial index over running keyed rows.
+    SELECT concurrency_key AS k, count(*) AS n FROM trio_supervise_items
+    WHERE state = 'running' AND concurrency_key IS NOT NULL
+      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+    GROUP BY concurrency_key
+), head AS (
+    SELECT c.id, c.concurrency_key FROM trio_supervise_items AS c
+    WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
+      AND c.spec_id = ANY(%(spec_ids)s::text[])
+      AND CASE WHEN c.state = 'queued' THEN c.due_at ELSE c.lease_expires_at END
           <= coalesce(%(now)s::timestamptz, now())
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
-    ORDER BY priority, due_at, id
+      AND (c.concurrency_key IS NULL OR coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit)
+    ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE trio_supervise_items AS i SET
+    state = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = coalesce(%(now)s::timestamptz, now())
+        + %(lease_us)s::bigint * interval '1 microsecond',
+    lease_version = i.lease_version + 1,
+    attempt = i.attempt + 1,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM head
+    WHERE i.id = head.id AND head.concurrency_key IS NULL
+    RETURNING i.*
+)
+SELECT claimed.*,
+    (SELECT count(*) FROM head WHERE head.concurrency_key IS NOT NULL) AS keyed
+FROM (VALUES (1)) AS one LEFT JOIN claimed ON true;
+
+-- name: claim_keys
+-- Statement 1 of a keyed claim (inside a transaction): the distinct keys among the window's
+-- keyed rows (the same window as claim_due's), each locked with a transaction-scoped advisory
+-- lock, keyed by the schema and the key. A try-lock never waits, so claimers never deadlock;
+-- a key another claimer holds is left out of this claim (it is being claimed right now). The
+-- lock function is volatile, so it runs on the final distinct keys only, never pushed down.
+WITH live AS MATERIALIZED (
+    -- Live leases per key, counted once per statement (and only if a keyed row asks: a CTE
+    -- is read lazily), from the partial index over running keyed rows.
+    SELECT concurrency_key AS k, count(*) AS n FROM trio_supervise_items
+    WHERE state = 'running' AND concurrency_key IS NOT NULL
+      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+    GROUP BY concurrency_key
+)
+SELECT k.key FROM (
+    SELECT DISTINCT head.concurrency_key AS key FROM (
+        SELECT c.concurrency_key FROM trio_supervise_items AS c
+        WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
+          AND c.spec_id = ANY(%(spec_ids)s::text[])
+          AND CASE WHEN c.state = 'queued' THEN c.due_at ELSE c.lease_expires_at END
+              <= coalesce(%(now)s::timestamptz, now())
+          AND NOT EXISTS (
+              SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
+          )
+          AND c.concurrency_key IS NOT NULL
+          AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
+        ORDER BY c.priority, c.due_at, c.id
+        LIMIT %(limit)s
+    ) AS head
+) AS k
+WHERE pg_try_advisory_xact_lock(
+    hashtextextended('trio_supervise:concurrency_key:' || current_schema() || ':' || k.key, 0)
+);
+
+-- name: claim_keyed
+-- Statement 2 of a keyed claim, in the same transaction after claim_keys. Atomic because every
+-- claim of a keyed row happens here, under its key's advisory lock, and this statement's
+-- snapshot is taken after the lock was granted, so after the previous holder committed: the
+-- live rows it counts per key include every claim of that key ever committed. Writes that run
+-- without the lock only lower the count (settlements, expiring leases), which errs on the safe
+-- side. Keyed rows are claimable only if their key is locked (%(keys)s) and has free slots;
+-- of the window's rows of one key only the first (limit - live) are leased (row_number over
+-- the key, in a CTE of its own: FOR UPDATE cannot share a SELECT with a window function).
+WITH live AS MATERIALIZED (
+    -- Live leases per key, counted once per statement (and only if a keyed row asks: a CTE
+    -- is read lazily), from the partial index over running keyed rows.
+    SELECT concurrency_key AS k, count(*) AS n FROM trio_supervise_items
+    WHERE state = 'running' AND concurrency_key IS NOT NULL
+      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+    GROUP BY concurrency_key
+), head AS (
+    SELECT c.id, c.priority, c.due_at, c.concurrency_key, c.concurrency_limit,
+        CASE WHEN c.concurrency_key IS NULL THEN 0 ELSE coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) END AS live
+    FROM trio_supervise_items AS c
+    WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
+      AND c.spec_id = ANY(%(spec_ids)s::text[])
+      AND CASE WHEN c.state = 'queued' THEN c.due_at ELSE c.lease_expires_at END
+          <= coalesce(%(now)s::timestamptz, now())
+      AND NOT EXISTS (
+          SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
+      )
+      AND (c.concurrency_key IS NULL OR (
+          c.concurrency_key = ANY(%(keys)s::text[])
+          AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
+      ))
+    ORDER BY c.priority, c.due_at, c.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT head.*, row_number() OVER (
+        PARTITION BY head.concurrency_key ORDER BY head.priority, head.due_at, head.id
+    ) AS rank
+    FROM head
 )
 UPDATE trio_supervise_items AS i SET
     state = 'running',
@@ -154,12 +264,15 @@ UPDATE trio_supervise_items AS i SET
     lease_version = i.lease_version + 1,
     attempt = i.attempt + 1,
     updated_at = coalesce(%(now)s::timestamptz, now())
-FROM due
-WHERE i.id = due.id
+FROM ranked
+WHERE i.id = ranked.id
+  AND (ranked.concurrency_key IS NULL OR ranked.rank <= ranked.concurrency_limit - ranked.live)
 RETURNING i.*;
 
 -- name: renew_many
 -- Fenced on (id, version, owner) and the running state; rows that come back are renewed.
+-- A keyed row's expired lease is not renewed: its slot was free from the moment it expired
+-- (a claim may have given it to another item of the key), so the late owner must stop.
 UPDATE trio_supervise_items AS i SET
     lease_expires_at = coalesce(%(now)s::timestamptz, now())
         + %(lease_us)s::bigint * interval '1 microsecond',
@@ -167,6 +280,7 @@ UPDATE trio_supervise_items AS i SET
 FROM unnest(%(ids)s::text[], %(versions)s::bigint[], %(owners)s::text[]) AS l(id, version, owner)
 WHERE i.id = l.id AND i.lease_version = l.version AND i.lease_owner = l.owner
   AND i.state = 'running'
+  AND (i.concurrency_key IS NULL OR i.lease_expires_at > coalesce(%(now)s::timestamptz, now()))
 RETURNING i.id, i.lease_version, i.lease_owner, i.cancel_requested;
 
 -- name: mark_error
@@ -291,14 +405,37 @@ SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(sp
 
 -- name: next_due_at
 -- Also returns how far away that is by the queue's clock, so waits agree with the database.
-SELECT t.at, extract(epoch FROM t.at - coalesce(%(now)s::timestamptz, now()))::float8 AS wait
-FROM (
-    SELECT min(CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END) AS at
+-- A keyed row whose key is at its limit is claimable no sooner than its key frees, with no
+-- write in between: when the limit-th latest live lease of the key expires (blocked.until,
+-- nth = its limit). With no live keyed lease anywhere (blocked is empty: one probe of the
+-- partial key index) that changes nothing, and the plain minimum is all it computes; else the
+-- earliest time per (key, limit) meets blocked, a few rows (a correlated subquery would be
+-- costed per row, past the JIT threshold, on every wait).
+WITH blocked AS MATERIALIZED (
+    SELECT concurrency_key AS k, lease_expires_at AS until,
+        row_number() OVER (PARTITION BY concurrency_key ORDER BY lease_expires_at DESC) AS nth
+    FROM trio_supervise_items
+    WHERE state = 'running' AND concurrency_key IS NOT NULL
+      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+), due AS NOT MATERIALIZED (
+    SELECT CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END AS base,
+        concurrency_key, concurrency_limit
     FROM trio_supervise_items
     WHERE state IN ('queued', 'running') AND spec_id = ANY(%(spec_ids)s::text[])
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
-) AS t;
+), t AS MATERIALIZED (  -- computed once, though read twice below
+    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM blocked) THEN (SELECT min(base) FROM due) ELSE (
+        SELECT min(greatest(c.base, b.until))
+        FROM (
+            SELECT min(base) AS base, concurrency_key, concurrency_limit FROM due
+            GROUP BY concurrency_key, concurrency_limit
+        ) AS c
+        LEFT JOIN blocked AS b ON b.k = c.concurrency_key AND b.nth = c.concurrency_limit
+    ) END AS at
+)
+SELECT t.at, extract(epoch FROM t.at - coalesce(%(now)s::timestamptz, now()))::float8 AS wait
+FROM t;
 
 -- name: pause_queue
 INSERT INTO trio_supervise_paused_queues (queue, paused_at)

@@ -24,10 +24,12 @@ INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version
 -- idempotency key another item holds is skipped (DO NOTHING).
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at, priority, queue, timeout, unique_scope, unique_until
+    created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
+    concurrency_key, concurrency_limit
 ) VALUES (
     :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
-    :now, :now, :priority, :queue, :timeout, :unique_scope, :now + :period_us
+    :now, :now, :priority, :queue, :timeout, :unique_scope, :now + :period_us,
+    :concurrency_key, :concurrency_limit
 )
 ON CONFLICT (idempotency_key) DO NOTHING;
 
@@ -114,6 +116,31 @@ RETURNING *, due_at <= :now AS due_now;
 -- One queue's claimable rows in (priority, due_at, id) order (none while it is paused), leased
 -- in one statement inside BEGIN IMMEDIATE. Running rows whose lease has expired are rescued
 -- here too. The claim counts the attempt.
+--
+-- Concurrency keys (see the protocol's module doc): a keyed row is claimable only while fewer
+-- than its concurrency_limit running rows of its key hold a live lease (lease_expires_at >
+-- now; an expired one is being rescued, not run). The window leaves out rows whose key is at
+-- its limit, so blocked keyed rows at the head never starve the rows behind them; of the
+-- window's rows of one key, only the first (limit - live) are taken: a keyed row's rank is
+-- the count of the window's rows of its key before it. Unkeyed rows skip every count, so the
+-- common claim costs what it did before keys. The counts are atomic: BEGIN IMMEDIATE makes
+-- this the only writer, and the window is materialized before any row is written. Each live
+-- count is a probe of trio_supervise_items_key_idx.
+WITH window_rows AS MATERIALIZED (
+    SELECT id, priority, due_at, concurrency_key, concurrency_limit
+    FROM trio_supervise_items AS c
+    WHERE queue = :queue AND state IN ('queued', 'running')
+      AND spec_id IN (SELECT value FROM json_each(:spec_ids))
+      AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END <= :now
+      AND NOT EXISTS (SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = :queue)
+      AND (c.concurrency_key IS NULL OR (
+          SELECT count(*) FROM trio_supervise_items AS r
+          WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
+            AND r.lease_expires_at > :now
+      ) < c.concurrency_limit)
+    ORDER BY priority, due_at, id
+    LIMIT :limit
+)
 UPDATE trio_supervise_items SET
     state = 'running',
     lease_owner = :worker_id,
@@ -122,21 +149,27 @@ UPDATE trio_supervise_items SET
     attempt = attempt + 1,
     updated_at = :now
 WHERE id IN (
-    SELECT id FROM trio_supervise_items
-    WHERE queue = :queue AND state IN ('queued', 'running')
-      AND spec_id IN (SELECT value FROM json_each(:spec_ids))
-      AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END <= :now
-      AND NOT EXISTS (SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = :queue)
-    ORDER BY priority, due_at, id
-    LIMIT :limit
+    SELECT w.id FROM window_rows AS w
+    WHERE w.concurrency_key IS NULL OR (
+        SELECT count(*) FROM trio_supervise_items AS r
+        WHERE r.state = 'running' AND r.concurrency_key = w.concurrency_key
+          AND r.lease_expires_at > :now
+    ) + (
+        SELECT count(*) FROM window_rows AS e
+        WHERE e.concurrency_key = w.concurrency_key
+          AND (e.priority, e.due_at, e.id) < (w.priority, w.due_at, w.id)
+    ) < w.concurrency_limit
 )
 RETURNING *;
 
 -- name: renew
+-- A keyed row's expired lease is not renewed: its slot was free from the moment it expired
+-- (a claim may have given it to another item of the key), so the late owner must stop.
 UPDATE trio_supervise_items SET
     lease_expires_at = :now + :lease_us,
     updated_at = :now
 WHERE id = :id AND lease_version = :version AND lease_owner = :owner AND state = 'running'
+  AND (concurrency_key IS NULL OR lease_expires_at > :now)
 RETURNING id, lease_version, lease_owner, cancel_requested;
 
 -- name: mark_error
@@ -236,15 +269,30 @@ ORDER BY created_at, id
 LIMIT :limit;
 
 -- name: next_due_at
--- Also returns how far away that is, in seconds by the queue's clock.
+-- Also returns how far away that is, in seconds by the queue's clock. A keyed row whose key is
+-- at its limit is claimable no sooner than its key frees, with no write in between: when the
+-- limit-th latest live lease of the key expires (blocked.until, nth = its limit).
+WITH blocked AS (
+    SELECT concurrency_key AS k, lease_expires_at AS until,
+        row_number() OVER (PARTITION BY concurrency_key ORDER BY lease_expires_at DESC) AS nth
+    FROM trio_supervise_items
+    WHERE state = 'running' AND concurrency_key IS NOT NULL AND lease_expires_at > :now
+)
 SELECT t.at, (t.at - :now) / 1000000.0 AS wait
 FROM (
-    SELECT min(CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END) AS at
-    FROM trio_supervise_items
-    WHERE state IN ('queued', 'running')
-      AND spec_id IN (SELECT value FROM json_each(:spec_ids))
-      AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
-      AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+    SELECT min(CASE WHEN c.concurrency_key IS NULL THEN c.base ELSE max(c.base, coalesce((
+        SELECT b.until FROM blocked AS b
+        WHERE b.k = c.concurrency_key AND b.nth = c.concurrency_limit
+    ), c.base)) END) AS at
+    FROM (
+        SELECT CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END AS base,
+            concurrency_key, concurrency_limit
+        FROM trio_supervise_items
+        WHERE state IN ('queued', 'running')
+          AND spec_id IN (SELECT value FROM json_each(:spec_ids))
+          AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+          AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+    ) AS c
 ) AS t;
 
 -- name: pause_queue

@@ -12,7 +12,9 @@ ALTER TABLE trio_supervise_items ADD COLUMN concurrency_limit integer;
 ALTER TABLE trio_supervise_items ADD COLUMN timeout double precision;
 -- The JSON result a completed item was stopped with (NULL: none).
 ALTER TABLE trio_supervise_items ADD COLUMN result jsonb;
--- The last few errors, newest last: a JSON array of {at, worker, attempt, message, traceback}.
+-- The last few errors, oldest first (the newest MAX_ERRORS kept): a JSON array of
+-- {at (microseconds since the epoch), worker, attempt, error}, where error is the stored error
+-- text (its first line the summary, any trimmed traceback on the lines after it).
 ALTER TABLE trio_supervise_items ADD COLUMN errors jsonb NOT NULL DEFAULT '[]';
 
 -- Serves claims: one queue's claimable items in (priority, due_at, id) order.
