@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import itertools
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -50,6 +49,7 @@ from ._protocol import (
     check_json,
     check_queue_name,
     check_unique,
+    new_item_ids,
     plan_batch,
     replace_trusted,
     storable_text,
@@ -404,12 +404,13 @@ class MemoryQueue(SingleWrites):
             if index not in existing and explicit is not None and explicit in self._items:
                 raise DuplicateItem(explicit)
         results: dict[int, Enqueued] = {}
+        ids = iter(new_item_ids(now, len(sent)))
         for index in sent:
             if index in existing:
                 results[index] = Enqueued(item=existing[index], created=False)
                 continue
             entry = checked[index]
-            item = self._new_item(entry, now)
+            item = self._new_item(entry, now, next(ids))
             if entry.idempotency_key is not None:
                 if entry.idempotency_key in self._keys:
                     self._release(entry.idempotency_key)
@@ -423,15 +424,15 @@ class MemoryQueue(SingleWrites):
             self._changed()
         return [results[index] for index in range(len(checked))]
 
-    def _new_item(self, entry: NewItem, now: dt.datetime) -> WorkItem:
+    def _new_item(self, entry: NewItem, now: dt.datetime, new_id: str) -> WorkItem:
         scope, seconds = check_unique(entry.unique, entry.idempotency_key)
         timeout = entry.evaluation_timeout
         return WorkItem(
-            id=uuid.uuid4().hex if entry.item_id is None else entry.item_id,
+            id=new_id if entry.item_id is None else entry.item_id,
             spec_id=entry.spec_id,
             tenant_id=entry.tenant_id,
             subject_id=entry.subject_id,
-            config=entry.config,
+            config={} if entry.config is None else entry.config,
             due_at=now if entry.due_at is None else entry.due_at,
             idempotency_key=entry.idempotency_key,
             created_at=now,

@@ -443,6 +443,10 @@ class PostgresQueue(SQLQueue):
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 
     _queries: ClassVar[Mapping[str, str]] = _Q
+
+    def _clock_now(self) -> dt.datetime:
+        return self._clock.now()
+
     _backend: ClassVar[_sql.Backend] = "postgres"
     _first_cursor: ClassVar[dt.datetime] = _MIN_TIME
 

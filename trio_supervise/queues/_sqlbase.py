@@ -29,13 +29,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import attrs
 import trio
 
+from .._clock import utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost, QueueError
 from . import _sql
 from ._protocol import (
@@ -58,7 +58,9 @@ from ._protocol import (
     check_json,
     check_queue_name,
     check_unique,
+    new_item_ids,
     plan_batch,
+    replace_trusted,
     storable_text,
     unstorable_outcome,
 )
@@ -70,6 +72,8 @@ Row = Any
 """A row as the driver returns it, read by column name (``sqlite3.Row``, a psycopg dict)."""
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_NEW = WorkItem(id="", spec_id="", due_at=_EPOCH, created_at=_EPOCH, updated_at=_EPOCH)
+"""The defaults of a new item, which :meth:`SQLQueue._created_item` fills in."""
 
 
 def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
@@ -144,6 +148,10 @@ class SQLQueue(SingleWrites):
         """The "now" parameter of a statement (PostgreSQL: None for the database's clock)."""
         raise NotImplementedError  # pragma: no cover
 
+    def _clock_now(self) -> dt.datetime:
+        """The queue's clock's "now" (new item ids start with it)."""
+        raise NotImplementedError  # pragma: no cover
+
     def _time(self, value: dt.datetime) -> Any:
         """A datetime as a statement parameter."""
         raise NotImplementedError  # pragma: no cover
@@ -186,8 +194,9 @@ class SQLQueue(SingleWrites):
         raise NotImplementedError  # pragma: no cover
 
     def _insert_rows(self, cur: Any, params: Sequence[dict[str, Any]], now: Any) -> list[Row]:
-        """Insert the items of *params* (``ON CONFLICT (idempotency_key) DO NOTHING``); the
-        rows inserted, each with ``due_now``."""
+        """Insert the items of *params* (``ON CONFLICT (idempotency_key) DO NOTHING``); for
+        each row inserted, its ``id``, ``due_at``, ``created_at``, ``unique_until`` (stored
+        forms) and ``due_now``."""
         raise NotImplementedError  # pragma: no cover
 
     def _notify(self, conn: Any, spec_ids: Sequence[str]) -> None:
@@ -295,17 +304,18 @@ class SQLQueue(SingleWrites):
         sent, repeats = plan_batch(checked)
         now = self._now()
         params = []
+        ids = iter(new_item_ids(self._clock_now(), len(sent)))
         for index in sent:
             entry = checked[index]
             scope, seconds = check_unique(entry.unique, entry.idempotency_key)
             timeout = entry.evaluation_timeout
             params.append(
                 {
-                    "id": uuid.uuid4().hex if entry.item_id is None else entry.item_id,
+                    "id": next(ids) if entry.item_id is None else entry.item_id,
                     "spec_id": entry.spec_id,
                     "tenant_id": entry.tenant_id,
                     "subject_id": entry.subject_id,
-                    "config": json.dumps(entry.config),
+                    "config": "{}" if entry.config is None else json.dumps(entry.config),
                     "due_at": now if entry.due_at is None else self._time(entry.due_at),
                     "idempotency_key": entry.idempotency_key,
                     "now": now,
@@ -397,16 +407,48 @@ class SQLQueue(SingleWrites):
         if pending:  # pragma: no cover - the key changed hands five times during one enqueue
             key = params[pending[0]]["idempotency_key"]
             raise QueueError(f"the holder of idempotency key {key!r} kept changing; try again")
-        by_sent = {batch.sent[pos]: found[pos] for pos in range(len(params))}
-        results: list[Enqueued] = []
+        by_sent: dict[int, Enqueued] = {}
         due: set[str] = set()
+        for pos, index in enumerate(batch.sent):
+            row, created = found[pos]
+            if created:
+                item = self._created_item(batch.entries[index], params[pos], row)
+                if row["due_now"]:
+                    due.add(item.spec_id)
+            else:
+                item = self._item(row)
+            by_sent[index] = Enqueued(item=item, created=created)
+        results = []
         for index in range(len(batch.entries)):
-            row, created = by_sent[batch.repeats.get(index, index)]
-            created = created and index not in batch.repeats
-            results.append(Enqueued(item=self._item(row), created=created))
-            if created and row["due_now"]:
-                due.add(row["spec_id"])
+            first = batch.repeats.get(index)
+            if first is None:
+                results.append(by_sent[index])
+            else:
+                results.append(Enqueued(item=by_sent[first].item, created=False))
         return results, sorted(due)
+
+    def _created_item(self, entry: NewItem, params: Mapping[str, Any], row: Row) -> WorkItem:
+        """The item just inserted from *entry*: its values as sent, the times *row* returned
+        (``id``, ``due_at``, ``created_at``, ``unique_until``), without reading it back."""
+        created = utc(self._from_time(row["created_at"]))
+        until = row["unique_until"]
+        return replace_trusted(
+            _NEW,
+            id=row["id"],
+            spec_id=entry.spec_id,
+            tenant_id=entry.tenant_id,
+            subject_id=entry.subject_id,
+            config={} if entry.config is None else entry.config,
+            due_at=utc(self._from_time(row["due_at"])),
+            idempotency_key=entry.idempotency_key,
+            created_at=created,
+            updated_at=created,
+            priority=entry.priority,
+            queue=entry.queue,
+            timeout=params["timeout"],
+            unique_scope=params["unique_scope"],
+            unique_until=None if until is None else utc(self._from_time(until)),
+        )
 
     def _take_keys(
         self,

@@ -373,6 +373,10 @@ class SQLiteQueue(SQLQueue):
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 
     _queries: ClassVar[Mapping[str, str]] = _Q
+
+    def _clock_now(self) -> dt.datetime:
+        return self._clock.now()
+
     _backend: ClassVar[_sql.Backend] = "sqlite"
     _first_cursor: ClassVar[int] = _MIN_US
 
@@ -407,8 +411,20 @@ class SQLiteQueue(SQLQueue):
         self, cur: sqlite3.Cursor, params: Sequence[dict[str, Any]], now: int
     ) -> list[Any]:
         # executemany of one prepared INSERT is SQLite's fastest multi-row form (RETURNING does
-        # not work with it), then one read of the rows written, by id.
+        # not work with it). What it wrote is what was sent, so it is not read back, unless a
+        # row was skipped (another item holds its key): then the rows written are read by id.
         cur.executemany(_Q["enqueue"], params)
+        if cur.rowcount == len(params):
+            return [
+                {
+                    "id": each["id"],
+                    "due_at": each["due_at"],
+                    "created_at": now,
+                    "unique_until": None if each["period_us"] is None else now + each["period_us"],
+                    "due_now": each["due_at"] <= now,
+                }
+                for each in params
+            ]
         ids = json.dumps([each["id"] for each in params])
         return cur.execute(_Q["enqueued"], {"ids": ids, "now": now}).fetchall()
 

@@ -45,7 +45,8 @@ FROM unnest(
     timeout, unique_scope, period_us
 )
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *, i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+RETURNING i.id, i.due_at, i.created_at, i.unique_until,
+    i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 
 -- name: release_keys
 -- A key whose holder's scope has lapsed ('unfinished': the holder finished; 'period': past
