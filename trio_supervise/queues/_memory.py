@@ -51,6 +51,7 @@ from ._protocol import (
     check_unique,
     new_item_ids,
     plan_batch,
+    repeated_id,
     replace_trusted,
     storable_text,
     unstorable_outcome,
@@ -399,9 +400,12 @@ class MemoryQueue(SingleWrites):
             key = checked[index].idempotency_key
             if key is not None and (holder := self._holder(key, now)) is not None:
                 existing[index] = holder
-        for index in sent:
-            explicit = checked[index].item_id
-            if index not in existing and explicit is not None and explicit in self._items:
+        written = [checked[index].item_id for index in sent if index not in existing]
+        twice = repeated_id(written)
+        if twice is not None:
+            raise DuplicateItem(twice)
+        for explicit in written:
+            if explicit is not None and explicit in self._items:
                 raise DuplicateItem(explicit)
         results: dict[int, Enqueued] = {}
         ids = iter(new_item_ids(now, len(sent)))

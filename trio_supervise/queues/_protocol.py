@@ -73,7 +73,7 @@ import datetime as dt
 import enum
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
@@ -642,15 +642,13 @@ def plan_batch(entries: Sequence[NewItem]) -> tuple[list[int], dict[int, int]]:
 
     Returns ``(sent, repeats)``: the indices to write, in order, and for every entry whose
     idempotency key an earlier entry of the batch carries, that earlier entry's index (the
-    first wins; the rest report ``created=False`` with its item). Two written entries with one
-    explicit item id raise :class:`DuplicateItem` naming it.
+    first wins; the rest report ``created=False`` with its item). Explicit item ids are checked
+    by the backend once it knows which sent entries an existing item's key answers:
+    :func:`repeated_id`.
     """
-    from .._errors import DuplicateItem
-
     first_by_key: dict[str, int] = {}
     repeats: dict[int, int] = {}
     sent: list[int] = []
-    ids: set[str] = set()
     for index, entry in enumerate(entries):
         key = entry.idempotency_key
         if key is not None:
@@ -658,12 +656,19 @@ def plan_batch(entries: Sequence[NewItem]) -> tuple[list[int], dict[int, int]]:
             if first != index:
                 repeats[index] = first
                 continue
-        if entry.item_id is not None:
-            if entry.item_id in ids:
-                raise DuplicateItem(entry.item_id)
-            ids.add(entry.item_id)
         sent.append(index)
     return sent, repeats
+
+
+def repeated_id(ids: Iterable[str | None]) -> str | None:
+    """The first explicit item id that occurs twice in *ids* (None: no id does)."""
+    seen: set[str] = set()
+    for item_id in ids:
+        if item_id is not None:
+            if item_id in seen:
+                return item_id
+            seen.add(item_id)
+    return None
 
 
 @attrs.frozen(kw_only=True)

@@ -60,6 +60,7 @@ from ._protocol import (
     check_unique,
     new_item_ids,
     plan_batch,
+    repeated_id,
     replace_trusted,
     storable_text,
     unstorable_outcome,
@@ -372,6 +373,9 @@ class SQLQueue(SingleWrites):
         if keyed:
             pending = self._take_keys(cur, params, pending, found, now)
         explicit = [params[pos]["id"] for pos in pending if batch.entries[batch.sent[pos]].item_id]
+        twice = repeated_id(explicit)
+        if twice is not None:
+            raise DuplicateItem(twice)
         if explicit:
             taken = {
                 row["id"]
