@@ -211,6 +211,18 @@ def item_json(item: WorkItem) -> dict[str, Any]:
     return document
 
 
+def _unique_text(item: WorkItem) -> str:
+    """How long the item's key holds (``forever``, ``unfinished``, ``until ... UTC``), and
+    whether it was released to a newer item."""
+    if item.released_key is not None:
+        return f"released key {item.released_key} (a newer item holds it)"
+    if item.idempotency_key is None:
+        return ""
+    if item.unique_scope == "period":
+        return f"until {stamp(item.unique_until)} UTC"
+    return item.unique_scope
+
+
 def print_item(item: WorkItem, as_json: bool) -> None:
     if as_json:
         print(json.dumps(item_json(item), indent=2, sort_keys=True))
@@ -233,6 +245,7 @@ def print_item(item: WorkItem, as_json: bool) -> None:
             else f"none (v{item.lease_version})",
         ),
         ("idempotency", item.idempotency_key or ""),
+        ("unique", _unique_text(item)),
         ("created", f"{stamp(item.created_at)} UTC"),
         ("updated", f"{stamp(item.updated_at)} UTC"),
         ("config", json.dumps(item.config, sort_keys=True)),
