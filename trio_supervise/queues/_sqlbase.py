@@ -413,10 +413,11 @@ class SQLQueue(SingleWrites):
             raise QueueError(f"the holder of idempotency key {key!r} kept changing; try again")
         by_sent: dict[int, Enqueued] = {}
         due: set[str] = set()
+        times: dict[Any, dt.datetime] = {}
         for pos, index in enumerate(batch.sent):
             row, created = found[pos]
             if created:
-                item = self._created_item(batch.entries[index], params[pos], row)
+                item = self._created_item(batch.entries[index], params[pos], row, times)
                 if row["due_now"]:
                     due.add(item.spec_id)
             else:
@@ -431,10 +432,24 @@ class SQLQueue(SingleWrites):
                 results.append(Enqueued(item=by_sent[first].item, created=False))
         return results, sorted(due)
 
-    def _created_item(self, entry: NewItem, params: Mapping[str, Any], row: Row) -> WorkItem:
+    def _created_item(
+        self,
+        entry: NewItem,
+        params: Mapping[str, Any],
+        row: Row,
+        times: dict[Any, dt.datetime],
+    ) -> WorkItem:
         """The item just inserted from *entry*: its values as sent, the times *row* returned
-        (``id``, ``due_at``, ``created_at``, ``unique_until``), without reading it back."""
-        created = utc(self._from_time(row["created_at"]))
+        (``id``, ``due_at``, ``created_at``, ``unique_until``), without reading it back.
+        *times* caches stored times already converted (a batch shares most of them)."""
+
+        def time_of(value: Any) -> dt.datetime:
+            found = times.get(value)
+            if found is None:
+                found = times[value] = utc(self._from_time(value))
+            return found
+
+        created = time_of(row["created_at"])
         until = row["unique_until"]
         return replace_trusted(
             _NEW,
@@ -443,7 +458,7 @@ class SQLQueue(SingleWrites):
             tenant_id=entry.tenant_id,
             subject_id=entry.subject_id,
             config={} if entry.config is None else entry.config,
-            due_at=utc(self._from_time(row["due_at"])),
+            due_at=time_of(row["due_at"]),
             idempotency_key=entry.idempotency_key,
             created_at=created,
             updated_at=created,
@@ -451,7 +466,7 @@ class SQLQueue(SingleWrites):
             queue=entry.queue,
             timeout=params["timeout"],
             unique_scope=params["unique_scope"],
-            unique_until=None if until is None else utc(self._from_time(until)),
+            unique_until=None if until is None else time_of(until),
         )
 
     def _take_keys(
