@@ -503,6 +503,56 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     return new
 
 
+def new_trusted(
+    *,
+    id: str,
+    spec_id: str,
+    tenant_id: str,
+    subject_id: str,
+    config: JSONValue,
+    due_at: dt.datetime,
+    idempotency_key: str | None,
+    created_at: dt.datetime,
+    priority: int,
+    queue: str,
+    timeout: float | None,
+    unique_scope: str,
+    unique_until: dt.datetime | None,
+) -> WorkItem:
+    """A just-enqueued :class:`WorkItem` (queued, no lease, no errors) without its converters.
+
+    For bulk enqueue, which builds one per entry: the same trust as :func:`replace_trusted`
+    (every datetime is UTC already, every value checked), and every other field its default.
+    """
+    new: WorkItem = _new_object(WorkItem)
+    _set(new, "id", id)
+    _set(new, "spec_id", spec_id)
+    _set(new, "tenant_id", tenant_id)
+    _set(new, "subject_id", subject_id)
+    _set(new, "config", config)
+    _set(new, "cancel_requested", False)
+    _set(new, "lease_version", 0)
+    _set(new, "state", ItemState.QUEUED)
+    _set(new, "due_at", due_at)
+    _set(new, "error_count", 0)
+    _set(new, "last_error", None)
+    _set(new, "lease_owner", None)
+    _set(new, "lease_expires_at", None)
+    _set(new, "idempotency_key", idempotency_key)
+    _set(new, "created_at", created_at)
+    _set(new, "updated_at", created_at)
+    _set(new, "attempt", 0)
+    _set(new, "priority", priority)
+    _set(new, "queue", queue)
+    _set(new, "timeout", timeout)
+    _set(new, "result", None)
+    _set(new, "errors", ())
+    _set(new, "unique_scope", unique_scope)
+    _set(new, "unique_until", unique_until)
+    _set(new, "released_key", None)
+    return new
+
+
 def _check_replace_trusted() -> None:
     # A field added to WorkItem but not to replace_trusted would be left unset: comparing the
     # copy reads every field, so that fails here, at import, rather than in a queue.
@@ -510,6 +560,23 @@ def _check_replace_trusted() -> None:
     probe = WorkItem(id="probe", spec_id="probe", due_at=epoch, created_at=epoch, updated_at=epoch)
     if replace_trusted(probe) != probe:  # pragma: no cover
         raise RuntimeError("replace_trusted does not copy every WorkItem field")
+    fresh = new_trusted(
+        id="probe",
+        spec_id="probe",
+        tenant_id="",
+        subject_id="",
+        config={},
+        due_at=epoch,
+        idempotency_key=None,
+        created_at=epoch,
+        priority=0,
+        queue=DEFAULT_QUEUE,
+        timeout=None,
+        unique_scope="forever",
+        unique_until=None,
+    )
+    if fresh != probe:  # pragma: no cover
+        raise RuntimeError("new_trusted does not set every WorkItem field as its default")
 
 
 _check_replace_trusted()

@@ -59,9 +59,9 @@ from ._protocol import (
     check_queue_name,
     check_unique,
     new_item_ids,
+    new_trusted,
     plan_batch,
     repeated_id,
-    replace_trusted,
     storable_text,
     unstorable_outcome,
 )
@@ -73,8 +73,6 @@ Row = Any
 """A row as the driver returns it, read by column name (``sqlite3.Row``, a psycopg dict)."""
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_NEW = WorkItem(id="", spec_id="", due_at=_EPOCH, created_at=_EPOCH, updated_at=_EPOCH)
-"""The defaults of a new item, which :meth:`SQLQueue._created_item` fills in."""
 
 
 def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
@@ -449,10 +447,8 @@ class SQLQueue(SingleWrites):
                 found = times[value] = utc(self._from_time(value))
             return found
 
-        created = time_of(row["created_at"])
         until = row["unique_until"]
-        return replace_trusted(
-            _NEW,
+        return new_trusted(
             id=row["id"],
             spec_id=entry.spec_id,
             tenant_id=entry.tenant_id,
@@ -460,8 +456,7 @@ class SQLQueue(SingleWrites):
             config={} if entry.config is None else entry.config,
             due_at=time_of(row["due_at"]),
             idempotency_key=entry.idempotency_key,
-            created_at=created,
-            updated_at=created,
+            created_at=time_of(row["created_at"]),
             priority=entry.priority,
             queue=entry.queue,
             timeout=params["timeout"],
