@@ -44,6 +44,16 @@ Attempts
     back at shutdown) takes its claim back (one less); every other outcome keeps it. A runner
     settles an item claimed more than ``max_attempts`` times as ``dead`` without evaluating it.
 
+Idempotency keys and uniqueness scopes
+    An item enqueued with an ``idempotency_key`` holds it for its scope (:data:`UniqueScope`):
+    ``"forever"`` (the default), ``"unfinished"`` (until it is completed, cancelled or dead) or
+    a period from its creation. An enqueue whose key a holder holds writes nothing and returns
+    the holder (``Enqueued.created`` False). One whose key's holder has lapsed moves the key to
+    the holder's ``released_key`` and creates the new item, in one transaction, so concurrent
+    enqueuers of one key create one item. :meth:`WorkQueue.get_by_key` finds the holder, else
+    the newest item that held the key. :meth:`WorkQueue.enqueue_many` checks every entry first
+    and writes a batch all or nothing.
+
 Unstorable values
     ``enqueue`` and a reschedule's config refuse what a backend cannot store (see
     :func:`check_json`), on every backend alike. A ``settle_many`` entry that still cannot be

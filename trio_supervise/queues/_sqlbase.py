@@ -116,6 +116,25 @@ _MAX_KEY_ROUNDS = 5
 needs another transaction to take or release the key in between)."""
 
 
+def _record(
+    found: dict[int, tuple[Row, bool]],
+    positions: Sequence[int],
+    rows: Mapping[Any, Row],
+    wanted: Sequence[Any],
+    created: bool,
+) -> list[int]:
+    """Record in *found* the row of *rows* each position's *wanted* value names, as *created*;
+    the positions with none."""
+    left = []
+    for pos, value in zip(positions, wanted, strict=True):
+        row = rows.get(value)
+        if row is None:
+            left.append(pos)
+        else:
+            found[pos] = (row, created)
+    return left
+
+
 class SQLQueue(SingleWrites):
     """The :class:`WorkQueue` protocol over a SQL dialect; see the module doc for the hooks."""
 
@@ -396,13 +415,7 @@ class SQLQueue(SingleWrites):
                     ) from error
                 raise
             by_id = {row["id"]: row for row in rows}
-            missing = []
-            for pos in pending:
-                row = by_id.get(params[pos]["id"])
-                if row is None:
-                    missing.append(pos)
-                else:
-                    found[pos] = (row, True)
+            missing = _record(found, pending, by_id, [params[pos]["id"] for pos in pending], True)
             # Entries not written lost their key to another enqueuer since we looked: theirs
             # win. Look again (and release again, should that holder have lapsed already).
             pending = self._take_keys(cur, params, missing, found, now) if missing else []
@@ -481,14 +494,8 @@ class SQLQueue(SingleWrites):
             row["idempotency_key"]: row
             for row in cur.execute(queries["holders"], {"keys": keys}).fetchall()
         }
-        left = []
-        for pos in positions:
-            holder = holders.get(params[pos]["idempotency_key"])
-            if holder is None:
-                left.append(pos)
-            else:
-                found[pos] = (holder, False)
-        return left
+        wanted = [params[pos]["idempotency_key"] for pos in positions]
+        return _record(found, positions, holders, wanted, False)
 
     async def get_by_key(self, idempotency_key: str) -> WorkItem:
         query = self._queries["get_by_key"]
