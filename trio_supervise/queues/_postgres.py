@@ -485,9 +485,7 @@ class PostgresQueue(SQLQueue):
 
         return conn.cursor(row_factory=dict_row)
 
-    def _insert_rows(
-        self, cur: psycopg.Cursor[Row], params: Sequence[dict[str, Any]], now: Any
-    ) -> list[Row]:
+    def _insert_rows(self, cur: psycopg.Cursor[Row], params: Sequence[dict[str, Any]]) -> int:
         arrays = {
             "ids": [each["id"] for each in params],
             "spec_ids": [each["spec_id"] for each in params],
@@ -501,9 +499,16 @@ class PostgresQueue(SQLQueue):
             "timeouts": [each["timeout"] for each in params],
             "scopes": [each["unique_scope"] for each in params],
             "periods_us": [each["period_us"] for each in params],
-            "now": now,
+            "now": params[0]["now"],
         }
-        return cur.execute(_Q["enqueue_many"], arrays).fetchall()
+        return cur.execute(_Q["enqueue_many"], arrays).rowcount
+
+    def _statement_now(self, cur: psycopg.Cursor[Row], now: dt.datetime | None) -> dt.datetime:
+        if now is not None:
+            return now
+        row = cur.execute(_Q["statement_now"]).fetchone()
+        assert row is not None
+        return utc(row["now"])
 
     def _renew_rows(
         self, conn: psycopg.Connection[Row], leases: Sequence[Lease], lease_us: int, now: Any

@@ -35,7 +35,6 @@ from typing import Any, ClassVar, TypeVar
 import attrs
 import trio
 
-from .._clock import utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost, QueueError
 from . import _sql
 from ._protocol import (
@@ -73,6 +72,7 @@ Row = Any
 """A row as the driver returns it, read by column name (``sqlite3.Row``, a psycopg dict)."""
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
 
 
 def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
@@ -114,25 +114,6 @@ class EnqueueBatch:
 _MAX_KEY_ROUNDS = 5
 """How often one enqueue looks again for a key's holder that changed under it (each round
 needs another transaction to take or release the key in between)."""
-
-
-def _record(
-    found: dict[int, tuple[Row, bool]],
-    positions: Sequence[int],
-    rows: Mapping[Any, Row],
-    wanted: Sequence[Any],
-    created: bool,
-) -> list[int]:
-    """Record in *found* the row of *rows* each position's *wanted* value names, as *created*;
-    the positions with none."""
-    left = []
-    for pos, value in zip(positions, wanted, strict=True):
-        row = rows.get(value)
-        if row is None:
-            left.append(pos)
-        else:
-            found[pos] = (row, created)
-    return left
 
 
 class SQLQueue(SingleWrites):
@@ -211,10 +192,14 @@ class SQLQueue(SingleWrites):
         row factory (the application's connection may have none)."""
         raise NotImplementedError  # pragma: no cover
 
-    def _insert_rows(self, cur: Any, params: Sequence[dict[str, Any]], now: Any) -> list[Row]:
-        """Insert the items of *params* (``ON CONFLICT (idempotency_key) DO NOTHING``); for
-        each row inserted, its ``id``, ``due_at``, ``created_at``, ``unique_until`` (stored
-        forms) and ``due_now``."""
+    def _insert_rows(self, cur: Any, params: Sequence[dict[str, Any]]) -> int:
+        """Insert the items of *params* (``ON CONFLICT (idempotency_key) DO NOTHING``); how many
+        rows were inserted."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _statement_now(self, cur: Any, now: Any) -> dt.datetime:
+        """What "now" the statements of the transaction on *cur* use, as a datetime (PostgreSQL
+        asks the database when it keeps the time)."""
         raise NotImplementedError  # pragma: no cover
 
     def _notify(self, conn: Any, spec_ids: Sequence[str]) -> None:
@@ -383,8 +368,8 @@ class SQLQueue(SingleWrites):
         """Write a prepared batch on *conn* (see :meth:`_enqueue_rows`)."""
         queries, params, now = self._queries, batch.params, batch.now
         cur = self._cursor(conn)
-        found: dict[int, tuple[Row, bool]] = {}
-        """Position in ``params`` -> (row, created)."""
+        found: dict[int, Row] = {}
+        """Position in ``params`` -> the row of the existing item holding its key."""
         pending = list(range(len(params)))
         keyed = [pos for pos in pending if params[pos]["idempotency_key"] is not None]
         if keyed:
@@ -403,37 +388,45 @@ class SQLQueue(SingleWrites):
             for item_id in explicit:
                 if item_id in taken:
                     raise DuplicateItem(item_id)
+        written: set[int] = set()
         for _ in range(_MAX_KEY_ROUNDS):
             if not pending:
                 break
             try:
-                rows = self._insert_rows(cur, [params[pos] for pos in pending], now)
+                inserted = self._insert_rows(cur, [params[pos] for pos in pending])
             except Exception as error:
                 if self._is_duplicate(error) and explicit:  # taken since the check above
                     raise DuplicateItem(
                         explicit[0] if len(explicit) == 1 else ", ".join(explicit)
                     ) from error
                 raise
-            by_id = {row["id"]: row for row in rows}
-            missing = _record(found, pending, by_id, [params[pos]["id"] for pos in pending], True)
-            # Entries not written lost their key to another enqueuer since we looked: theirs
-            # win. Look again (and release again, should that holder have lapsed already).
-            pending = self._take_keys(cur, params, missing, found, now) if missing else []
+            if inserted == len(pending):
+                written.update(pending)
+                pending = []
+                break
+            # Some entries lost their key to another enqueuer since we looked: theirs win. Find
+            # which were written, then look again for the others' holders (and release again,
+            # should that holder have lapsed already).
+            ids = self._ids([params[pos]["id"] for pos in pending])
+            stored = {row["id"] for row in cur.execute(queries["existing_ids"], {"ids": ids})}
+            missing = [pos for pos in pending if params[pos]["id"] not in stored]
+            written.update(pos for pos in pending if params[pos]["id"] in stored)
+            pending = self._take_keys(cur, params, missing, found, now)
         if pending:  # pragma: no cover - the key changed hands five times during one enqueue
             key = params[pending[0]]["idempotency_key"]
             raise QueueError(f"the holder of idempotency key {key!r} kept changing; try again")
         by_sent: dict[int, Enqueued] = {}
         due: set[str] = set()
-        times: dict[Any, dt.datetime] = {}
+        created_at = self._statement_now(cur, now) if written else None
         for pos, index in enumerate(batch.sent):
-            row, created = found[pos]
-            if created:
-                item = self._created_item(batch.entries[index], params[pos], row, times)
-                if row["due_now"]:
+            if pos in written:
+                assert created_at is not None
+                item = self._created_item(batch.entries[index], params[pos], created_at)
+                if item.due_at <= created_at:
                     due.add(item.spec_id)
+                by_sent[index] = Enqueued(item=item, created=True)
             else:
-                item = self._item(row)
-            by_sent[index] = Enqueued(item=item, created=created)
+                by_sent[index] = Enqueued(item=self._item(found[pos]), created=False)
         results = []
         for index in range(len(batch.entries)):
             first = batch.repeats.get(index)
@@ -444,37 +437,25 @@ class SQLQueue(SingleWrites):
         return results, sorted(due)
 
     def _created_item(
-        self,
-        entry: NewItem,
-        params: Mapping[str, Any],
-        row: Row,
-        times: dict[Any, dt.datetime],
+        self, entry: NewItem, params: Mapping[str, Any], created_at: dt.datetime
     ) -> WorkItem:
-        """The item just inserted from *entry*: its values as sent, the times *row* returned
-        (``id``, ``due_at``, ``created_at``, ``unique_until``), without reading it back.
-        *times* caches stored times already converted (a batch shares most of them)."""
-
-        def time_of(value: Any) -> dt.datetime:
-            found = times.get(value)
-            if found is None:
-                found = times[value] = utc(self._from_time(value))
-            return found
-
-        until = row["unique_until"]
+        """The item just inserted from *entry* at *created_at*, as the database stored it,
+        without reading it back."""
+        period_us = params["period_us"]
         return new_trusted(
-            id=row["id"],
+            id=params["id"],
             spec_id=entry.spec_id,
             tenant_id=entry.tenant_id,
             subject_id=entry.subject_id,
             config={} if entry.config is None else entry.config,
-            due_at=time_of(row["due_at"]),
+            due_at=created_at if entry.due_at is None else entry.due_at,
             idempotency_key=entry.idempotency_key,
-            created_at=time_of(row["created_at"]),
+            created_at=created_at,
             priority=entry.priority,
             queue=entry.queue,
             timeout=params["timeout"],
             unique_scope=params["unique_scope"],
-            unique_until=None if until is None else time_of(until),
+            unique_until=None if period_us is None else created_at + period_us * _US,
         )
 
     def _take_keys(
@@ -482,7 +463,7 @@ class SQLQueue(SingleWrites):
         cur: Any,
         params: Sequence[dict[str, Any]],
         positions: Sequence[int],
-        found: dict[int, tuple[Row, bool]],
+        found: dict[int, Row],
         now: Any,
     ) -> list[int]:
         """Release the lapsed holders of the keys at *positions* and record the live holders
@@ -494,8 +475,14 @@ class SQLQueue(SingleWrites):
             row["idempotency_key"]: row
             for row in cur.execute(queries["holders"], {"keys": keys}).fetchall()
         }
-        wanted = [params[pos]["idempotency_key"] for pos in positions]
-        return _record(found, positions, holders, wanted, False)
+        left = []
+        for pos in positions:
+            holder = holders.get(params[pos]["idempotency_key"])
+            if holder is None:
+                left.append(pos)
+            else:
+                found[pos] = holder
+        return left
 
     async def get_by_key(self, idempotency_key: str) -> WorkItem:
         query = self._queries["get_by_key"]

@@ -407,26 +407,13 @@ class SQLiteQueue(SQLQueue):
         cur.row_factory = sqlite3.Row
         return cur
 
-    def _insert_rows(
-        self, cur: sqlite3.Cursor, params: Sequence[dict[str, Any]], now: int
-    ) -> list[Any]:
-        # executemany of one prepared INSERT is SQLite's fastest multi-row form (RETURNING does
-        # not work with it). What it wrote is what was sent, so it is not read back, unless a
-        # row was skipped (another item holds its key): then the rows written are read by id.
+    def _insert_rows(self, cur: sqlite3.Cursor, params: Sequence[dict[str, Any]]) -> int:
+        # executemany of one prepared INSERT is SQLite's fastest multi-row form.
         cur.executemany(_Q["enqueue"], params)
-        if cur.rowcount == len(params):
-            return [
-                {
-                    "id": each["id"],
-                    "due_at": each["due_at"],
-                    "created_at": now,
-                    "unique_until": None if each["period_us"] is None else now + each["period_us"],
-                    "due_now": each["due_at"] <= now,
-                }
-                for each in params
-            ]
-        ids = json.dumps([each["id"] for each in params])
-        return cur.execute(_Q["enqueued"], {"ids": ids, "now": now}).fetchall()
+        return cur.rowcount
+
+    def _statement_now(self, cur: sqlite3.Cursor, now: int) -> dt.datetime:
+        return _from_us(now)
 
     def _renew_rows(
         self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int
