@@ -48,7 +48,7 @@ from ._protocol import (
     check_entries,
     check_json,
     check_queue_name,
-    check_unique,
+    created_item,
     new_item_ids,
     plan_batch,
     repeated_id,
@@ -414,7 +414,7 @@ class MemoryQueue(SingleWrites):
                 results[index] = Enqueued(item=existing[index], created=False)
                 continue
             entry = checked[index]
-            item = self._new_item(entry, now, next(ids))
+            item = created_item(entry, next(ids) if entry.item_id is None else entry.item_id, now)
             if entry.idempotency_key is not None:
                 if entry.idempotency_key in self._keys:
                     self._release(entry.idempotency_key)
@@ -427,26 +427,6 @@ class MemoryQueue(SingleWrites):
         if any(done.created for done in results.values()):
             self._changed()
         return [results[index] for index in range(len(checked))]
-
-    def _new_item(self, entry: NewItem, now: dt.datetime, new_id: str) -> WorkItem:
-        scope, seconds = check_unique(entry.unique, entry.idempotency_key)
-        timeout = entry.evaluation_timeout
-        return WorkItem(
-            id=new_id if entry.item_id is None else entry.item_id,
-            spec_id=entry.spec_id,
-            tenant_id=entry.tenant_id,
-            subject_id=entry.subject_id,
-            config={} if entry.config is None else entry.config,
-            due_at=now if entry.due_at is None else entry.due_at,
-            idempotency_key=entry.idempotency_key,
-            created_at=now,
-            updated_at=now,
-            priority=entry.priority,
-            queue=entry.queue,
-            timeout=None if timeout is None else float(timeout),
-            unique_scope=scope,
-            unique_until=None if seconds is None else now + dt.timedelta(seconds=seconds),
-        )
 
     async def get_by_key(self, idempotency_key: str) -> WorkItem:
         await trio.lowlevel.checkpoint()

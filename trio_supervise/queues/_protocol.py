@@ -563,6 +563,28 @@ def new_trusted(
     return new
 
 
+def created_item(entry: NewItem, item_id: str, created_at: dt.datetime) -> WorkItem:
+    """The item a checked *entry* (:func:`check_entries`) becomes, written at *created_at*
+    (UTC) with *item_id*: what every backend stores, built without reading it back."""
+    scope, seconds = check_unique(entry.unique, entry.idempotency_key)
+    timeout = entry.evaluation_timeout
+    return new_trusted(
+        id=item_id,
+        spec_id=entry.spec_id,
+        tenant_id=entry.tenant_id,
+        subject_id=entry.subject_id,
+        config={} if entry.config is None else entry.config,
+        due_at=created_at if entry.due_at is None else entry.due_at,
+        idempotency_key=entry.idempotency_key,
+        created_at=created_at,
+        priority=entry.priority,
+        queue=entry.queue,
+        timeout=None if timeout is None else float(timeout),
+        unique_scope=scope,
+        unique_until=None if seconds is None else created_at + dt.timedelta(seconds=seconds),
+    )
+
+
 def _check_replace_trusted() -> None:
     # A field added to WorkItem but not to replace_trusted would be left unset: comparing the
     # copy reads every field, so that fails here, at import, rather than in a queue.

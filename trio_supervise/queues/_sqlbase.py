@@ -57,8 +57,8 @@ from ._protocol import (
     check_json,
     check_queue_name,
     check_unique,
+    created_item,
     new_item_ids,
-    new_trusted,
     plan_batch,
     repeated_id,
     storable_text,
@@ -421,7 +421,7 @@ class SQLQueue(SingleWrites):
         for pos, index in enumerate(batch.sent):
             if pos in written:
                 assert created_at is not None
-                item = self._created_item(batch.entries[index], params[pos], created_at)
+                item = created_item(batch.entries[index], params[pos]["id"], created_at)
                 if item.due_at <= created_at:
                     due.add(item.spec_id)
                 by_sent[index] = Enqueued(item=item, created=True)
@@ -435,28 +435,6 @@ class SQLQueue(SingleWrites):
             else:
                 results.append(Enqueued(item=by_sent[first].item, created=False))
         return results, sorted(due)
-
-    def _created_item(
-        self, entry: NewItem, params: Mapping[str, Any], created_at: dt.datetime
-    ) -> WorkItem:
-        """The item just inserted from *entry* at *created_at*, as the database stored it,
-        without reading it back."""
-        period_us = params["period_us"]
-        return new_trusted(
-            id=params["id"],
-            spec_id=entry.spec_id,
-            tenant_id=entry.tenant_id,
-            subject_id=entry.subject_id,
-            config={} if entry.config is None else entry.config,
-            due_at=created_at if entry.due_at is None else entry.due_at,
-            idempotency_key=entry.idempotency_key,
-            created_at=created_at,
-            priority=entry.priority,
-            queue=entry.queue,
-            timeout=params["timeout"],
-            unique_scope=params["unique_scope"],
-            unique_until=None if period_us is None else created_at + period_us * _US,
-        )
 
     def _take_keys(
         self,
