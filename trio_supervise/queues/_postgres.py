@@ -58,6 +58,7 @@ __all__ = ["PostgresQueue", "redact_dsn"]
 logger = logging.getLogger("trio_supervise.queues")
 
 _Q = _sql.load_queries("postgres")
+_ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue_many"])
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _CHANNEL = "trio_supervise"
 T = TypeVar("T")
@@ -485,7 +486,9 @@ class PostgresQueue(SQLQueue):
 
         return conn.cursor(row_factory=dict_row)
 
-    def _insert_rows(self, cur: psycopg.Cursor[Row], params: Sequence[dict[str, Any]]) -> int:
+    def _insert_rows(
+        self, cur: psycopg.Cursor[Row], params: Sequence[dict[str, Any]], *, keyed: bool
+    ) -> int:
         arrays = {
             "ids": [each["id"] for each in params],
             "spec_ids": [each["spec_id"] for each in params],
@@ -501,7 +504,8 @@ class PostgresQueue(SQLQueue):
             "periods_us": [each["period_us"] for each in params],
             "now": params[0]["now"],
         }
-        return cur.execute(_Q["enqueue_many"], arrays).rowcount
+        query = _Q["enqueue_many"] if keyed else _ENQUEUE_UNKEYED
+        return cur.execute(query, arrays).rowcount
 
     def _statement_now(self, cur: psycopg.Cursor[Row], now: dt.datetime | None) -> dt.datetime:
         if now is not None:

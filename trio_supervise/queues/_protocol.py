@@ -719,17 +719,21 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
 
 
 def new_item_ids(now: dt.datetime, count: int) -> list[str]:
-    """*count* new random item ids, 32 hex digits (as ``uuid4().hex``), ordered by time.
+    """*count* new random item ids, 32 hex digits (as ``uuid4().hex``), in increasing order.
 
-    The first 12 digits are *now* in milliseconds since the Unix epoch (as a UUIDv7's), the
-    other 20 random (80 bits). Ids written together are neighbours in the primary-key index,
-    so a bulk insert appends to it instead of touching a random page per row (which makes a
-    SQLite insert of random ids twice as slow).
+    12 digits of *now* in milliseconds since the Unix epoch (as a UUIDv7's), 8 of a counter
+    from a random start, 12 random (48 bits). Ids written together are neighbours in the
+    primary-key index, in order, so a bulk insert appends to it instead of touching a random
+    page per row (which makes a SQLite insert of random ids twice as slow).
     """
     ms = max(0, (utc(now) - _EPOCH) // _MS) % (1 << 48)
     prefix = f"{ms:012x}"
-    randoms = os.urandom(10 * count).hex()
-    return [prefix + randoms[20 * n : 20 * n + 20] for n in range(count)]
+    start = int.from_bytes(os.urandom(4))
+    randoms = os.urandom(6 * count).hex()
+    return [
+        f"{prefix}{(start + n) % (1 << 32):08x}{randoms[12 * n : 12 * n + 12]}"
+        for n in range(count)
+    ]
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

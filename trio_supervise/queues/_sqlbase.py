@@ -192,9 +192,10 @@ class SQLQueue(SingleWrites):
         row factory (the application's connection may have none)."""
         raise NotImplementedError  # pragma: no cover
 
-    def _insert_rows(self, cur: Any, params: Sequence[dict[str, Any]]) -> int:
-        """Insert the items of *params* (``ON CONFLICT (idempotency_key) DO NOTHING``); how many
-        rows were inserted."""
+    def _insert_rows(self, cur: Any, params: Sequence[dict[str, Any]], *, keyed: bool) -> int:
+        """Insert the items of *params* (``ON CONFLICT (idempotency_key) DO NOTHING`` if any
+        is *keyed*; without keys no conflict is possible, and the plain insert is faster); how
+        many rows were inserted."""
         raise NotImplementedError  # pragma: no cover
 
     def _statement_now(self, cur: Any, now: Any) -> dt.datetime:
@@ -371,7 +372,7 @@ class SQLQueue(SingleWrites):
         found: dict[int, Row] = {}
         """Position in ``params`` -> the row of the existing item holding its key."""
         pending = list(range(len(params)))
-        keyed = [pos for pos in pending if params[pos]["idempotency_key"] is not None]
+        keyed = any(each["idempotency_key"] is not None for each in params)
         if keyed:
             pending = self._take_keys(cur, params, pending, found, now)
         explicit = [params[pos]["id"] for pos in pending if batch.entries[batch.sent[pos]].item_id]
@@ -393,7 +394,7 @@ class SQLQueue(SingleWrites):
             if not pending:
                 break
             try:
-                inserted = self._insert_rows(cur, [params[pos] for pos in pending])
+                inserted = self._insert_rows(cur, [params[pos] for pos in pending], keyed=keyed)
             except Exception as error:
                 if self._is_duplicate(error) and explicit:  # taken since the check above
                     raise DuplicateItem(

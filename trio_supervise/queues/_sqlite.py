@@ -55,6 +55,7 @@ DEFAULT_SQLITE_PATH = "trio_supervise.db"
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
 _Q = _sql.load_queries("sqlite")
+_ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue"])
 T = TypeVar("T")
 
 
@@ -407,9 +408,11 @@ class SQLiteQueue(SQLQueue):
         cur.row_factory = sqlite3.Row
         return cur
 
-    def _insert_rows(self, cur: sqlite3.Cursor, params: Sequence[dict[str, Any]]) -> int:
+    def _insert_rows(
+        self, cur: sqlite3.Cursor, params: Sequence[dict[str, Any]], *, keyed: bool
+    ) -> int:
         # executemany of one prepared INSERT is SQLite's fastest multi-row form.
-        cur.executemany(_Q["enqueue"], params)
+        cur.executemany(_Q["enqueue"] if keyed else _ENQUEUE_UNKEYED, params)
         return cur.rowcount
 
     def _statement_now(self, cur: sqlite3.Cursor, now: int) -> dt.datetime:
