@@ -440,7 +440,7 @@ def cli_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 CLI_USAGE = [  # argparse refuses these: exit 2, usage and one error line
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["items"], "the following arguments are required: ACTION"),
-    (["items", "show"], "the following arguments are required: ID"),
+    (["items", "show"], "one of the arguments ID --key is required"),
     (["items", "frob"], "invalid choice: 'frob'"),
     (["run"], "the following arguments are required: MODULE:ATTR"),
     (["items", "list", "--limit", "0"], "argument --limit: must be >= 1, got 0"),

@@ -211,6 +211,18 @@ def item_json(item: WorkItem) -> dict[str, Any]:
     return document
 
 
+def _unique_text(item: WorkItem) -> str:
+    """How long the item's key holds (``forever``, ``unfinished``, ``until ... UTC``), and
+    whether it was released to a newer item."""
+    if item.released_key is not None:
+        return f"released key {item.released_key} (a newer item holds it)"
+    if item.idempotency_key is None:
+        return ""
+    if item.unique_scope == "period":
+        return f"until {stamp(item.unique_until)} UTC"
+    return item.unique_scope
+
+
 def due_text(item: WorkItem) -> str:
     """When *item* is due, for people: "waiting for N children" while it waits for them (its
     stored ``due_at`` is then the never-due sentinel), else the time."""
@@ -262,6 +274,7 @@ def print_item(
             else f"none (v{item.lease_version})",
         ),
         ("idempotency", item.idempotency_key or ""),
+        ("unique", _unique_text(item)),
         ("created", f"{stamp(item.created_at)} UTC"),
         ("updated", f"{stamp(item.updated_at)} UTC"),
         ("config", json.dumps(item.config, sort_keys=True)),

@@ -1,26 +1,37 @@
 """``items list|show|enqueue|cancel|retry``: inspect and change work items.
 
 ``items prune|delete|edit`` live in ``_items_edit``, registered here.
+
+``items enqueue --from-file items.jsonl`` reads one JSON object a line (the fields of
+:class:`NewItem`), checks every line before it writes any, and enqueues them all in one
+``enqueue_many`` (one transaction): a bad line is reported with its number and field (exit 2)
+and nothing is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import math
+import re
 import sys
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TextIO
 
 from .._convert import nested_too_deeply, nesting_exceeds
-from .._errors import ConfigError
+from .._errors import ConfigError, DuplicateItem
 from .._settings import MAX_COUNT
 from .._workflow import first_line
-from ..queues import ItemState, WorkItem, WorkQueue
+from ..queues import Enqueued, ItemState, NewItem, WorkItem, WorkQueue
 from ..queues._protocol import (
     DEFAULT_QUEUE,
     MAX_CONCURRENCY_LIMIT,
+    MAX_DELAY,
     MAX_PRIORITY,
     MIN_PRIORITY,
     check_concurrency,
+    check_entries,
     check_priority,
 )
 from . import _items_edit
@@ -28,11 +39,13 @@ from ._common import (
     AS_JSON,
     DATABASE,
     EXIT_OK,
+    EXIT_USAGE,
     Subparsers,
     UserError,
     due_text,
     item_json,
     limit,
+    one_line,
     print_item,
     printable,
     short,
@@ -68,13 +81,42 @@ def register(commands: Subparsers) -> None:
     )
     listing.set_defaults(handler=_cmd_list)
 
-    show = actions.add_parser("show", parents=[DATABASE, AS_JSON], help="show one item")
-    show.add_argument("item_id", metavar="ID")
+    show = actions.add_parser(
+        "show",
+        parents=[DATABASE, AS_JSON],
+        help="show one item",
+        description="Show the item with id ID, or with --key the item holding that idempotency "
+        "key (else the newest one that held it).",
+    )
+    which = show.add_mutually_exclusive_group(required=True)
+    which.add_argument("item_id", metavar="ID", nargs="?")
+    which.add_argument("--key", help="the item by its idempotency key instead of its id")
     show.set_defaults(handler=_cmd_show)
 
-    enqueue = actions.add_parser("enqueue", parents=[DATABASE, AS_JSON], help="add an item")
-    enqueue.add_argument("spec_id", metavar="SPEC")
+    enqueue = actions.add_parser(
+        "enqueue",
+        parents=[DATABASE, AS_JSON],
+        help="add an item, or many from a file",
+        description="Add an item. With an idempotency key another item holds, nothing is written "
+        "and that item is reported ('exists: ...'; exit 0). --from-file PATH (or - for stdin) "
+        "adds one item per line, each a JSON object with enqueue's fields (spec_id, config, "
+        "tenant_id, subject_id, due_at, item_id, idempotency_key, priority, queue, "
+        "evaluation_timeout, unique), in one transaction: a bad line is reported with its line "
+        "number and field (exit 2) and nothing is written.",
+    )
+    enqueue.add_argument("spec_id", metavar="SPEC", nargs="?")
     enqueue.add_argument("item_config", metavar="CONFIG_JSON", nargs="?", default=None)
+    enqueue.add_argument(
+        "--from-file", metavar="PATH", help="JSON lines, one item each ('-': standard input)"
+    )
+    enqueue.add_argument(
+        "--unique",
+        type=_unique,
+        default="forever",
+        metavar="SCOPE",
+        help="how long --key holds: 'forever' (default), 'unfinished' (until the item is "
+        "completed, cancelled or dead) or a period from creation (SECONDS, or 30m, 12h, 7d)",
+    )
     enqueue.add_argument("--id", dest="item_id", help="the item's id (default: generated)")
     enqueue.add_argument("--tenant", default="", help="tenant id")
     enqueue.add_argument("--subject", default="", help="subject id")
@@ -202,12 +244,33 @@ _SHOWN_CHILDREN = 10_000
 
 def _cmd_show(args: argparse.Namespace) -> int:
     async def body(queue: WorkQueue) -> tuple[WorkItem, list[WorkItem]]:
-        item = await queue.get(args.item_id)
+        if args.key is not None:
+            item = await queue.get_by_key(args.key)
+        else:
+            item = await queue.get(args.item_id)
         return item, await queue.list_children(item.id, limit=_SHOWN_CHILDREN)
 
     item, children = with_queue(args, body)
     print_item(item, args.json, children, complete=len(children) < _SHOWN_CHILDREN)
     return 0
+
+
+_PERIOD = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)([smhd]?)$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _unique(text: str) -> str | float:
+    """--unique: 'forever', 'unfinished', or a period (SECONDS, or with an s/m/h/d unit)."""
+    if text in ("forever", "unfinished"):
+        return text
+    match = _PERIOD.match(text.strip())
+    seconds = float(match[1]) * _UNIT[match[2]] if match else math.nan
+    if not 0 < seconds <= MAX_DELAY:
+        raise argparse.ArgumentTypeError(
+            "must be 'forever', 'unfinished' or a positive period (SECONDS, or 30m, 12h, 7d), "
+            f"got {printable(text)!r}"
+        )
+    return seconds
 
 
 def _priority(text: str) -> int:
@@ -230,6 +293,10 @@ def _concurrency_limit(text: str) -> int:
 
 
 def _cmd_enqueue(args: argparse.Namespace) -> int:
+    if args.from_file is not None:
+        return _enqueue_from_file(args)
+    if args.spec_id is None:
+        raise UserError("give a SPEC to enqueue, or --from-file PATH", exit_code=EXIT_USAGE)
     config: Any = None
     if args.item_config is not None:
         if nesting_exceeds(args.item_config):
@@ -239,9 +306,9 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise UserError(f"CONFIG_JSON is not JSON: {error}") from None
 
-    async def body(queue: WorkQueue) -> WorkItem:
-        return await queue.enqueue(
-            args.spec_id,
+    async def body(queue: WorkQueue) -> Enqueued:
+        entry = NewItem(
+            spec_id=args.spec_id,
             config=config,
             tenant_id=args.tenant,
             subject_id=args.subject,
@@ -252,15 +319,163 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
             queue=args.queue,
             concurrency_key=args.concurrency_key,
             concurrency_limit=args.concurrency_limit,
+            unique=args.unique,
         )
+        [done] = await queue.enqueue_many([entry])
+        return done
 
-    item: WorkItem = with_queue(args, body, create=True)
+    done: Enqueued = with_queue(args, body, create=True)
     if args.json:
-        print_item(item, True)
+        print_item(done.item, True)
     else:
-        spec = printable(item.spec_id)
-        print(f"enqueued {printable(item.id)} ({spec}), due {stamp(item.due_at)} UTC")
+        print(_outcome_line(done))
     return 0
+
+
+def _outcome_line(done: Enqueued) -> str:
+    """``enqueued ID (SPEC), due ...`` or ``exists: ID (key K, state S); config unchanged``."""
+    item = done.item
+    if not done.created:
+        key = item.idempotency_key or item.released_key
+        return (
+            f"exists: {printable(item.id)} (key {printable(key)}, state {item.state}); "
+            "config unchanged"
+        )
+    spec = printable(item.spec_id)
+    return f"enqueued {printable(item.id)} ({spec}), due {stamp(item.due_at)} UTC"
+
+
+_FILE_FIELDS = {
+    "spec_id": str,
+    "config": object,
+    "tenant_id": str,
+    "subject_id": str,
+    "due_at": str,
+    "item_id": str,
+    "idempotency_key": str,
+    "priority": int,
+    "queue": str,
+    "evaluation_timeout": float,
+    "unique": object,
+}
+"""The fields a line of --from-file may hold, and the JSON type each must have."""
+
+
+def _enqueue_from_file(args: argparse.Namespace) -> int:
+    per_item = {
+        "SPEC": args.spec_id,
+        "CONFIG_JSON": args.item_config,
+        "--id": args.item_id,
+        "--tenant": args.tenant or None,
+        "--subject": args.subject or None,
+        "--due": args.due,
+        "--key": args.key,
+        "--priority": None if args.priority == 0 else args.priority,
+        "--queue": None if args.queue == DEFAULT_QUEUE else args.queue,
+        "--unique": None if args.unique == "forever" else args.unique,
+    }
+    given = [name for name, value in per_item.items() if value is not None]
+    if given:
+        raise UserError(
+            f"--from-file takes every field from the file; drop {', '.join(given)}",
+            exit_code=EXIT_USAGE,
+        )
+    if args.from_file == "-":
+        lines = _read_lines(sys.stdin)
+    else:
+        try:
+            with open(args.from_file, encoding="utf-8") as stream:
+                lines = _read_lines(stream)
+        except UnicodeDecodeError as error:
+            raise UserError(f"{printable(args.from_file)} is not UTF-8 text: {error}") from None
+
+    async def body(queue: WorkQueue) -> list[tuple[int, Enqueued]]:
+        numbered = _parse_lines(lines, queue.clock.now())
+        try:
+            done = await queue.enqueue_many([entry for _, entry in numbered])
+        except DuplicateItem as error:
+            clashing = [n for n, entry in numbered if entry.item_id == error.item_id]
+            where = f"line {clashing[-1]}: " if clashing else ""
+            raise UserError(f"{where}{error}; nothing was written") from None
+        return [(n, each) for (n, _), each in zip(numbered, done, strict=True)]
+
+    results: list[tuple[int, Enqueued]] = with_queue(args, body, create=True)
+    created = sum(each.created for _, each in results)
+    if args.json:
+        document = [
+            {"line": n, "created": each.created, "item": item_json(each.item)}
+            for n, each in results
+        ]
+        print(json.dumps(document, indent=2, sort_keys=True))
+        return 0
+    for _, each in results:
+        print(_outcome_line(each))
+    print(f"{created:,} enqueued, {len(results) - created:,} existed already")
+    return 0
+
+
+def _read_lines(stream: TextIO) -> list[tuple[int, str]]:
+    """The non-blank lines of *stream*, numbered from 1."""
+    return [(n, line) for n, line in enumerate(stream, start=1) if line.strip()]
+
+
+def _parse_lines(lines: Iterable[tuple[int, str]], now: dt.datetime) -> list[tuple[int, NewItem]]:
+    """Every line as a checked entry; the first bad one raises a UserError (exit 2) naming its
+    line number and field, before anything is written."""
+    entries = []
+    for number, line in lines:
+        try:
+            entry = _entry_of(line, now)
+            check_entries([entry])
+        except (UserError, ValueError) as error:
+            raise UserError(
+                f"line {number}: {one_line(error)}; nothing was written", exit_code=EXIT_USAGE
+            ) from None
+        entries.append((number, entry))
+    return entries
+
+
+def _entry_of(line: str, now: dt.datetime) -> NewItem:
+    if nesting_exceeds(line):
+        raise ConfigError(nested_too_deeply("config"))
+    try:
+        document = json.loads(line)
+    except ValueError as error:
+        raise UserError(f"not JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise UserError(f"expected a JSON object, got {type(document).__name__}")
+    unknown = sorted(set(document) - set(_FILE_FIELDS))
+    if unknown:
+        raise UserError(
+            f"unknown field {printable(unknown[0])!r} (known: {', '.join(_FILE_FIELDS)})"
+        )
+    if "spec_id" not in document:
+        raise UserError("spec_id is missing")
+    fields: dict[str, Any] = {}
+    for name, value in document.items():
+        wanted = _FILE_FIELDS[name]
+        if value is None or wanted is object:
+            fields[name] = value
+        elif wanted is float and isinstance(value, int | float) and not isinstance(value, bool):
+            fields[name] = float(value)
+        elif isinstance(value, wanted) and not isinstance(value, bool):
+            fields[name] = value
+        else:
+            raise UserError(f"{name} must be {_TYPE_NAMES[wanted]}, got {json.dumps(value)}")
+    if "due_at" in fields:
+        fields["due_at"] = when(fields["due_at"], now)
+    for name in ("tenant_id", "subject_id", "queue", "priority", "unique"):
+        if fields.get(name, 0) is None:
+            del fields[name]  # null: the default
+    if isinstance(fields.get("unique"), str):
+        try:
+            fields["unique"] = _unique(fields["unique"])
+        except argparse.ArgumentTypeError as error:
+            raise UserError(f"unique {error}") from None
+    return NewItem(**fields)
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number"}
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

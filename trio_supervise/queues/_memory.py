@@ -23,7 +23,6 @@ import datetime as dt
 import heapq
 import itertools
 import types
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -58,8 +57,10 @@ from ._protocol import (
     check_json,
     check_prune,
     check_queue_name,
-    check_unique,
+    created_item,
+    new_item_ids,
     plan_batch,
+    repeated_id,
     replace_trusted,
     storable_text,
     unstorable_outcome,
@@ -520,17 +521,21 @@ class MemoryQueue(SingleWrites):
             key = checked[index].idempotency_key
             if key is not None and (holder := self._holder(key, now)) is not None:
                 existing[index] = holder
-        for index in sent:
-            explicit = checked[index].item_id
-            if index not in existing and explicit is not None and explicit in self._items:
+        written = [checked[index].item_id for index in sent if index not in existing]
+        twice = repeated_id(written)
+        if twice is not None:
+            raise DuplicateItem(twice)
+        for explicit in written:
+            if explicit is not None and explicit in self._items:
                 raise DuplicateItem(explicit)
         results: dict[int, Enqueued] = {}
+        ids = iter(new_item_ids(now, len(sent)))
         for index in sent:
             if index in existing:
                 results[index] = Enqueued(item=existing[index], created=False)
                 continue
             entry = checked[index]
-            item = self._new_item(entry, now)
+            item = created_item(entry, next(ids) if entry.item_id is None else entry.item_id, now)
             if entry.idempotency_key is not None:
                 if entry.idempotency_key in self._keys:
                     self._release(entry.idempotency_key)
@@ -544,35 +549,13 @@ class MemoryQueue(SingleWrites):
             self._changed()
         return [results[index] for index in range(len(checked))]
 
-    def _new_item(self, entry: NewItem, now: dt.datetime) -> WorkItem:
-        scope, seconds = check_unique(entry.unique, entry.idempotency_key)
-        timeout = entry.evaluation_timeout
-        return WorkItem(
-            id=uuid.uuid4().hex if entry.item_id is None else entry.item_id,
-            spec_id=entry.spec_id,
-            tenant_id=entry.tenant_id,
-            subject_id=entry.subject_id,
-            config=entry.config,
-            due_at=now if entry.due_at is None else entry.due_at,
-            idempotency_key=entry.idempotency_key,
-            created_at=now,
-            updated_at=now,
-            priority=entry.priority,
-            queue=entry.queue,
-            timeout=None if timeout is None else float(timeout),
-            unique_scope=scope,
-            unique_until=None if seconds is None else now + dt.timedelta(seconds=seconds),
-            concurrency_key=entry.concurrency_key,
-            concurrency_limit=entry.concurrency_limit,
-        )
-
     def _insert_child(self, child: NewItem, now: dt.datetime, parent_id: str) -> WorkItem | None:
         """Store *child* (checked, with its id) as *parent_id*'s; None if its id exists or its
         key is held (nothing written then)."""
         key = child.idempotency_key
         if child.item_id in self._items or (key is not None and self._holder(key, now)):
             return None
-        item = replace_trusted(self._new_item(child, now), parent_id=parent_id)
+        item = replace_trusted(created_item(child, child.item_id or "", now), parent_id=parent_id)
         if key is not None:
             if key in self._keys:
                 self._release(key)

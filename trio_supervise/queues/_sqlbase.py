@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -64,7 +63,10 @@ from ._protocol import (
     check_prune,
     check_queue_name,
     check_unique,
+    created_item,
+    new_item_ids,
     plan_batch,
+    repeated_id,
     storable_text,
     unstorable_outcome,
 )
@@ -76,6 +78,7 @@ Row = Any
 """A row as the driver returns it, read by column name (``sqlite3.Row``, a psycopg dict)."""
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
 
 
 def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
@@ -159,6 +162,10 @@ class SQLQueue(SingleWrites):
         """The "now" parameter of a statement (PostgreSQL: None for the database's clock)."""
         raise NotImplementedError  # pragma: no cover
 
+    def _clock_now(self) -> dt.datetime:
+        """The queue's clock's "now" (new item ids start with it)."""
+        raise NotImplementedError  # pragma: no cover
+
     def _time(self, value: dt.datetime) -> Any:
         """A datetime as a statement parameter."""
         raise NotImplementedError  # pragma: no cover
@@ -219,9 +226,15 @@ class SQLQueue(SingleWrites):
         row factory (the application's connection may have none)."""
         raise NotImplementedError  # pragma: no cover
 
-    def _insert_rows(self, cur: Any, params: Sequence[dict[str, Any]], now: Any) -> list[Row]:
-        """Insert the items of *params* (``ON CONFLICT (idempotency_key) DO NOTHING``); the
-        rows inserted, each with ``due_now``."""
+    def _insert_rows(self, cur: Any, params: Sequence[dict[str, Any]], *, keyed: bool) -> int:
+        """Insert the items of *params* (``ON CONFLICT (idempotency_key) DO NOTHING`` if any
+        is *keyed*; without keys no conflict is possible, and the plain insert is faster); how
+        many rows were inserted."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _statement_now(self, cur: Any, now: Any) -> dt.datetime:
+        """What "now" the statements of the transaction on *cur* use, as a datetime (PostgreSQL
+        asks the database when it keeps the time)."""
         raise NotImplementedError  # pragma: no cover
 
     def _notify(self, conn: Any, spec_ids: Sequence[str]) -> None:
@@ -337,17 +350,18 @@ class SQLQueue(SingleWrites):
         sent, repeats = plan_batch(checked)
         now = self._now()
         params = []
+        ids = iter(new_item_ids(self._clock_now(), len(sent)))
         for index in sent:
             entry = checked[index]
             scope, seconds = check_unique(entry.unique, entry.idempotency_key)
             timeout = entry.evaluation_timeout
             params.append(
                 {
-                    "id": uuid.uuid4().hex if entry.item_id is None else entry.item_id,
+                    "id": next(ids) if entry.item_id is None else entry.item_id,
                     "spec_id": entry.spec_id,
                     "tenant_id": entry.tenant_id,
                     "subject_id": entry.subject_id,
-                    "config": json.dumps(entry.config),
+                    "config": "{}" if entry.config is None else json.dumps(entry.config),
                     "due_at": now if entry.due_at is None else self._time(entry.due_at),
                     "idempotency_key": entry.idempotency_key,
                     "now": now,
@@ -399,13 +413,16 @@ class SQLQueue(SingleWrites):
         """Write a prepared batch on *conn* (see :meth:`_enqueue_rows`)."""
         queries, params, now = self._queries, batch.params, batch.now
         cur = self._cursor(conn)
-        found: dict[int, tuple[Row, bool]] = {}
-        """Position in ``params`` -> (row, created)."""
+        found: dict[int, Row] = {}
+        """Position in ``params`` -> the row of the existing item holding its key."""
         pending = list(range(len(params)))
-        keyed = [pos for pos in pending if params[pos]["idempotency_key"] is not None]
+        keyed = any(each["idempotency_key"] is not None for each in params)
         if keyed:
             pending = self._take_keys(cur, params, pending, found, now)
         explicit = [params[pos]["id"] for pos in pending if batch.entries[batch.sent[pos]].item_id]
+        twice = repeated_id(explicit)
+        if twice is not None:
+            raise DuplicateItem(twice)
         if explicit:
             taken = {
                 row["id"]
@@ -416,40 +433,52 @@ class SQLQueue(SingleWrites):
             for item_id in explicit:
                 if item_id in taken:
                     raise DuplicateItem(item_id)
+        written: set[int] = set()
         for _ in range(_MAX_KEY_ROUNDS):
             if not pending:
                 break
             try:
-                rows = self._insert_rows(cur, [params[pos] for pos in pending], now)
+                inserted = self._insert_rows(cur, [params[pos] for pos in pending], keyed=keyed)
             except Exception as error:
                 if self._is_duplicate(error) and explicit:  # taken since the check above
                     raise DuplicateItem(
                         explicit[0] if len(explicit) == 1 else ", ".join(explicit)
                     ) from error
                 raise
-            by_id = {row["id"]: row for row in rows}
-            missing = []
-            for pos in pending:
-                row = by_id.get(params[pos]["id"])
-                if row is None:
-                    missing.append(pos)
-                else:
-                    found[pos] = (row, True)
-            # Entries not written lost their key to another enqueuer since we looked: theirs
-            # win. Look again (and release again, should that holder have lapsed already).
-            pending = self._take_keys(cur, params, missing, found, now) if missing else []
+            if inserted == len(pending):
+                written.update(pending)
+                pending = []
+                break
+            # Some entries lost their key to another enqueuer since we looked: theirs win. Find
+            # which were written, then look again for the others' holders (and release again,
+            # should that holder have lapsed already).
+            ids = self._ids([params[pos]["id"] for pos in pending])
+            stored = {row["id"] for row in cur.execute(queries["existing_ids"], {"ids": ids})}
+            missing = [pos for pos in pending if params[pos]["id"] not in stored]
+            written.update(pos for pos in pending if params[pos]["id"] in stored)
+            pending = self._take_keys(cur, params, missing, found, now)
         if pending:  # pragma: no cover - the key changed hands five times during one enqueue
             key = params[pending[0]]["idempotency_key"]
             raise QueueError(f"the holder of idempotency key {key!r} kept changing; try again")
-        by_sent = {batch.sent[pos]: found[pos] for pos in range(len(params))}
-        results: list[Enqueued] = []
+        by_sent: dict[int, Enqueued] = {}
         due: set[str] = set()
+        created_at = self._statement_now(cur, now) if written else None
+        for pos, index in enumerate(batch.sent):
+            if pos in written:
+                assert created_at is not None
+                item = created_item(batch.entries[index], params[pos]["id"], created_at)
+                if item.due_at <= created_at:
+                    due.add(item.spec_id)
+                by_sent[index] = Enqueued(item=item, created=True)
+            else:
+                by_sent[index] = Enqueued(item=self._item(found[pos]), created=False)
+        results = []
         for index in range(len(batch.entries)):
-            row, created = by_sent[batch.repeats.get(index, index)]
-            created = created and index not in batch.repeats
-            results.append(Enqueued(item=self._item(row), created=created))
-            if created and row["due_now"]:
-                due.add(row["spec_id"])
+            first = batch.repeats.get(index)
+            if first is None:
+                results.append(by_sent[index])
+            else:
+                results.append(Enqueued(item=by_sent[first].item, created=False))
         return results, sorted(due)
 
     def _take_keys(
@@ -457,7 +486,7 @@ class SQLQueue(SingleWrites):
         cur: Any,
         params: Sequence[dict[str, Any]],
         positions: Sequence[int],
-        found: dict[int, tuple[Row, bool]],
+        found: dict[int, Row],
         now: Any,
     ) -> list[int]:
         """Release the lapsed holders of the keys at *positions* and record the live holders
@@ -475,7 +504,7 @@ class SQLQueue(SingleWrites):
             if holder is None:
                 left.append(pos)
             else:
-                found[pos] = (holder, False)
+                found[pos] = holder
         return left
 
     async def get_by_key(self, idempotency_key: str) -> WorkItem:

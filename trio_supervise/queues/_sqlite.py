@@ -55,6 +55,7 @@ DEFAULT_SQLITE_PATH = "trio_supervise.db"
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
 _Q = _sql.load_queries("sqlite")
+_ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue"])
 T = TypeVar("T")
 
 
@@ -373,6 +374,10 @@ class SQLiteQueue(SQLQueue):
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 
     _queries: ClassVar[Mapping[str, str]] = _Q
+
+    def _clock_now(self) -> dt.datetime:
+        return self._clock.now()
+
     _backend: ClassVar[_sql.Backend] = "sqlite"
     _first_cursor: ClassVar[int] = _MIN_US
     _no_limit: ClassVar[int] = -1
@@ -405,13 +410,14 @@ class SQLiteQueue(SQLQueue):
         return cur
 
     def _insert_rows(
-        self, cur: sqlite3.Cursor, params: Sequence[dict[str, Any]], now: int
-    ) -> list[Any]:
-        # executemany of one prepared INSERT is SQLite's fastest multi-row form (RETURNING does
-        # not work with it), then one read of the rows written, by id.
-        cur.executemany(_Q["enqueue"], params)
-        ids = json.dumps([each["id"] for each in params])
-        return cur.execute(_Q["enqueued"], {"ids": ids, "now": now}).fetchall()
+        self, cur: sqlite3.Cursor, params: Sequence[dict[str, Any]], *, keyed: bool
+    ) -> int:
+        # executemany of one prepared INSERT is SQLite's fastest multi-row form.
+        cur.executemany(_Q["enqueue"] if keyed else _ENQUEUE_UNKEYED, params)
+        return cur.rowcount
+
+    def _statement_now(self, cur: sqlite3.Cursor, now: int) -> dt.datetime:
+        return _from_us(now)
 
     def _renew_rows(
         self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int

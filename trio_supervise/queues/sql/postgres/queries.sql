@@ -26,7 +26,9 @@ SELECT pg_advisory_xact_lock(
 
 -- name: enqueue_many
 -- One statement for a whole batch: one array per column, one row per entry. An entry whose
--- idempotency key another item holds is skipped (DO NOTHING) and not returned.
+-- idempotency key another item holds is skipped (DO NOTHING). Nothing is returned: the queue
+-- knows what it wrote (the ids, and now() from statement_now). The text arrays
+-- travel in psycopg's binary format: as text, quoting 10,000 strings takes four times as long.
 INSERT INTO trio_supervise_items AS i (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
@@ -39,16 +41,19 @@ SELECT n.id, n.spec_id, n.tenant_id, n.subject_id, n.config::jsonb, 'queued',
     coalesce(%(now)s::timestamptz, now()) + n.period_us * interval '1 microsecond',
     n.concurrency_key, n.concurrency_limit
 FROM unnest(
-    %(ids)s::text[], %(spec_ids)s::text[], %(tenant_ids)s::text[], %(subject_ids)s::text[],
-    %(configs)s::text[], %(due_ats)s::timestamptz[], %(keys)s::text[], %(priorities)s::int[],
-    %(queues)s::text[], %(timeouts)s::float8[], %(scopes)s::text[], %(periods_us)s::bigint[],
-    %(concurrency_keys)s::text[], %(concurrency_limits)s::int[]
+    %(ids)b::text[], %(spec_ids)b::text[], %(tenant_ids)b::text[], %(subject_ids)b::text[],
+    %(configs)b::text[], %(due_ats)s::timestamptz[], %(keys)b::text[], %(priorities)s::int[],
+    %(queues)b::text[], %(timeouts)s::float8[], %(scopes)b::text[], %(periods_us)s::bigint[],
+    %(concurrency_keys)b::text[], %(concurrency_limits)s::int[]
 ) AS n(
     id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
     timeout, unique_scope, period_us, concurrency_key, concurrency_limit
 )
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *, i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: statement_now
+-- The transaction's now(): what the enqueue above stored as created_at.
+SELECT now() AS now;
 
 -- name: release_keys
 -- A key whose holder's scope has lapsed ('unfinished': the holder finished; 'period': past

@@ -33,11 +33,6 @@ INSERT INTO trio_supervise_items (
 )
 ON CONFLICT (idempotency_key) DO NOTHING;
 
--- name: enqueued
--- The rows just inserted, by id.
-SELECT *, due_at <= :now AS due_now FROM trio_supervise_items
-WHERE id IN (SELECT value FROM json_each(:ids));
-
 -- name: release_keys
 -- A key whose holder's scope has lapsed ('unfinished': the holder finished; 'period': past
 -- unique_until) moves to the holder's released_key, so the insert after it may take it.
