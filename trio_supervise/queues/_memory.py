@@ -317,6 +317,16 @@ class MemoryQueue(SingleWrites):
 
     # -- producing and inspecting ------------------------------------------------------------
 
+    def enqueue_on(self, conn: Any, spec_id: str, **kwargs: Any) -> WorkItem:
+        """Not offered: a memory queue has no transactions to join. Raises
+        :class:`NotImplementedError`; use :meth:`enqueue` (SQL backends: see
+        :meth:`SQLiteQueue.enqueue_on <trio_supervise.queues.SQLiteQueue.enqueue_on>`)."""
+        raise NotImplementedError(
+            "MemoryQueue has no transactions: enqueue_on needs a SQLite or PostgreSQL queue "
+            "whose database conn is connected to; with a memory queue, `await queue.enqueue(...)` "
+            "after your own commit"
+        )
+
     async def enqueue(
         self,
         spec_id: str,

@@ -194,6 +194,71 @@ class SQLQueue(SingleWrites):
 
     # -- producing and inspecting ------------------------------------------------------------
 
+    def _new_params(
+        self,
+        spec_id: str,
+        *,
+        config: JSONValue,
+        tenant_id: str,
+        subject_id: str,
+        due_at: dt.datetime | None,
+        item_id: str | None,
+        idempotency_key: str | None,
+        priority: int,
+        queue: str,
+        evaluation_timeout: float | None,
+    ) -> dict[str, Any]:
+        """The checked parameters of one new item's statements."""
+        config = check_new_item(
+            spec_id=spec_id,
+            config=config,
+            item_id=item_id,
+            tenant_id=tenant_id,
+            subject_id=subject_id,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            queue=queue,
+            timeout=evaluation_timeout,
+        )
+        now = self._now()
+        return {
+            "id": uuid.uuid4().hex if item_id is None else item_id,
+            "spec_id": spec_id,
+            "tenant_id": tenant_id,
+            "subject_id": subject_id,
+            "config": json.dumps(config),
+            "due_at": now if due_at is None else self._time(due_at),
+            "idempotency_key": idempotency_key,
+            "now": now,
+            "priority": priority,
+            "queue": queue,
+            "timeout": None if evaluation_timeout is None else float(evaluation_timeout),
+        }
+
+    def _enqueue_row(self, conn: Any, params: Mapping[str, Any]) -> tuple[Row, bool]:
+        """Insert one item on *conn*, in a transaction the caller holds: its row, and whether
+        it was created (False: an item with its idempotency key exists)."""
+        queries = self._queries
+        if params["idempotency_key"] is not None:
+            row = conn.execute(queries["get_by_key"], params).fetchone()
+            if row is not None:
+                return row, False
+        try:
+            row = conn.execute(queries["enqueue"], params).fetchone()
+        except Exception as error:
+            if self._is_duplicate(error):
+                raise DuplicateItem(params["id"]) from error
+            raise
+        if row is None:  # another enqueuer took the key since: theirs wins
+            existing = conn.execute(queries["get_by_key"], params).fetchone()
+            if existing is None:  # pragma: no cover - deleted in between
+                key = params["idempotency_key"]
+                raise QueueError(f"item with idempotency key {key!r} vanished")
+            return existing, False
+        if row["due_now"]:
+            self._notify(conn, [params["spec_id"]])
+        return row, True
+
     async def enqueue(
         self,
         spec_id: str,
@@ -208,59 +273,79 @@ class SQLQueue(SingleWrites):
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
     ) -> WorkItem:
-        config = check_new_item(
-            spec_id=spec_id,
+        params = self._new_params(
+            spec_id,
             config=config,
-            item_id=item_id,
             tenant_id=tenant_id,
             subject_id=subject_id,
+            due_at=due_at,
+            item_id=item_id,
             idempotency_key=idempotency_key,
             priority=priority,
             queue=queue,
-            timeout=evaluation_timeout,
+            evaluation_timeout=evaluation_timeout,
         )
-        item_id = uuid.uuid4().hex if item_id is None else item_id
-        now = self._now()
-        params = {
-            "id": item_id,
-            "spec_id": spec_id,
-            "tenant_id": tenant_id,
-            "subject_id": subject_id,
-            "config": json.dumps(config),
-            "due_at": now if due_at is None else self._time(due_at),
-            "idempotency_key": idempotency_key,
-            "now": now,
-            "priority": priority,
-            "queue": queue,
-            "timeout": None if evaluation_timeout is None else float(evaluation_timeout),
-        }
-        queries = self._queries
 
         def run(conn: Any) -> tuple[Row, bool]:
             with self._transaction(conn):
-                if idempotency_key is not None:
-                    row = conn.execute(queries["get_by_key"], params).fetchone()
-                    if row is not None:
-                        return row, False
-                try:
-                    row = conn.execute(queries["enqueue"], params).fetchone()
-                except Exception as error:
-                    if self._is_duplicate(error):
-                        raise DuplicateItem(item_id) from error
-                    raise
-                if row is None:  # another enqueuer took the key since: theirs wins
-                    existing = conn.execute(queries["get_by_key"], params).fetchone()
-                    if existing is None:  # pragma: no cover - deleted in between
-                        raise QueueError(f"item with idempotency key {idempotency_key!r} vanished")
-                    return existing, False
-                if row["due_now"]:
-                    self._notify(conn, [spec_id])
-                return row, True
+                return self._enqueue_row(conn, params)
 
         row, created = await self._run(run, retry=False)
         if created:
             self._changed()
         return self._item(row)
+
+    # -- the outbox: enqueue on the application's own transaction ----------------------------
+
+    def _outbox(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """Check the application's *conn* and hold a savepoint in its transaction around the
+        body, with the queue's row factory and schema (see ``_outbox.py``)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def enqueue_on(
+        self,
+        conn: Any,
+        spec_id: str,
+        *,
+        config: JSONValue = None,
+        tenant_id: str = "",
+        subject_id: str = "",
+        due_at: dt.datetime | None = None,
+        item_id: str | None = None,
+        idempotency_key: str | None = None,
+        priority: int = 0,
+        queue: str = DEFAULT_QUEUE,
+        evaluation_timeout: float | None = None,
+    ) -> WorkItem:
+        """Enqueue on the application's own open transaction on *conn*; blocking (run it in
+        a thread from Trio: ``await trio.to_thread.run_sync(...)``).
+
+        The item commits or rolls back with the application's transaction: this never commits
+        nor rolls it back. The arguments and the result are those of :meth:`enqueue`. Workers
+        learn of the item when the transaction commits, never before: PostgreSQL sends its
+        ``NOTIFY`` in the transaction (delivered at commit only); SQLite's
+        :meth:`wait_for_work` sees the commit through ``PRAGMA data_version``. If this raises,
+        nothing of the call is written and the transaction is still usable.
+
+        :param conn: a ``sqlite3.Connection`` to the queue's file, or a sync
+            ``psycopg.Connection`` to the queue's database, with a transaction open or about to
+            open (see the Queues guide, "Enqueue in your own transaction").
+        """
+        params = self._new_params(
+            spec_id,
+            config=config,
+            tenant_id=tenant_id,
+            subject_id=subject_id,
+            due_at=due_at,
+            item_id=item_id,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            queue=queue,
+            evaluation_timeout=evaluation_timeout,
+        )
+        with self._outbox(conn) as conn:
+            row, _ = self._enqueue_row(conn, params)
+            return self._item(row)
 
     async def get(self, item_id: str) -> WorkItem:
         query = self._queries["get"]
@@ -497,22 +582,38 @@ class SQLQueue(SingleWrites):
         return results
 
     async def _next_due(
-        self, spec_ids: Sequence[str], queues: Sequence[str] | None
-    ) -> tuple[Any, float]:
-        """The next claimable time (stored form) and how many seconds away it is."""
+        self, spec_ids: Sequence[str], queues: Sequence[str] | None, *, mark: bool = False
+    ) -> tuple[Any, float, Any]:
+        """The next claimable time (stored form), how many seconds away it is and, with
+        *mark*, the :meth:`_change_mark` read just before on the same connection."""
         params = {
             "spec_ids": self._ids(spec_ids),
             "queues": None if queues is None else self._ids(queues),
             "now": self._now(),
         }
         query = self._queries["next_due_at"]
-        row = await self._run(lambda conn: conn.execute(query, params).fetchone(), read=True)
-        return row["at"], row["wait"]
+
+        def run(conn: Any) -> tuple[Any, float, Any]:
+            seen = self._change_mark(conn) if mark else None
+            row = conn.execute(query, params).fetchone()
+            return row["at"], row["wait"], seen
+
+        return await self._run(run, read=True)
+
+    def _change_mark(self, conn: Any) -> Any:
+        """What :meth:`_wait_changed` compares to learn of other connections' commits (SQLite:
+        ``PRAGMA data_version``); None when only this process's writes wake waiters."""
+        return None
+
+    async def _wait_changed(self, generation: int, mark: Any) -> None:
+        """Return when this process wrote since *generation* (or, see :meth:`_change_mark`,
+        another connection committed since *mark*)."""
+        await self._changes.wait_value(_sql.other_than(generation))
 
     async def next_due_at(
         self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
     ) -> dt.datetime | None:
-        at, _ = await self._next_due(spec_ids, queues)
+        at, _, _ = await self._next_due(spec_ids, queues)
         return None if at is None else self._from_time(at)
 
     async def wait_for_work(
@@ -521,11 +622,11 @@ class SQLQueue(SingleWrites):
         self._before_wait()
         while True:
             generation = self._changes.value
-            at, wait = await self._next_due(spec_ids, queues)
+            at, wait, mark = await self._next_due(spec_ids, queues, mark=True)
             if at is not None and wait <= 0:
                 return
             with trio.move_on_after(float("inf") if at is None else wait):
-                await self._changes.wait_value(_sql.other_than(generation))
+                await self._wait_changed(generation, mark)
 
     # -- queues ------------------------------------------------------------------------------
 
