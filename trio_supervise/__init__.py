@@ -77,14 +77,17 @@ from .queues import DEFAULT_QUEUE as DEFAULT_QUEUE
 from .queues import MAX_ERRORS as MAX_ERRORS
 from .queues import MAX_PRIORITY as MAX_PRIORITY
 from .queues import MIN_PRIORITY as MIN_PRIORITY
+from .queues import Enqueued as Enqueued
 from .queues import ErrorEntry as ErrorEntry
 from .queues import ItemState as ItemState
 from .queues import Lease as Lease
 from .queues import LeaseStatus as LeaseStatus
 from .queues import MemoryQueue as MemoryQueue
+from .queues import NewItem as NewItem
 from .queues import QueueInfo as QueueInfo
 from .queues import SettleKind as SettleKind
 from .queues import Settlement as Settlement
+from .queues import UniqueScope as UniqueScope
 from .queues import WorkItem as WorkItem
 from .queues import WorkQueue as WorkQueue
 from .queues import migrate as migrate
@@ -108,6 +111,7 @@ __all__ = [
     "DriverError",
     "DriverRegistry",
     "DuplicateItem",
+    "Enqueued",
     "ErrorEntry",
     "EvaluationTimedOut",
     "ErrorRecord",
@@ -128,6 +132,7 @@ __all__ = [
     "MAINTENANCE_RESTART",
     "MaintenanceTask",
     "MemoryQueue",
+    "NewItem",
     "MissedFires",
     "OperationsApp",
     "Outcome",
@@ -154,6 +159,7 @@ __all__ = [
     "SettingsError",
     "SettleKind",
     "Settlement",
+    "UniqueScope",
     "Shutdown",
     "ShutdownOrder",
     "StartFailed",

@@ -47,12 +47,14 @@ class LeaseLost(SuperviseError):
 class ItemNotFound(SuperviseError, LookupError):
     """No item has that id."""
 
-    def __init__(self, item_id: str) -> None:
+    def __init__(self, item_id: str, by: str = "id") -> None:
         self.item_id = item_id
-        super().__init__(f"no item with id {item_id!r}")
+        self.by = by
+        """What was looked for: ``"id"``, or ``"idempotency key"`` (then *item_id* is the key)."""
+        super().__init__(f"no item with {by} {item_id!r}")
 
-    def __reduce__(self) -> tuple[type[ItemNotFound], tuple[str]]:
-        return (type(self), (self.item_id,))
+    def __reduce__(self) -> tuple[type[ItemNotFound], tuple[str, str]]:
+        return (type(self), (self.item_id, self.by))
 
 
 class DuplicateItem(SuperviseError):

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from trio_supervise import DuplicateItem, QueueError, SchemaError
-from trio_supervise.queues import ItemState, MemoryQueue, PostgresQueue, SQLiteQueue
+from trio_supervise.queues import ItemState, MemoryQueue, NewItem, PostgresQueue, SQLiteQueue
 
 from ..test_runner import Recorder, make_runner, running
 from .conftest import START, ManualClock, pg_schema
@@ -202,6 +202,37 @@ async def test_an_existing_key_returns_the_existing_item(
 
     assert await in_thread(again) == first
     assert len(await queue.list_items()) == 1
+
+
+async def test_a_batch_commits_or_rolls_back_whole(
+    outbox: tuple[SQLiteQueue | PostgresQueue, App],
+) -> None:
+    """enqueue_many_on says per entry whether it created the item or a key matched; the batch
+    is there after a commit and none of it after a rollback."""
+    queue, app = outbox
+    held = await queue.enqueue("ship", idempotency_key="order-1")
+    entries = [
+        NewItem(spec_id="ship", idempotency_key="order-1"),
+        NewItem(spec_id="ship", idempotency_key="order-2", config={"n": 2}),
+        NewItem(spec_id="bill", item_id="bill-2", unique="unfinished", idempotency_key="bill-2"),
+    ]
+
+    def batch(commit: bool) -> Any:
+        with app.connection() as conn:
+            app.insert_order(conn, 2)
+            done = queue.enqueue_many_on(conn, entries)
+            conn.commit() if commit else conn.rollback()
+        return done
+
+    await in_thread(lambda: batch(commit=False))
+    assert [item.id for item in await queue.list_items()] == [held.id]
+    done = await in_thread(lambda: batch(commit=True))
+    assert [each.created for each in done] == [False, True, True]
+    assert done[0].item == held
+    assert done[2].item.unique_scope == "unfinished"
+    assert {item.id for item in await queue.list_items()} == {held.id, done[1].item.id, "bill-2"}
+    assert await queue.get_by_key("order-2") == done[1].item
+    assert await in_thread(lambda: queue.enqueue_many_on(None, [])) == []
 
 
 async def test_bad_arguments_are_refused_before_anything_is_written(

@@ -12,14 +12,17 @@ from ._protocol import MAX_ERRORS as MAX_ERRORS
 from ._protocol import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from ._protocol import MAX_PRIORITY as MAX_PRIORITY
 from ._protocol import MIN_PRIORITY as MIN_PRIORITY
+from ._protocol import Enqueued as Enqueued
 from ._protocol import ErrorEntry as ErrorEntry
 from ._protocol import ItemState as ItemState
 from ._protocol import JSONValue as JSONValue
 from ._protocol import Lease as Lease
 from ._protocol import LeaseStatus as LeaseStatus
+from ._protocol import NewItem as NewItem
 from ._protocol import QueueInfo as QueueInfo
 from ._protocol import SettleKind as SettleKind
 from ._protocol import Settlement as Settlement
+from ._protocol import UniqueScope as UniqueScope
 from ._protocol import WorkItem as WorkItem
 from ._protocol import WorkQueue as WorkQueue
 from ._protocol import check_json as check_json
@@ -37,17 +40,20 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "QueueInfo",
+    "Enqueued",
     "ErrorEntry",
     "ItemState",
     "JSONValue",
     "Lease",
     "LeaseStatus",
     "MemoryQueue",
+    "NewItem",
     "PostgresQueue",
     "QueueEvent",
     "SQLiteQueue",
     "SettleKind",
     "Settlement",
+    "UniqueScope",
     "WorkItem",
     "WorkQueue",
     "check_json",

@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import itertools
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,20 +29,29 @@ from .._clock import Clock, TrioClock, utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
 from ._protocol import (
     DEFAULT_QUEUE,
+    SCOPE_PERIOD,
+    SCOPE_UNFINISHED,
+    Enqueued,
     ErrorEntry,
     ItemState,
     JSONValue,
     Lease,
     LeaseStatus,
+    NewItem,
     QueueInfo,
     SettleKind,
     Settlement,
     SingleWrites,
+    UniqueScope,
     WorkItem,
     append_error,
+    check_entries,
     check_json,
-    check_new_item,
     check_queue_name,
+    check_unique,
+    new_item_ids,
+    plan_batch,
+    repeated_id,
     replace_trusted,
     storable_text,
     unstorable_outcome,
@@ -94,6 +102,15 @@ def _with_error(item: WorkItem, now: dt.datetime, error: str | None) -> tuple[Er
     return append_error(item.errors, entry)
 
 
+def _lapsed(holder: WorkItem, now: dt.datetime) -> bool:
+    """True when *holder*'s uniqueness scope no longer holds its key (see ``UniqueScope``)."""
+    if holder.unique_scope == SCOPE_UNFINISHED:
+        return holder.state.finished
+    if holder.unique_scope == SCOPE_PERIOD:
+        return holder.unique_until is not None and holder.unique_until <= now
+    return False
+
+
 def _other_than(generation: int) -> Callable[[int], bool]:
     return lambda value: value != generation
 
@@ -107,6 +124,13 @@ def _check_duration(name: str, value: float, *, positive: bool = False) -> float
     return value
 
 
+_NO_TRANSACTIONS = (
+    "MemoryQueue has no transactions: {method} needs a SQLite or PostgreSQL queue in the "
+    "database conn is connected to; with a memory queue, `await queue.{async_}(...)` after "
+    "your own commit"
+)
+
+
 @attrs.define(eq=False)
 class MemoryQueue(SingleWrites):
     """The whole :class:`WorkQueue` protocol in memory; inspectable and resettable.
@@ -118,6 +142,9 @@ class MemoryQueue(SingleWrites):
     _clock: Clock = attrs.field(factory=TrioClock, alias="clock")
     _items: dict[str, WorkItem] = attrs.field(init=False, factory=dict)
     _keys: dict[str, str] = attrs.field(init=False, factory=dict)
+    """Idempotency key -> the id of the item holding it."""
+    _released: dict[str, list[str]] = attrs.field(init=False, factory=dict)
+    """Idempotency key -> the ids of the items that held it until their scope lapsed."""
     _versions: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
     _queued: dict[tuple[str, str, int], _Heap] = attrs.field(init=False, factory=dict)
     """Per ``(spec id, queue, priority)``, queued items by ``(due_at, id)`` (with stale entries;
@@ -158,6 +185,7 @@ class MemoryQueue(SingleWrites):
         """Forget every item and event."""
         self._items.clear()
         self._keys.clear()
+        self._released.clear()
         self._queued.clear()
         self._leased.clear()
         self._paused.clear()
@@ -321,10 +349,12 @@ class MemoryQueue(SingleWrites):
         """Not offered: a memory queue has no transactions to join. Raises
         :class:`NotImplementedError`; use :meth:`enqueue` (SQL backends: see
         :meth:`SQLiteQueue.enqueue_on <trio_supervise.queues.SQLiteQueue.enqueue_on>`)."""
+        raise NotImplementedError(_NO_TRANSACTIONS.format(method="enqueue_on", async_="enqueue"))
+
+    def enqueue_many_on(self, conn: Any, entries: Sequence[NewItem]) -> list[Enqueued]:
+        """Not offered either: see :meth:`enqueue_on`."""
         raise NotImplementedError(
-            "MemoryQueue has no transactions: enqueue_on needs a SQLite or PostgreSQL queue "
-            "whose database conn is connected to; with a memory queue, `await queue.enqueue(...)` "
-            "after your own commit"
+            _NO_TRANSACTIONS.format(method="enqueue_many_on", async_="enqueue_many")
         )
 
     async def enqueue(
@@ -340,45 +370,116 @@ class MemoryQueue(SingleWrites):
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
+        unique: UniqueScope = "forever",
     ) -> WorkItem:
-        await trio.lowlevel.checkpoint()
-        config = check_new_item(
+        entry = NewItem(
             spec_id=spec_id,
             config=config,
-            item_id=item_id,
             tenant_id=tenant_id,
             subject_id=subject_id,
+            due_at=due_at,
+            item_id=item_id,
             idempotency_key=idempotency_key,
             priority=priority,
             queue=queue,
-            timeout=evaluation_timeout,
+            evaluation_timeout=evaluation_timeout,
+            unique=unique,
         )
-        if idempotency_key is not None and idempotency_key in self._keys:
-            return self._items[self._keys[idempotency_key]]
-        item_id = uuid.uuid4().hex if item_id is None else item_id
-        if item_id in self._items:
-            raise DuplicateItem(item_id)
+        [done] = await self.enqueue_many([entry])
+        return done.item
+
+    def _holder(self, key: str, now: dt.datetime) -> WorkItem | None:
+        """The item holding *key*, unless its scope has lapsed (then the key is free)."""
+        holder_id = self._keys.get(key)
+        if holder_id is None:
+            return None
+        holder = self._items.get(holder_id)
+        if holder is None or _lapsed(holder, now):
+            return None
+        return holder
+
+    def _release(self, key: str) -> None:
+        """Move *key* from its lapsed holder to the holder's ``released_key``."""
+        holder_id = self._keys.pop(key, None)
+        holder = None if holder_id is None else self._items.get(holder_id)
+        if holder is None:
+            return
+        # Not a change of state: updated_at (which retention reads) stays as it was.
+        self._store(replace_trusted(holder, idempotency_key=None, released_key=key))
+        self._released.setdefault(key, []).append(holder.id)
+
+    async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
+        await trio.lowlevel.checkpoint()
+        checked = check_entries(entries)
+        sent, repeats = plan_batch(checked)
         now = self._now()
-        item = WorkItem(
-            id=item_id,
-            spec_id=spec_id,
-            tenant_id=tenant_id,
-            subject_id=subject_id,
-            config=config,
-            due_at=now if due_at is None else due_at,
-            idempotency_key=idempotency_key,
+        # Plan every write first, so a refused entry leaves the queue as it was.
+        existing: dict[int, WorkItem] = {}
+        for index in sent:
+            key = checked[index].idempotency_key
+            if key is not None and (holder := self._holder(key, now)) is not None:
+                existing[index] = holder
+        written = [checked[index].item_id for index in sent if index not in existing]
+        twice = repeated_id(written)
+        if twice is not None:
+            raise DuplicateItem(twice)
+        for explicit in written:
+            if explicit is not None and explicit in self._items:
+                raise DuplicateItem(explicit)
+        results: dict[int, Enqueued] = {}
+        ids = iter(new_item_ids(now, len(sent)))
+        for index in sent:
+            if index in existing:
+                results[index] = Enqueued(item=existing[index], created=False)
+                continue
+            entry = checked[index]
+            item = self._new_item(entry, now, next(ids))
+            if entry.idempotency_key is not None:
+                if entry.idempotency_key in self._keys:
+                    self._release(entry.idempotency_key)
+                self._keys[entry.idempotency_key] = item.id
+            self._store(item)
+            self._log("enqueue", item.id, at=now, spec_id=item.spec_id)
+            results[index] = Enqueued(item=item, created=True)
+        for index, first in repeats.items():
+            results[index] = Enqueued(item=results[first].item, created=False)
+        if any(done.created for done in results.values()):
+            self._changed()
+        return [results[index] for index in range(len(checked))]
+
+    def _new_item(self, entry: NewItem, now: dt.datetime, new_id: str) -> WorkItem:
+        scope, seconds = check_unique(entry.unique, entry.idempotency_key)
+        timeout = entry.evaluation_timeout
+        return WorkItem(
+            id=new_id if entry.item_id is None else entry.item_id,
+            spec_id=entry.spec_id,
+            tenant_id=entry.tenant_id,
+            subject_id=entry.subject_id,
+            config={} if entry.config is None else entry.config,
+            due_at=now if entry.due_at is None else entry.due_at,
+            idempotency_key=entry.idempotency_key,
             created_at=now,
             updated_at=now,
-            priority=priority,
-            queue=queue,
-            timeout=None if evaluation_timeout is None else float(evaluation_timeout),
+            priority=entry.priority,
+            queue=entry.queue,
+            timeout=None if timeout is None else float(timeout),
+            unique_scope=scope,
+            unique_until=None if seconds is None else now + dt.timedelta(seconds=seconds),
         )
-        self._store(item)
-        if idempotency_key is not None:
-            self._keys[idempotency_key] = item_id
-        self._log("enqueue", item_id, spec_id=spec_id)
-        self._changed()
-        return item
+
+    async def get_by_key(self, idempotency_key: str) -> WorkItem:
+        await trio.lowlevel.checkpoint()
+        holder_id = self._keys.get(idempotency_key)
+        if holder_id is not None and holder_id in self._items:
+            return self._items[holder_id]
+        released = [
+            self._items[each]
+            for each in self._released.get(idempotency_key, ())
+            if each in self._items and self._items[each].released_key == idempotency_key
+        ]
+        if not released:
+            raise ItemNotFound(idempotency_key, "idempotency key")
+        return max(released, key=lambda item: (item.created_at, item.id))
 
     async def get(self, item_id: str) -> WorkItem:
         await trio.lowlevel.checkpoint()

@@ -20,8 +20,8 @@ the call in a savepoint; they never commit or roll back the application's transa
 
 Either way the call runs in a savepoint: when it raises (a :class:`DuplicateItem`, a bad
 value), nothing of it is written and the application's transaction is still usable (on
-PostgreSQL an error would otherwise abort it). Rows are read by column name whatever row
-factory the application's connection has: it is swapped for the call and restored.
+PostgreSQL an error would otherwise abort it). Rows are read through cursors of the queue's
+own row factory: the application's connection keeps its own.
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ _SAVEPOINT = "trio_supervise_enqueue"
 
 def _sqlite_file(conn: sqlite3.Connection) -> str:
     """The file of *conn*'s main database ('' for an in-memory or temporary one)."""
-    for row in conn.execute("PRAGMA database_list").fetchall():
+    cur = conn.cursor()
+    cur.row_factory = None  # plain tuples, whatever the application's factory
+    for row in cur.execute("PRAGMA database_list").fetchall():
         if row[1] == "main":
             return str(row[2] or "")
     return ""  # pragma: no cover - every connection has a main database
@@ -95,19 +97,14 @@ def sqlite_savepoint(
             )
         level = (conn.isolation_level or "").upper()
         conn.execute("BEGIN EXCLUSIVE" if level == "EXCLUSIVE" else "BEGIN IMMEDIATE")
-    factory = conn.row_factory
-    conn.row_factory = sqlite3.Row
+    conn.execute(f"SAVEPOINT {_SAVEPOINT}")
     try:
-        conn.execute(f"SAVEPOINT {_SAVEPOINT}")
-        try:
-            yield conn
-        except Exception:
-            conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
-            conn.execute(f"RELEASE {_SAVEPOINT}")
-            raise
+        yield conn
+    except Exception:
+        conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
         conn.execute(f"RELEASE {_SAVEPOINT}")
-    finally:
-        conn.row_factory = factory
+        raise
+    conn.execute(f"RELEASE {_SAVEPOINT}")
 
 
 @contextlib.contextmanager
@@ -140,32 +137,29 @@ def psycopg_savepoint(
             "conn has no transaction open and is in autocommit mode: enqueue_on would commit "
             "the item at once; call it inside `with conn.transaction():`"
         )
-    factory = conn.row_factory
-    conn.row_factory = dict_row
-    try:
-        # The first statement also opens the transaction of a non-autocommit connection, so
-        # conn.transaction() below is a savepoint in it, never a transaction of its own.
-        row = conn.execute(
+    # The first statement also opens the transaction of a non-autocommit connection, so
+    # conn.transaction() below is a savepoint in it, never a transaction of its own.
+    row = (
+        conn.cursor(row_factory=dict_row)
+        .execute(
             "SELECT current_setting('search_path') AS old, "
             "to_regclass(coalesce(%(schema)s || '.', '') || 'trio_supervise_items') "
             "IS NOT NULL AS present",
             {"schema": schema},
-        ).fetchone()
-        assert row is not None
-        if not row["present"]:
-            place = "its search_path" if schema is None else f"schema {schema}"
-            raise SchemaError(
-                f"conn's database has no queue table in {place}: it must be connected to the "
-                f"queue's database ({where})"
-            )
-        with conn.transaction():
-            if schema is None:
-                yield conn
-            else:
-                conn.execute("SELECT set_config('search_path', %(path)s, true)", {"path": schema})
-                yield conn
-                conn.execute(
-                    "SELECT set_config('search_path', %(path)s, true)", {"path": row["old"]}
-                )
-    finally:
-        conn.row_factory = factory
+        )
+        .fetchone()
+    )
+    assert row is not None
+    if not row["present"]:
+        place = "its search_path" if schema is None else f"schema {schema}"
+        raise SchemaError(
+            f"conn's database has no queue table in {place}: it must be connected to the "
+            f"queue's database ({where})"
+        )
+    with conn.transaction():
+        if schema is None:
+            yield conn
+        else:
+            conn.execute("SELECT set_config('search_path', %(path)s, true)", {"path": schema})
+            yield conn
+            conn.execute("SELECT set_config('search_path', %(path)s, true)", {"path": row["old"]})

@@ -460,6 +460,10 @@ class PostgresQueue(SQLQueue):
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 
     _queries: ClassVar[Mapping[str, str]] = _Q
+
+    def _clock_now(self) -> dt.datetime:
+        return self._clock.now()
+
     _backend: ClassVar[_sql.Backend] = "postgres"
     _first_cursor: ClassVar[dt.datetime] = _MIN_TIME
 
@@ -492,6 +496,31 @@ class PostgresQueue(SQLQueue):
 
     def _data_errors(self) -> tuple[type[Exception], ...]:
         return _data_errors()
+
+    def _cursor(self, conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
+        from psycopg.rows import dict_row
+
+        return conn.cursor(row_factory=dict_row)
+
+    def _insert_rows(
+        self, cur: psycopg.Cursor[Row], params: Sequence[dict[str, Any]], now: Any
+    ) -> list[Row]:
+        arrays = {
+            "ids": [each["id"] for each in params],
+            "spec_ids": [each["spec_id"] for each in params],
+            "tenant_ids": [each["tenant_id"] for each in params],
+            "subject_ids": [each["subject_id"] for each in params],
+            "configs": [each["config"] for each in params],
+            "due_ats": [each["due_at"] for each in params],
+            "keys": [each["idempotency_key"] for each in params],
+            "priorities": [each["priority"] for each in params],
+            "queues": [each["queue"] for each in params],
+            "timeouts": [each["timeout"] for each in params],
+            "scopes": [each["unique_scope"] for each in params],
+            "periods_us": [each["period_us"] for each in params],
+            "now": now,
+        }
+        return cur.execute(_Q["enqueue_many"], arrays).fetchall()
 
     def _renew_rows(
         self, conn: psycopg.Connection[Row], leases: Sequence[Lease], lease_us: int, now: Any

@@ -13,7 +13,13 @@ in each backend:
 - the two batched statements, where one statement per row (SQLite) and one ``unnest``
   statement (PostgreSQL) are each the fast form (:meth:`SQLQueue._renew_rows`,
   :meth:`SQLQueue._settle_rows`);
-- wake-ups (:meth:`SQLQueue._notify`, :meth:`SQLQueue._before_wait`).
+- wake-ups (:meth:`SQLQueue._notify`, :meth:`SQLQueue._before_wait`);
+- the multi-row insert of new items (:meth:`SQLQueue._insert_rows`) and a cursor with rows
+  read by column name on any connection, the application's too (:meth:`SQLQueue._cursor`).
+
+Enqueueing is written once as a synchronous core, :meth:`SQLQueue._enqueue_rows`, that runs in
+a transaction its caller holds: the queue's own :meth:`SQLQueue.enqueue_many` on its
+connection, or the application's code on the application's own connection.
 
 Every statement runs inside :meth:`SQLQueue._transaction` on the connection it was given.
 """
@@ -23,41 +29,52 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
+import attrs
 import trio
 
+from .._clock import utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost, QueueError
 from . import _sql
 from ._protocol import (
     DEFAULT_QUEUE,
     MAX_ERRORS,
+    Enqueued,
     ErrorEntry,
     ItemState,
     JSONValue,
     Lease,
     LeaseStatus,
+    NewItem,
     QueueInfo,
     SettleKind,
     Settlement,
     SingleWrites,
+    UniqueScope,
     WorkItem,
+    check_entries,
     check_json,
-    check_new_item,
     check_queue_name,
+    check_unique,
+    new_item_ids,
+    plan_batch,
+    repeated_id,
+    replace_trusted,
     storable_text,
     unstorable_outcome,
 )
 
-__all__ = ["SQLQueue", "SettleEntry"]
+__all__ = ["EnqueueBatch", "SQLQueue", "SettleEntry"]
 
 T = TypeVar("T")
 Row = Any
 """A row as the driver returns it, read by column name (``sqlite3.Row``, a psycopg dict)."""
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_NEW = WorkItem(id="", spec_id="", due_at=_EPOCH, created_at=_EPOCH, updated_at=_EPOCH)
+"""The defaults of a new item, which :meth:`SQLQueue._created_item` fills in."""
 
 
 def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
@@ -78,6 +95,27 @@ _STATES = {str(state): state for state in ItemState}
 
 SettleEntry = tuple[int, Settlement, dict[str, Any]]
 """One settlement on its way to the database: its position, itself, its converted values."""
+
+
+@attrs.frozen
+class EnqueueBatch:
+    """A checked batch of new items, converted for the database (:meth:`SQLQueue._prepare`)."""
+
+    entries: list[NewItem]
+    """Every entry, checked (configs are the checked copies)."""
+    sent: list[int]
+    """The indices of the entries to write (a repeated key is written once)."""
+    repeats: dict[int, int]
+    """Index of an entry repeating an earlier entry's key -> that entry's index."""
+    params: list[dict[str, Any]]
+    """One statement parameter dict per sent entry, in the order of ``sent``."""
+    now: Any
+    """The "now" parameter the batch was prepared with."""
+
+
+_MAX_KEY_ROUNDS = 5
+"""How often one enqueue looks again for a key's holder that changed under it (each round
+needs another transaction to take or release the key in between)."""
 
 
 class SQLQueue(SingleWrites):
@@ -109,6 +147,10 @@ class SQLQueue(SingleWrites):
 
     def _now(self) -> Any:
         """The "now" parameter of a statement (PostgreSQL: None for the database's clock)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _clock_now(self) -> dt.datetime:
+        """The queue's clock's "now" (new item ids start with it)."""
         raise NotImplementedError  # pragma: no cover
 
     def _time(self, value: dt.datetime) -> Any:
@@ -145,6 +187,17 @@ class SQLQueue(SingleWrites):
     def _settle_rows(self, conn: Any, entries: Sequence[SettleEntry], now: Any) -> list[Row]:
         """Apply *entries* fenced; the rows settled (``ord`` (1-based), ``spec_id``, ``state``,
         ``due_now``)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _cursor(self, conn: Any) -> Any:
+        """A cursor on *conn* whose rows are read by column name, whatever the connection's own
+        row factory (the application's connection may have none)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _insert_rows(self, cur: Any, params: Sequence[dict[str, Any]], now: Any) -> list[Row]:
+        """Insert the items of *params* (``ON CONFLICT (idempotency_key) DO NOTHING``); for
+        each row inserted, its ``id``, ``due_at``, ``created_at``, ``unique_until`` (stored
+        forms) and ``due_now``."""
         raise NotImplementedError  # pragma: no cover
 
     def _notify(self, conn: Any, spec_ids: Sequence[str]) -> None:
@@ -184,6 +237,9 @@ class SQLQueue(SingleWrites):
             timeout=row["timeout"],
             result=None if (result := row["result"]) is None else self._from_config(result),
             errors=_error_entries(self._from_config(row["errors"])),
+            unique_scope=row["unique_scope"],
+            unique_until=None if (until := row["unique_until"]) is None else self._from_time(until),
+            released_key=row["released_key"],
         )
 
     def _why(self, conn: Any, item_id: str) -> str:
@@ -193,71 +249,6 @@ class SQLQueue(SingleWrites):
         return f"item is {row['state']} at version {row['lease_version']}"
 
     # -- producing and inspecting ------------------------------------------------------------
-
-    def _new_params(
-        self,
-        spec_id: str,
-        *,
-        config: JSONValue,
-        tenant_id: str,
-        subject_id: str,
-        due_at: dt.datetime | None,
-        item_id: str | None,
-        idempotency_key: str | None,
-        priority: int,
-        queue: str,
-        evaluation_timeout: float | None,
-    ) -> dict[str, Any]:
-        """The checked parameters of one new item's statements."""
-        config = check_new_item(
-            spec_id=spec_id,
-            config=config,
-            item_id=item_id,
-            tenant_id=tenant_id,
-            subject_id=subject_id,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            queue=queue,
-            timeout=evaluation_timeout,
-        )
-        now = self._now()
-        return {
-            "id": uuid.uuid4().hex if item_id is None else item_id,
-            "spec_id": spec_id,
-            "tenant_id": tenant_id,
-            "subject_id": subject_id,
-            "config": json.dumps(config),
-            "due_at": now if due_at is None else self._time(due_at),
-            "idempotency_key": idempotency_key,
-            "now": now,
-            "priority": priority,
-            "queue": queue,
-            "timeout": None if evaluation_timeout is None else float(evaluation_timeout),
-        }
-
-    def _enqueue_row(self, conn: Any, params: Mapping[str, Any]) -> tuple[Row, bool]:
-        """Insert one item on *conn*, in a transaction the caller holds: its row, and whether
-        it was created (False: an item with its idempotency key exists)."""
-        queries = self._queries
-        if params["idempotency_key"] is not None:
-            row = conn.execute(queries["get_by_key"], params).fetchone()
-            if row is not None:
-                return row, False
-        try:
-            row = conn.execute(queries["enqueue"], params).fetchone()
-        except Exception as error:
-            if self._is_duplicate(error):
-                raise DuplicateItem(params["id"]) from error
-            raise
-        if row is None:  # another enqueuer took the key since: theirs wins
-            existing = conn.execute(queries["get_by_key"], params).fetchone()
-            if existing is None:  # pragma: no cover - deleted in between
-                key = params["idempotency_key"]
-                raise QueueError(f"item with idempotency key {key!r} vanished")
-            return existing, False
-        if row["due_now"]:
-            self._notify(conn, [params["spec_id"]])
-        return row, True
 
     async def enqueue(
         self,
@@ -272,9 +263,10 @@ class SQLQueue(SingleWrites):
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
+        unique: UniqueScope = "forever",
     ) -> WorkItem:
-        params = self._new_params(
-            spec_id,
+        entry = NewItem(
+            spec_id=spec_id,
             config=config,
             tenant_id=tenant_id,
             subject_id=subject_id,
@@ -284,15 +276,217 @@ class SQLQueue(SingleWrites):
             priority=priority,
             queue=queue,
             evaluation_timeout=evaluation_timeout,
+            unique=unique,
+        )
+        [done] = await self.enqueue_many([entry])
+        return done.item
+
+    async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
+        batch = self._prepare(entries)
+        if not batch.entries:
+            await trio.lowlevel.checkpoint()
+            return []
+
+        def run(conn: Any) -> list[Enqueued]:
+            with self._transaction(conn):
+                done, due = self._write_batch(conn, batch)
+                self._notify(conn, due)
+            return done
+
+        # Not retried on a dead connection: the commit may have landed (see _run).
+        done = await self._run(run, retry=False)
+        if any(each.created for each in done):
+            self._changed()
+        return done
+
+    def _prepare(self, entries: Sequence[NewItem]) -> EnqueueBatch:
+        """Check every entry and convert the ones to write; raises before anything is written."""
+        checked = check_entries(entries)
+        sent, repeats = plan_batch(checked)
+        now = self._now()
+        params = []
+        ids = iter(new_item_ids(self._clock_now(), len(sent)))
+        for index in sent:
+            entry = checked[index]
+            scope, seconds = check_unique(entry.unique, entry.idempotency_key)
+            timeout = entry.evaluation_timeout
+            params.append(
+                {
+                    "id": next(ids) if entry.item_id is None else entry.item_id,
+                    "spec_id": entry.spec_id,
+                    "tenant_id": entry.tenant_id,
+                    "subject_id": entry.subject_id,
+                    "config": "{}" if entry.config is None else json.dumps(entry.config),
+                    "due_at": now if entry.due_at is None else self._time(entry.due_at),
+                    "idempotency_key": entry.idempotency_key,
+                    "now": now,
+                    "priority": entry.priority,
+                    "queue": entry.queue,
+                    "timeout": None if timeout is None else float(timeout),
+                    "unique_scope": scope,
+                    "period_us": None if seconds is None else _sql.duration_us("unique", seconds),
+                }
+            )
+        return EnqueueBatch(checked, sent, repeats, params, now)
+
+    def _enqueue_rows(
+        self, conn: Any, entries: Sequence[NewItem]
+    ) -> tuple[list[Enqueued], list[str]]:
+        """Enqueue *entries* on *conn*, inside a transaction the caller holds.
+
+        The core of every enqueue: :meth:`enqueue_many` calls it on the queue's connection in
+        its own transaction; code that enqueues in the application's transaction calls it on
+        the application's connection (a ``psycopg.Connection`` for :class:`PostgresQueue`, a
+        ``sqlite3.Connection`` for :class:`SQLiteQueue`, with this queue's schema on its
+        ``search_path`` / in its file). Synchronous and blocking: from Trio, call it in a
+        thread. It reads rows through :meth:`_cursor`, so the connection's row factory does
+        not matter.
+
+        Contract:
+
+        - every entry is checked first (a bad one raises ``ConfigError``/``ValueError`` naming
+          its index and field) and nothing is executed then;
+        - it runs its statements on *conn* and neither commits, rolls back nor notifies; an
+          exception it raises (:class:`DuplicateItem` for an explicit item id that exists, a
+          driver error) leaves the caller's transaction to be rolled back: some of the batch
+          may have been written in it;
+        - it returns one :class:`Enqueued` per entry, in order, and the spec ids of the items
+          it created that are due now. The caller wakes waiters for those once the transaction
+          commits: ``queue._notify(conn, spec_ids)`` inside the transaction on PostgreSQL
+          (``NOTIFY`` is delivered at commit), and ``queue._changed()`` after the commit for
+          this process's own waiters (SQLite has only those).
+        - On PostgreSQL, at the default ``READ COMMITTED`` isolation, concurrent enqueuers of
+          one key create one item between them (the later ones wait for the first's commit
+          and find its item). At ``SERIALIZABLE`` or ``REPEATABLE READ`` a concurrent one may
+          fail with a serialization error instead, to be retried by the caller.
+        """
+        return self._write_batch(conn, self._prepare(entries))
+
+    def _write_batch(self, conn: Any, batch: EnqueueBatch) -> tuple[list[Enqueued], list[str]]:
+        """Write a prepared batch on *conn* (see :meth:`_enqueue_rows`)."""
+        queries, params, now = self._queries, batch.params, batch.now
+        cur = self._cursor(conn)
+        found: dict[int, tuple[Row, bool]] = {}
+        """Position in ``params`` -> (row, created)."""
+        pending = list(range(len(params)))
+        keyed = [pos for pos in pending if params[pos]["idempotency_key"] is not None]
+        if keyed:
+            pending = self._take_keys(cur, params, pending, found, now)
+        explicit = [params[pos]["id"] for pos in pending if batch.entries[batch.sent[pos]].item_id]
+        twice = repeated_id(explicit)
+        if twice is not None:
+            raise DuplicateItem(twice)
+        if explicit:
+            taken = {
+                row["id"]
+                for row in cur.execute(
+                    queries["existing_ids"], {"ids": self._ids(explicit)}
+                ).fetchall()
+            }
+            for item_id in explicit:
+                if item_id in taken:
+                    raise DuplicateItem(item_id)
+        for _ in range(_MAX_KEY_ROUNDS):
+            if not pending:
+                break
+            try:
+                rows = self._insert_rows(cur, [params[pos] for pos in pending], now)
+            except Exception as error:
+                if self._is_duplicate(error) and explicit:  # taken since the check above
+                    raise DuplicateItem(
+                        explicit[0] if len(explicit) == 1 else ", ".join(explicit)
+                    ) from error
+                raise
+            by_id = {row["id"]: row for row in rows}
+            missing = []
+            for pos in pending:
+                row = by_id.get(params[pos]["id"])
+                if row is None:
+                    missing.append(pos)
+                else:
+                    found[pos] = (row, True)
+            # Entries not written lost their key to another enqueuer since we looked: theirs
+            # win. Look again (and release again, should that holder have lapsed already).
+            pending = self._take_keys(cur, params, missing, found, now) if missing else []
+        if pending:  # pragma: no cover - the key changed hands five times during one enqueue
+            key = params[pending[0]]["idempotency_key"]
+            raise QueueError(f"the holder of idempotency key {key!r} kept changing; try again")
+        by_sent: dict[int, Enqueued] = {}
+        due: set[str] = set()
+        for pos, index in enumerate(batch.sent):
+            row, created = found[pos]
+            if created:
+                item = self._created_item(batch.entries[index], params[pos], row)
+                if row["due_now"]:
+                    due.add(item.spec_id)
+            else:
+                item = self._item(row)
+            by_sent[index] = Enqueued(item=item, created=created)
+        results = []
+        for index in range(len(batch.entries)):
+            first = batch.repeats.get(index)
+            if first is None:
+                results.append(by_sent[index])
+            else:
+                results.append(Enqueued(item=by_sent[first].item, created=False))
+        return results, sorted(due)
+
+    def _created_item(self, entry: NewItem, params: Mapping[str, Any], row: Row) -> WorkItem:
+        """The item just inserted from *entry*: its values as sent, the times *row* returned
+        (``id``, ``due_at``, ``created_at``, ``unique_until``), without reading it back."""
+        created = utc(self._from_time(row["created_at"]))
+        until = row["unique_until"]
+        return replace_trusted(
+            _NEW,
+            id=row["id"],
+            spec_id=entry.spec_id,
+            tenant_id=entry.tenant_id,
+            subject_id=entry.subject_id,
+            config={} if entry.config is None else entry.config,
+            due_at=utc(self._from_time(row["due_at"])),
+            idempotency_key=entry.idempotency_key,
+            created_at=created,
+            updated_at=created,
+            priority=entry.priority,
+            queue=entry.queue,
+            timeout=params["timeout"],
+            unique_scope=params["unique_scope"],
+            unique_until=None if until is None else utc(self._from_time(until)),
         )
 
-        def run(conn: Any) -> tuple[Row, bool]:
-            with self._transaction(conn):
-                return self._enqueue_row(conn, params)
+    def _take_keys(
+        self,
+        cur: Any,
+        params: Sequence[dict[str, Any]],
+        positions: Sequence[int],
+        found: dict[int, tuple[Row, bool]],
+        now: Any,
+    ) -> list[int]:
+        """Release the lapsed holders of the keys at *positions* and record the live holders
+        in *found*; the positions left to insert."""
+        queries = self._queries
+        keys = self._ids(sorted({params[pos]["idempotency_key"] for pos in positions} - {None}))
+        cur.execute(queries["release_keys"], {"keys": keys, "now": now})
+        holders = {
+            row["idempotency_key"]: row
+            for row in cur.execute(queries["holders"], {"keys": keys}).fetchall()
+        }
+        left = []
+        for pos in positions:
+            holder = holders.get(params[pos]["idempotency_key"])
+            if holder is None:
+                left.append(pos)
+            else:
+                found[pos] = (holder, False)
+        return left
 
-        row, created = await self._run(run, retry=False)
-        if created:
-            self._changed()
+    async def get_by_key(self, idempotency_key: str) -> WorkItem:
+        query = self._queries["get_by_key"]
+        row = await self._run(
+            lambda conn: conn.execute(query, {"key": idempotency_key}).fetchone(), read=True
+        )
+        if row is None:
+            raise ItemNotFound(idempotency_key, "idempotency key")
         return self._item(row)
 
     # -- the outbox: enqueue on the application's own transaction ----------------------------
@@ -316,23 +510,25 @@ class SQLQueue(SingleWrites):
         priority: int = 0,
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
+        unique: UniqueScope = "forever",
     ) -> WorkItem:
-        """Enqueue on the application's own open transaction on *conn*; blocking (run it in
-        a thread from Trio: ``await trio.to_thread.run_sync(...)``).
+        """Enqueue on the application's own open transaction on *conn*; blocking (from Trio,
+        call it in a thread: ``await trio.to_thread.run_sync(...)``).
 
         The item commits or rolls back with the application's transaction: this never commits
-        nor rolls it back. The arguments and the result are those of :meth:`enqueue`. Workers
-        learn of the item when the transaction commits, never before: PostgreSQL sends its
-        ``NOTIFY`` in the transaction (delivered at commit only); SQLite's
-        :meth:`wait_for_work` sees the commit through ``PRAGMA data_version``. If this raises,
-        nothing of the call is written and the transaction is still usable.
+        it nor rolls it back. The arguments and the result are those of :meth:`enqueue`
+        (:meth:`enqueue_many_on` for several, and to learn whether a key matched). Workers
+        learn of the item when the transaction commits, never before: PostgreSQL's ``NOTIFY``
+        is sent in the transaction (and delivered at commit only); SQLite's
+        :meth:`wait_for_work` sees the commit through ``PRAGMA data_version``. If this
+        raises, nothing of the call is written and the transaction is still usable.
 
         :param conn: a ``sqlite3.Connection`` to the queue's file, or a sync
-            ``psycopg.Connection`` to the queue's database, with a transaction open or about to
-            open (see the Queues guide, "Enqueue in your own transaction").
+            ``psycopg.Connection`` to the queue's database, with a transaction open or about
+            to open (see the Queues guide, "Enqueue in your own transaction").
         """
-        params = self._new_params(
-            spec_id,
+        entry = NewItem(
+            spec_id=spec_id,
             config=config,
             tenant_id=tenant_id,
             subject_id=subject_id,
@@ -342,10 +538,22 @@ class SQLQueue(SingleWrites):
             priority=priority,
             queue=queue,
             evaluation_timeout=evaluation_timeout,
+            unique=unique,
         )
+        [done] = self.enqueue_many_on(conn, [entry])
+        return done.item
+
+    def enqueue_many_on(self, conn: Any, entries: Sequence[NewItem]) -> list[Enqueued]:
+        """:meth:`enqueue_many` on the application's own open transaction on *conn*: one
+        :class:`Enqueued` per entry, in order; see :meth:`enqueue_on`. Every entry is checked
+        before anything is sent on *conn*; if this raises, none of the batch is written."""
+        batch = self._prepare(entries)
+        if not batch.entries:
+            return []
         with self._outbox(conn) as conn:
-            row, _ = self._enqueue_row(conn, params)
-            return self._item(row)
+            done, due = self._write_batch(conn, batch)
+            self._notify(conn, due)
+        return done
 
     async def get(self, item_id: str) -> WorkItem:
         query = self._queries["get"]

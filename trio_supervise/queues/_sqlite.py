@@ -433,6 +433,10 @@ class SQLiteQueue(SQLQueue):
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 
     _queries: ClassVar[Mapping[str, str]] = _Q
+
+    def _clock_now(self) -> dt.datetime:
+        return self._clock.now()
+
     _backend: ClassVar[_sql.Backend] = "sqlite"
     _first_cursor: ClassVar[int] = _MIN_US
 
@@ -457,6 +461,32 @@ class SQLiteQueue(SQLQueue):
 
     def _data_errors(self) -> tuple[type[Exception], ...]:
         return _DATA_ERRORS
+
+    def _cursor(self, conn: sqlite3.Connection) -> sqlite3.Cursor:
+        cur = conn.cursor()
+        cur.row_factory = sqlite3.Row
+        return cur
+
+    def _insert_rows(
+        self, cur: sqlite3.Cursor, params: Sequence[dict[str, Any]], now: int
+    ) -> list[Any]:
+        # executemany of one prepared INSERT is SQLite's fastest multi-row form (RETURNING does
+        # not work with it). What it wrote is what was sent, so it is not read back, unless a
+        # row was skipped (another item holds its key): then the rows written are read by id.
+        cur.executemany(_Q["enqueue"], params)
+        if cur.rowcount == len(params):
+            return [
+                {
+                    "id": each["id"],
+                    "due_at": each["due_at"],
+                    "created_at": now,
+                    "unique_until": None if each["period_us"] is None else now + each["period_us"],
+                    "due_now": each["due_at"] <= now,
+                }
+                for each in params
+            ]
+        ids = json.dumps([each["id"] for each in params])
+        return cur.execute(_Q["enqueued"], {"ids": ids, "now": now}).fetchall()
 
     def _renew_rows(
         self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int

@@ -24,21 +24,53 @@ SELECT pg_advisory_xact_lock(
     hashtextextended('trio_supervise:migrate:' || coalesce(%(schema)s::text, current_schema(), ''), 0)
 );
 
--- name: enqueue
+-- name: enqueue_many
+-- One statement for a whole batch: one array per column, one row per entry. An entry whose
+-- idempotency key another item holds is skipped (DO NOTHING) and not returned.
 INSERT INTO trio_supervise_items AS i (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at, priority, queue, timeout
-) VALUES (
-    %(id)s, %(spec_id)s, %(tenant_id)s, %(subject_id)s, %(config)s::jsonb, 'queued',
-    coalesce(%(due_at)s::timestamptz, %(now)s::timestamptz, now()), %(idempotency_key)s,
+    created_at, updated_at, priority, queue, timeout, unique_scope, unique_until
+)
+SELECT n.id, n.spec_id, n.tenant_id, n.subject_id, n.config::jsonb, 'queued',
+    coalesce(n.due_at, %(now)s::timestamptz, now()), n.idempotency_key,
     coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-    %(priority)s, %(queue)s, %(timeout)s
+    n.priority, n.queue, n.timeout, n.unique_scope,
+    coalesce(%(now)s::timestamptz, now()) + n.period_us * interval '1 microsecond'
+FROM unnest(
+    %(ids)s::text[], %(spec_ids)s::text[], %(tenant_ids)s::text[], %(subject_ids)s::text[],
+    %(configs)s::text[], %(due_ats)s::timestamptz[], %(keys)s::text[], %(priorities)s::int[],
+    %(queues)s::text[], %(timeouts)s::float8[], %(scopes)s::text[], %(periods_us)s::bigint[]
+) AS n(
+    id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
+    timeout, unique_scope, period_us
 )
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *, i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+RETURNING i.id, i.due_at, i.created_at, i.unique_until,
+    i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+
+-- name: release_keys
+-- A key whose holder's scope has lapsed ('unfinished': the holder finished; 'period': past
+-- unique_until) moves to the holder's released_key, so the insert after it may take it. A
+-- concurrent enqueuer of the key waits here on the holder's row, then finds it released.
+UPDATE trio_supervise_items SET released_key = idempotency_key, idempotency_key = NULL
+WHERE idempotency_key = ANY(%(keys)s::text[])
+  AND (
+      (unique_scope = 'unfinished' AND state IN ('completed', 'cancelled', 'dead'))
+      OR (unique_scope = 'period' AND unique_until <= coalesce(%(now)s::timestamptz, now()))
+  );
+
+-- name: holders
+SELECT * FROM trio_supervise_items WHERE idempotency_key = ANY(%(keys)s::text[]);
+
+-- name: existing_ids
+SELECT id FROM trio_supervise_items WHERE id = ANY(%(ids)s::text[]);
 
 -- name: get_by_key
-SELECT * FROM trio_supervise_items WHERE idempotency_key = %(idempotency_key)s;
+-- The key's holder, else the newest item that held it.
+SELECT * FROM trio_supervise_items
+WHERE idempotency_key = %(key)s OR released_key = %(key)s
+ORDER BY idempotency_key IS NULL, created_at DESC, id DESC
+LIMIT 1;
 
 -- name: get
 SELECT * FROM trio_supervise_items WHERE id = %(id)s;

@@ -20,18 +20,46 @@ SELECT coalesce(max(version), 0) AS version FROM trio_supervise_schema_version;
 INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version, :now);
 
 -- name: enqueue
+-- Run with executemany, one parameter set per entry, in one transaction. An entry whose
+-- idempotency key another item holds is skipped (DO NOTHING).
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at, priority, queue, timeout
+    created_at, updated_at, priority, queue, timeout, unique_scope, unique_until
 ) VALUES (
     :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
-    :now, :now, :priority, :queue, :timeout
+    :now, :now, :priority, :queue, :timeout, :unique_scope, :now + :period_us
 )
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *, due_at <= :now AS due_now;
+ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: enqueued
+-- The rows just inserted, by id (when some of a batch were not).
+SELECT id, due_at, created_at, unique_until, due_at <= :now AS due_now
+FROM trio_supervise_items
+WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: release_keys
+-- A key whose holder's scope has lapsed ('unfinished': the holder finished; 'period': past
+-- unique_until) moves to the holder's released_key, so the insert after it may take it.
+UPDATE trio_supervise_items SET released_key = idempotency_key, idempotency_key = NULL
+WHERE idempotency_key IN (SELECT value FROM json_each(:keys))
+  AND (
+      (unique_scope = 'unfinished' AND state IN ('completed', 'cancelled', 'dead'))
+      OR (unique_scope = 'period' AND unique_until <= :now)
+  );
+
+-- name: holders
+SELECT * FROM trio_supervise_items
+WHERE idempotency_key IN (SELECT value FROM json_each(:keys));
+
+-- name: existing_ids
+SELECT id FROM trio_supervise_items WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: get_by_key
-SELECT * FROM trio_supervise_items WHERE idempotency_key = :idempotency_key;
+-- The key's holder, else the newest item that held it.
+SELECT * FROM trio_supervise_items
+WHERE idempotency_key = :key OR released_key = :key
+ORDER BY idempotency_key IS NULL, created_at DESC, id DESC
+LIMIT 1;
 
 -- name: get
 SELECT * FROM trio_supervise_items WHERE id = :id;

@@ -1,0 +1,165 @@
+"""Bulk enqueue (``enqueue_many``), run against every backend (memory, SQLite, PostgreSQL)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import trio
+
+from trio_supervise import ConfigError, DuplicateItem
+from trio_supervise.queues import Enqueued, ItemState, NewItem, WorkQueue
+
+from .conftest import START
+
+S = dt.timedelta(seconds=1)
+
+
+async def test_enqueue_many_creates_every_entry_in_order(queue: WorkQueue) -> None:
+    """Each entry becomes an item, reported in order with created=True, every field stored."""
+    entries = [
+        NewItem(spec_id="spec", config={"n": n}, priority=n, due_at=START + n * S) for n in range(5)
+    ]
+    done = await queue.enqueue_many(entries)
+    assert [each.created for each in done] == [True] * 5
+    assert [each.item.config for each in done] == [{"n": n} for n in range(5)]
+    assert [each.item.due_at for each in done] == [START + n * S for n in range(5)]
+    for each in done:
+        assert await queue.get(each.item.id) == each.item
+    assert await queue.counts() == {("spec", ItemState.QUEUED): 5}
+
+
+async def test_enqueue_many_of_nothing(queue: WorkQueue) -> None:
+    """An empty batch writes nothing and returns an empty list."""
+    assert await queue.enqueue_many([]) == []
+    assert await queue.counts() == {}
+
+
+async def test_enqueue_is_enqueue_many_of_one(queue: WorkQueue) -> None:
+    """``enqueue`` returns the item ``enqueue_many`` reports, new or existing."""
+    item = await queue.enqueue("spec", idempotency_key="k", item_id="a")
+    [again] = await queue.enqueue_many([NewItem(spec_id="spec", idempotency_key="k")])
+    assert again == Enqueued(item=item, created=False)
+    assert await queue.enqueue("spec", idempotency_key="k") == item
+
+
+async def test_keys_in_one_batch_first_wins(queue: WorkQueue) -> None:
+    """Entries repeating a key within the batch report the first entry's item, not created."""
+    done = await queue.enqueue_many(
+        [
+            NewItem(spec_id="spec", idempotency_key="k", config={"v": 1}),
+            NewItem(spec_id="spec", idempotency_key="other"),
+            NewItem(spec_id="spec", idempotency_key="k", config={"v": 2}),
+        ]
+    )
+    assert [each.created for each in done] == [True, True, False]
+    assert done[2].item == done[0].item
+    assert done[0].item.config == {"v": 1}
+    assert await queue.counts() == {("spec", ItemState.QUEUED): 2}
+
+
+async def test_existing_keys_are_reported_not_written(queue: WorkQueue) -> None:
+    """An entry whose key an existing item holds reports that item; the others are created."""
+    held = await queue.enqueue("spec", idempotency_key="k", config={"v": 1})
+    done = await queue.enqueue_many(
+        [
+            NewItem(spec_id="spec", config={"v": 2}),
+            NewItem(spec_id="spec", idempotency_key="k", config={"v": 3}),
+        ]
+    )
+    assert [each.created for each in done] == [True, False]
+    assert done[1].item == held
+    assert (await queue.get(held.id)).config == {"v": 1}
+
+
+async def test_an_existing_item_id_refuses_the_whole_batch(queue: WorkQueue) -> None:
+    """An explicit id that exists raises DuplicateItem naming it; nothing of the batch is
+    written."""
+    await queue.enqueue("spec", item_id="taken")
+    with pytest.raises(DuplicateItem, match="taken"):
+        await queue.enqueue_many(
+            [
+                NewItem(spec_id="spec", item_id="fresh"),
+                NewItem(spec_id="spec", item_id="taken"),
+            ]
+        )
+    assert await queue.counts() == {("spec", ItemState.QUEUED): 1}
+
+
+async def test_an_item_id_twice_in_a_batch_is_refused(queue: WorkQueue) -> None:
+    """Two entries with one explicit id raise DuplicateItem; nothing is written."""
+    with pytest.raises(DuplicateItem, match="twice"):
+        await queue.enqueue_many(
+            [NewItem(spec_id="spec", item_id="twice"), NewItem(spec_id="spec", item_id="twice")]
+        )
+    assert await queue.counts() == {}
+
+
+async def test_a_key_match_wins_over_an_existing_id(queue: WorkQueue) -> None:
+    """An entry whose key is held reports the holder, even if its explicit id exists too."""
+    held = await queue.enqueue("spec", item_id="a", idempotency_key="k")
+    [done] = await queue.enqueue_many([NewItem(spec_id="spec", item_id="a", idempotency_key="k")])
+    assert done == Enqueued(item=held, created=False)
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        (NewItem(spec_id=""), "spec_id"),
+        (NewItem(spec_id="spec", config={"x": object()}), "config"),
+        (NewItem(spec_id="spec", priority=1000), "priority"),
+        (NewItem(spec_id="spec", queue=""), "queue"),
+        (NewItem(spec_id="spec", due_at=dt.datetime(2030, 1, 1)), "due_at"),
+        (NewItem(spec_id="spec", evaluation_timeout=-1), "timeout"),
+        (NewItem(spec_id="spec", unique="sometimes", idempotency_key="k"), "unique"),  # type: ignore[arg-type]
+        (NewItem(spec_id="spec", unique="unfinished"), "unique"),
+        (NewItem(spec_id="spec", tenant_id="\x00"), "tenant_id"),
+    ],
+)
+async def test_a_bad_entry_names_its_index_and_field(
+    queue: WorkQueue, bad: NewItem, field: str
+) -> None:
+    """A bad entry raises ValueError (ConfigError for a config) naming its index and field;
+    nothing of the batch is written."""
+    with pytest.raises(ValueError, match=rf"^entry 2: .*{field}") as caught:
+        await queue.enqueue_many(
+            [NewItem(spec_id="spec"), NewItem(spec_id="spec", idempotency_key="k"), bad]
+        )
+    if field == "config":
+        assert isinstance(caught.value, ConfigError)
+    assert await queue.counts() == {}
+
+
+async def test_not_a_new_item_is_a_type_error(queue: WorkQueue) -> None:
+    """An entry that is not a NewItem raises TypeError naming its index."""
+    with pytest.raises(TypeError, match="entry 1"):
+        await queue.enqueue_many([NewItem(spec_id="spec"), {"spec_id": "spec"}])  # type: ignore[list-item]
+    assert await queue.counts() == {}
+
+
+async def test_one_batch_wakes_a_waiter(queue: WorkQueue) -> None:
+    """A waiter for a spec wakes when a batch makes one of its items due."""
+    woke = trio.Event()
+
+    async def waiter() -> None:
+        await queue.wait_for_work(["wanted"])
+        woke.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(0.05)
+        await queue.enqueue_many([NewItem(spec_id="other"), NewItem(spec_id="wanted")])
+        with trio.fail_after(10):
+            await woke.wait()
+
+
+async def test_a_big_batch(queue: WorkQueue) -> None:
+    """Thousands of entries in one call, with keys and ids, all land."""
+    entries = [
+        NewItem(spec_id="spec", item_id=f"id-{n:05}", idempotency_key=f"k-{n % 2500}")
+        for n in range(3000)
+    ]
+    done = await queue.enqueue_many(entries)
+    assert sum(each.created for each in done) == 2500
+    assert done[2500].item.id == "id-00000"
+    assert await queue.counts() == {("spec", ItemState.QUEUED): 2500}
