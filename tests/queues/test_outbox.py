@@ -70,7 +70,7 @@ async def open_outbox(
         async with await SQLiteQueue.connect(path, clock=clock) as queue:
             with sqlite3.connect(path) as conn:
                 conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
-            yield queue, App(backend, lambda: sqlite3.connect(path, timeout=5), "orders")
+            yield queue, App(backend, lambda: _sqlite_app_connection(path), "orders")
         return
     import psycopg
 
@@ -84,6 +84,11 @@ async def open_outbox(
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(f"CREATE TABLE {orders} (id integer PRIMARY KEY)")
             yield queue, App(backend, lambda: psycopg.connect(dsn), orders)
+
+
+def _sqlite_app_connection(path: Path) -> sqlite3.Connection:
+    # Trio's worker threads vary between calls: one thread at a time, not always the same one.
+    return sqlite3.connect(path, timeout=5, check_same_thread=False)
 
 
 def _unix_socket_dsn(dsn: str) -> str:
