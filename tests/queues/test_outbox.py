@@ -175,21 +175,33 @@ async def test_an_error_leaves_the_transaction_usable(
     outbox: tuple[SQLiteQueue | PostgresQueue, App],
 ) -> None:
     """A duplicate item id raises DuplicateItem, writes nothing of the call, and the business
-    write still commits (PostgreSQL would otherwise have aborted the transaction)."""
+    write still commits (PostgreSQL would otherwise have aborted the transaction); the
+    connection's search_path is its own again either way."""
     queue, app = outbox
     await queue.enqueue("ship", item_id="taken")
 
     def place_order() -> None:
         with app.connection() as conn:
             app.insert_order(conn, 1)
+            before = search_path(conn)
             with pytest.raises(DuplicateItem):
                 queue.enqueue_on(conn, "ship", item_id="taken")
+            assert search_path(conn) == before
+            queue.enqueue_on(conn, "ship", item_id="new")
+            assert search_path(conn) == before
             app.insert_order(conn, 2)
             conn.commit()
 
     await in_thread(place_order)
-    assert [item.id for item in await queue.list_items()] == ["taken"]
+    assert sorted(item.id for item in await queue.list_items()) == ["new", "taken"]
     assert app.orders_stored() == [1, 2]
+
+
+def search_path(conn: Any) -> str | None:
+    """PostgreSQL's search_path on *conn* (None on SQLite): the queue's schema must not stay."""
+    if isinstance(conn, sqlite3.Connection):
+        return None
+    return str(conn.execute("SHOW search_path").fetchone()[0])
 
 
 async def test_an_existing_key_returns_the_existing_item(

@@ -13,7 +13,10 @@ in each backend:
 - the two batched statements, where one statement per row (SQLite) and one ``unnest``
   statement (PostgreSQL) are each the fast form (:meth:`SQLQueue._renew_rows`,
   :meth:`SQLQueue._settle_rows`);
-- wake-ups (:meth:`SQLQueue._notify`, :meth:`SQLQueue._before_wait`);
+- wake-ups (:meth:`SQLQueue._notify`, :meth:`SQLQueue._before_wait`, and SQLite's look at
+  other connections' commits: :meth:`SQLQueue._change_mark`, :meth:`SQLQueue._wait_changed`);
+- how the application's own connection is checked and wrapped for :meth:`SQLQueue.enqueue_on`
+  (:meth:`SQLQueue._outbox`, see ``_outbox.py``);
 - the multi-row insert of new items (:meth:`SQLQueue._insert_rows`) and a cursor with rows
   read by column name on any connection, the application's too (:meth:`SQLQueue._cursor`).
 
