@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -342,6 +343,30 @@ async def _waits_for_the_commit(queue: SQLiteQueue | PostgresQueue, app: App) ->
                 await trio.sleep(0.01)
     assert woke[0] - committed < PROMPT
     assert [item.id for item in await queue.claim_due(["ship"], "w", 30, 5)] == ["order-1"]
+
+
+async def test_another_process_s_commit_wakes_a_sqlite_waiter(tmp_path: Path) -> None:
+    """The same look at data_version serves any other process's write: its enqueue wakes a
+    waiter here within moments, not at the end of a poll interval."""
+    path = tmp_path / "queue.db"
+    script = (
+        "import sys, trio\n"
+        "from trio_supervise.queues import SQLiteQueue\n"
+        "async def main():\n"
+        "    async with await SQLiteQueue.connect(sys.argv[1]) as queue:\n"
+        "        await queue.enqueue('ship', item_id='elsewhere')\n"
+        "trio.run(main)\n"
+    )
+    async with await SQLiteQueue.connect(path) as queue:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(queue.wait_for_work, ["ship"])
+                await trio.sleep(0.2)
+                await trio.run_process([sys.executable, "-c", script, str(path)])
+                done = trio.current_time()
+            woke = trio.current_time()
+        assert woke - done < PROMPT
+        assert (await queue.get("elsewhere")).spec_id == "ship"
 
 
 async def test_a_rollback_wakes_no_waiter(
