@@ -7,6 +7,7 @@ Each ``assert_type`` is a promise to users: change one only with a changelog ent
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, assert_type
@@ -15,7 +16,7 @@ import attrs
 import trio
 
 import trio_supervise as ts
-from trio_supervise.queues import WorkItem
+from trio_supervise.queues import SQLiteQueue, WorkItem
 
 
 @attrs.frozen
@@ -136,6 +137,13 @@ async def queue_api() -> None:
     memory = ts.MemoryQueue()
     assert_type(memory.clock, ts.Clock)
     assert_type(await ts.migrate("sqlite:///x.db"), int)
+
+
+async def outbox_api(conn: sqlite3.Connection) -> None:
+    async with await SQLiteQueue.connect("x.db") as queue:
+        assert_type(queue.enqueue_on(conn, "watering", config={"litres": 2}), WorkItem)
+        entries = [ts.NewItem(spec_id="watering", idempotency_key="k")]
+        assert_type(queue.enqueue_many_on(conn, entries), list[ts.Enqueued])
 
 
 async def supervision() -> None:

@@ -136,6 +136,13 @@ def _check_duration(name: str, value: float, *, positive: bool = False) -> float
     return value
 
 
+_NO_TRANSACTIONS = (
+    "MemoryQueue has no transactions: {method} needs a SQLite or PostgreSQL queue in the "
+    "database conn is connected to; with a memory queue, `await queue.{async_}(...)` after "
+    "your own commit"
+)
+
+
 @attrs.define(eq=False)
 class MemoryQueue(SingleWrites):
     """The whole :class:`WorkQueue` protocol in memory; inspectable and resettable.
@@ -454,6 +461,18 @@ class MemoryQueue(SingleWrites):
         self._log("fan_in", parent.id, parent.lease_version, at=now, child=item_id, left=left)
 
     # -- producing and inspecting ------------------------------------------------------------
+
+    def enqueue_on(self, conn: Any, spec_id: str, **kwargs: Any) -> WorkItem:
+        """Not offered: a memory queue has no transactions to join. Raises
+        :class:`NotImplementedError`; use :meth:`enqueue` (SQL backends: see
+        :meth:`SQLiteQueue.enqueue_on <trio_supervise.queues.SQLiteQueue.enqueue_on>`)."""
+        raise NotImplementedError(_NO_TRANSACTIONS.format(method="enqueue_on", async_="enqueue"))
+
+    def enqueue_many_on(self, conn: Any, entries: Sequence[NewItem]) -> list[Enqueued]:
+        """Not offered either: see :meth:`enqueue_on`."""
+        raise NotImplementedError(
+            _NO_TRANSACTIONS.format(method="enqueue_many_on", async_="enqueue_many")
+        )
 
     async def enqueue(
         self,

@@ -36,7 +36,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -47,6 +47,7 @@ import trio_util
 from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
+from ._outbox import psycopg_savepoint
 from ._protocol import MAX_ERRORS, JSONValue, Lease
 from ._sql import redact_dsn, scrub_dsn
 from ._sqlbase import SettleEntry, SQLQueue
@@ -433,6 +434,22 @@ class PostgresQueue(SQLQueue):
 
         try:
             return await trio.to_thread.run_sync(call, limiter=limiter)
+        except Exception as error:
+            mapped = _map_any(error, self._dsn)
+            if mapped is None:
+                raise
+            raise mapped from error
+
+    @contextlib.contextmanager
+    def _outbox(self, conn: Any) -> Iterator[psycopg.Connection[Row]]:
+        if self._closed:
+            raise QueueError(f"the PostgreSQL queue at {redact_dsn(self._dsn)} is closed")
+        where = redact_dsn(self._dsn)
+        if self._schema is not None:
+            where = f"{where}, schema {self._schema}"
+        try:
+            with psycopg_savepoint(conn, schema=self._schema, where=where) as conn:
+                yield conn
         except Exception as error:
             mapped = _map_any(error, self._dsn)
             if mapped is None:

@@ -15,7 +15,10 @@ in each backend:
 - the two batched statements, where one statement per row (SQLite) and one ``unnest``
   statement (PostgreSQL) are each the fast form (:meth:`SQLQueue._renew_rows`,
   :meth:`SQLQueue._settle_rows`);
-- wake-ups (:meth:`SQLQueue._notify`, :meth:`SQLQueue._before_wait`);
+- wake-ups (:meth:`SQLQueue._notify`, :meth:`SQLQueue._before_wait`, and SQLite's look at
+  other connections' commits: :meth:`SQLQueue._change_mark`, :meth:`SQLQueue._wait_changed`);
+- how the application's own connection is checked and wrapped for :meth:`SQLQueue.enqueue_on`
+  (:meth:`SQLQueue._outbox`, see ``_outbox.py``);
 - the multi-row insert of new items (:meth:`SQLQueue._insert_rows`) and a cursor with rows
   read by column name on any connection, the application's too (:meth:`SQLQueue._cursor`).
 
@@ -516,6 +519,72 @@ class SQLQueue(SingleWrites):
             raise ItemNotFound(idempotency_key, "idempotency key")
         return self._item(row)
 
+    # -- the outbox: enqueue on the application's own transaction ----------------------------
+
+    def _outbox(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """Check the application's *conn* and hold a savepoint in its transaction around the
+        body, with the queue's row factory and schema (see ``_outbox.py``)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def enqueue_on(
+        self,
+        conn: Any,
+        spec_id: str,
+        *,
+        config: JSONValue = None,
+        tenant_id: str = "",
+        subject_id: str = "",
+        due_at: dt.datetime | None = None,
+        item_id: str | None = None,
+        idempotency_key: str | None = None,
+        priority: int = 0,
+        queue: str = DEFAULT_QUEUE,
+        evaluation_timeout: float | None = None,
+        unique: UniqueScope = "forever",
+    ) -> WorkItem:
+        """Enqueue on the application's own open transaction on *conn*; blocking (from Trio,
+        call it in a thread: ``await trio.to_thread.run_sync(...)``).
+
+        The item commits or rolls back with the application's transaction: this never commits
+        it nor rolls it back. The arguments and the result are those of :meth:`enqueue`
+        (:meth:`enqueue_many_on` for several, and to learn whether a key matched). Workers
+        learn of the item when the transaction commits, never before: PostgreSQL's ``NOTIFY``
+        is sent in the transaction (and delivered at commit only); SQLite's
+        :meth:`wait_for_work` sees the commit through ``PRAGMA data_version``. If this
+        raises, nothing of the call is written and the transaction is still usable.
+
+        :param conn: a ``sqlite3.Connection`` to the queue's file, or a sync
+            ``psycopg.Connection`` to the queue's database, with a transaction open or about
+            to open (see the Queues guide, "Enqueue in your own transaction").
+        """
+        entry = NewItem(
+            spec_id=spec_id,
+            config=config,
+            tenant_id=tenant_id,
+            subject_id=subject_id,
+            due_at=due_at,
+            item_id=item_id,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            queue=queue,
+            evaluation_timeout=evaluation_timeout,
+            unique=unique,
+        )
+        [done] = self.enqueue_many_on(conn, [entry])
+        return done.item
+
+    def enqueue_many_on(self, conn: Any, entries: Sequence[NewItem]) -> list[Enqueued]:
+        """:meth:`enqueue_many` on the application's own open transaction on *conn*: one
+        :class:`Enqueued` per entry, in order; see :meth:`enqueue_on`. Every entry is checked
+        before anything is sent on *conn*; if this raises, none of the batch is written."""
+        batch = self._prepare(entries)
+        if not batch.entries:
+            return []
+        with self._outbox(conn) as conn:
+            done, due = self._write_batch(conn, batch)
+            self._notify(conn, due)
+        return done
+
     async def get(self, item_id: str) -> WorkItem:
         query = self._queries["get"]
         row = await self._run(
@@ -906,22 +975,38 @@ class SQLQueue(SingleWrites):
         return results
 
     async def _next_due(
-        self, spec_ids: Sequence[str], queues: Sequence[str] | None
-    ) -> tuple[Any, float]:
-        """The next claimable time (stored form) and how many seconds away it is."""
+        self, spec_ids: Sequence[str], queues: Sequence[str] | None, *, mark: bool = False
+    ) -> tuple[Any, float, Any]:
+        """The next claimable time (stored form), how many seconds away it is and, with
+        *mark*, the :meth:`_change_mark` read just before on the same connection."""
         params = {
             "spec_ids": self._ids(spec_ids),
             "queues": None if queues is None else self._ids(queues),
             "now": self._now(),
         }
         query = self._queries["next_due_at"]
-        row = await self._run(lambda conn: conn.execute(query, params).fetchone(), read=True)
-        return row["at"], row["wait"]
+
+        def run(conn: Any) -> tuple[Any, float, Any]:
+            seen = self._change_mark(conn) if mark else None
+            row = conn.execute(query, params).fetchone()
+            return row["at"], row["wait"], seen
+
+        return await self._run(run, read=True)
+
+    def _change_mark(self, conn: Any) -> Any:
+        """What :meth:`_wait_changed` compares to learn of other connections' commits (SQLite:
+        ``PRAGMA data_version``); None when only this process's writes wake waiters."""
+        return None
+
+    async def _wait_changed(self, generation: int, mark: Any) -> None:
+        """Return when this process wrote since *generation* (or, see :meth:`_change_mark`,
+        another connection committed since *mark*)."""
+        await self._changes.wait_value(_sql.other_than(generation))
 
     async def next_due_at(
         self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
     ) -> dt.datetime | None:
-        at, _ = await self._next_due(spec_ids, queues)
+        at, _, _ = await self._next_due(spec_ids, queues)
         return None if at is None else self._from_time(at)
 
     async def wait_for_work(
@@ -930,11 +1015,11 @@ class SQLQueue(SingleWrites):
         self._before_wait()
         while True:
             generation = self._changes.value
-            at, wait = await self._next_due(spec_ids, queues)
+            at, wait, mark = await self._next_due(spec_ids, queues, mark=True)
             if at is not None and wait <= 0:
                 return
             with trio.move_on_after(float("inf") if at is None else wait):
-                await self._changes.wait_value(_sql.other_than(generation))
+                await self._wait_changed(generation, mark)
 
     # -- queues ------------------------------------------------------------------------------
 

@@ -21,8 +21,13 @@ Several processes on one machine can share one file: the database is in WAL mode
 fails half-way on a lock upgrade. Times are stored as integer microseconds since the Unix
 epoch, so they sort and compare exactly and round-trip every ``datetime`` the clock returns.
 
-Wake-ups: writes in this process wake :meth:`SQLiteQueue.wait_for_work` at once; work added by
-other processes is found when the caller's poll interval ends.
+Wake-ups: writes in this process wake :meth:`SQLiteQueue.wait_for_work` at once. Commits by
+any other connection (another process's queue, the application's own connection after
+:meth:`SQLiteQueue.enqueue_on`) are seen within ``watch_interval``: while it waits,
+``wait_for_work`` reads ``PRAGMA data_version`` on the reader connection that often (one
+``stat`` and one pragma in a thread; it changes only when another connection commits, so a
+rolled-back transaction wakes nothing). ``watch_interval=None`` turns that off: such work is
+then found when the caller's poll interval ends.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import sqlite3
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
@@ -44,13 +50,20 @@ import trio_util
 from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
+from ._outbox import sqlite_savepoint
 from ._protocol import MAX_ERRORS, JSONValue, Lease
 from ._sqlbase import SettleEntry, SQLQueue
 
-__all__ = ["DEFAULT_SQLITE_PATH", "SQLiteQueue"]
+__all__ = ["DEFAULT_SQLITE_PATH", "DEFAULT_WATCH_INTERVAL", "SQLiteQueue"]
 
 DEFAULT_SQLITE_PATH = "trio_supervise.db"
 """The database file used when nothing is configured, relative to the working directory."""
+
+DEFAULT_WATCH_INTERVAL = 0.1
+"""Seconds between two looks at ``PRAGMA data_version`` while :meth:`SQLiteQueue.wait_for_work`
+waits: how soon another connection's commit wakes a runner. Each look is one thread hop (about
+half a millisecond of CPU when idle, so 0.5% of a core at this interval, however many
+waiters share the queue)."""
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
@@ -239,6 +252,7 @@ class SQLiteQueue(SQLQueue):
     _reader: sqlite3.Connection = attrs.field(alias="reader")
     _clock: Clock = attrs.field(alias="clock")
     _identity: tuple[int, int] | None = attrs.field(alias="identity")
+    _watch_interval: float | None = attrs.field(alias="watch_interval", default=None)
     _where: str = attrs.field(init=False)
     """The absolute path, as opened: a later ``chdir`` must not look like a deleted file."""
 
@@ -259,6 +273,9 @@ class SQLiteQueue(SQLQueue):
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
     _closed: bool = attrs.field(init=False, default=False)
+    _version: tuple[float, int | None] = attrs.field(init=False, default=(-math.inf, None))
+    """The last ``PRAGMA data_version`` the waiters read, and when (Trio's clock): waiters
+    share one look per half interval."""
 
     @classmethod
     async def connect(
@@ -269,6 +286,7 @@ class SQLiteQueue(SQLQueue):
         migrate: bool = True,
         busy_timeout: float = 5.0,
         create: bool = True,
+        watch_interval: float | None = DEFAULT_WATCH_INTERVAL,
     ) -> SQLiteQueue:
         """Open (creating if need be) the queue in the file at *path*.
 
@@ -280,12 +298,22 @@ class SQLiteQueue(SQLQueue):
         :param create: with ``False`` a missing file raises :class:`QueueFailed` ("no database
             at PATH; run `trio-supervise migrate` to create it") instead of being created, for
             commands that only read.
+        :param watch_interval: while :meth:`wait_for_work` waits, look this often (seconds)
+            for commits by other connections (other processes, :meth:`enqueue_on`); None: only
+            this queue's own writes and due times wake it.
         """
         path = os.fspath(path)
         if not path:
             raise ValueError("path must be a non-empty file name (or ':memory:')")
         if not (busy_timeout >= 0) or busy_timeout == float("inf"):
             raise ValueError(f"busy_timeout must be a finite number >= 0, got {busy_timeout!r}")
+        if watch_interval is not None and (
+            not (watch_interval > 0) or watch_interval == float("inf")
+        ):
+            raise ValueError(
+                "watch_interval must be a positive number of seconds or None, "
+                f"got {watch_interval!r}"
+            )
         clock = SystemClock() if clock is None else clock
         now_us = _to_us(clock.now())
 
@@ -313,7 +341,14 @@ class SQLiteQueue(SQLQueue):
             conn, reader, identity = await trio.to_thread.run_sync(open_sync)
         except sqlite3.Error as error:
             raise _map_error(error, path) from error
-        return cls(path=path, conn=conn, reader=reader, clock=clock, identity=identity)
+        return cls(
+            path=path,
+            conn=conn,
+            reader=reader,
+            clock=clock,
+            identity=identity,
+            watch_interval=None if path == ":memory:" else watch_interval,
+        )
 
     @property
     def clock(self) -> Clock:
@@ -370,6 +405,42 @@ class SQLiteQueue(SQLQueue):
             raise _map_error(error, self._path) from error
 
     _call = _run
+
+    def _change_mark(self, conn: sqlite3.Connection) -> int | None:
+        if self._watch_interval is None:
+            return None
+        return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+    async def _wait_changed(self, generation: int, mark: Any) -> None:
+        if mark is None:
+            await super()._wait_changed(generation, mark)
+            return
+        interval = self._watch_interval or 0
+        while True:
+            with trio.move_on_after(interval):
+                await super()._wait_changed(generation, mark)
+                return
+            at, version = self._version
+            if trio.current_time() - at >= interval / 2:
+                version = await self._run(self._change_mark, read=True)
+                self._version = (trio.current_time(), version)
+            if version != mark:
+                return
+
+    def _outbox(self, conn: Any) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return self._mapped(sqlite_savepoint(conn, identity=self._identity, where=self._where))
+
+    @contextlib.contextmanager
+    def _mapped(
+        self, inner: contextlib.AbstractContextManager[sqlite3.Connection]
+    ) -> Iterator[sqlite3.Connection]:
+        if self._closed:
+            raise QueueError(f"the SQLite queue at {self._path} is closed")
+        try:
+            with inner as conn:
+                yield conn
+        except sqlite3.Error as error:
+            raise _map_error(error, self._path) from error
 
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 
