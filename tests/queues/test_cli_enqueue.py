@@ -186,3 +186,28 @@ def test_show_needs_an_id_or_a_key(cli: Run) -> None:
     code, _, err = cli("items", "show", "--key", "nope")
     assert code == 3
     assert "no item with idempotency key 'nope'" in err
+
+
+def test_a_file_line_takes_every_field_of_new_item() -> None:
+    """--from-file knows every field of NewItem, so nothing enqueue accepts is out of reach of
+    a file (a field added to NewItem must be added to the file's fields too)."""
+    import attrs
+
+    from trio_supervise._cli._items import _FILE_FIELDS
+    from trio_supervise.queues import NewItem
+
+    assert set(_FILE_FIELDS) == {field.name for field in attrs.fields(NewItem)}
+
+
+def test_from_file_carries_concurrency_keys(cli: Run) -> None:
+    line = '{"spec_id": "sync", "item_id": "s1", "concurrency_key": "tenant:acme", '
+    line += '"concurrency_limit": 2}\n'
+    code, out, _ = cli("items", "enqueue", "--from-file", "-", stdin=line)
+    assert code == 0, out
+    code, out, _ = cli("items", "show", "s1", "--json")
+    assert code == 0
+    shown = json.loads(out)
+    assert (shown["concurrency_key"], shown["concurrency_limit"]) == ("tenant:acme", 2)
+    code, _, err = cli("items", "enqueue", "--from-file", "-", "--concurrency-key", "k", stdin=line)
+    assert code == 2
+    assert "--concurrency-key" in err

@@ -357,6 +357,8 @@ _FILE_FIELDS = {
     "queue": str,
     "evaluation_timeout": float,
     "unique": object,
+    "concurrency_key": str,
+    "concurrency_limit": int,
 }
 """The fields a line of --from-file may hold, and the JSON type each must have."""
 
@@ -373,6 +375,8 @@ def _enqueue_from_file(args: argparse.Namespace) -> int:
         "--priority": None if args.priority == 0 else args.priority,
         "--queue": None if args.queue == DEFAULT_QUEUE else args.queue,
         "--unique": None if args.unique == "forever" else args.unique,
+        "--concurrency-key": args.concurrency_key,
+        "--concurrency-limit": args.concurrency_limit,
     }
     given = [name for name, value in per_item.items() if value is not None]
     if given:
