@@ -541,6 +541,8 @@ class SQLQueue(SingleWrites):
         queue: str = DEFAULT_QUEUE,
         evaluation_timeout: float | None = None,
         unique: UniqueScope = "forever",
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkItem:
         """Enqueue on the application's own open transaction on *conn*; blocking (from Trio,
         call it in a thread: ``await trio.to_thread.run_sync(...)``).
@@ -569,6 +571,8 @@ class SQLQueue(SingleWrites):
             queue=queue,
             evaluation_timeout=evaluation_timeout,
             unique=unique,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
         [done] = self.enqueue_many_on(conn, [entry])
         return done.item
