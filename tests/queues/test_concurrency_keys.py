@@ -229,3 +229,40 @@ async def test_an_expired_keyed_lease_is_not_renewed(queue: WorkQueue, clock: Ma
     # Still running under that version (nobody rescued it): its owner may still settle it.
     await queue.release("keyed", keyed.lease_version, 0)
     assert (await queue.get("keyed")).state is ItemState.QUEUED
+
+
+async def test_a_freed_slot_wakes_another_process_waiting_on_its_key(
+    clock: ManualClock, tmp_path: Path
+) -> None:
+    """PostgreSQL: a settlement that frees a key's slot sends a NOTIFY, so a runner of another
+    queue object (another process) waiting on the blocked item wakes at once, not at its next
+    poll; the blocked item is then claimable there."""
+    from .conftest import pg_schema
+
+    with pg_schema() as (dsn, schema):
+        async with (
+            await PostgresQueue.connect(dsn, clock=clock, schema=schema, migrate=True) as one,
+            await PostgresQueue.connect(dsn, clock=clock, schema=schema) as other,
+        ):
+            await one.enqueue("spec", item_id="a", concurrency_key="k")
+            await one.enqueue("spec", item_id="b", concurrency_key="k")
+            [held] = await one.claim_due(["spec"], "w1", 30, 10)
+            assert await other.claim_due(["spec"], "w2", 30, 10) == []
+            woke = trio.Event()
+
+            async def waiter() -> None:
+                # The first wait may return at once (b counts as due until the key is seen);
+                # the listener is running after it, and the next wait blocks on the key.
+                await other.wait_for_work(["spec"])
+                await other.wait_for_work(["spec"])
+                woke.set()
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(waiter)
+                    await trio.sleep(0.5)
+                    assert not woke.is_set()
+                    await one.complete(held.id, held.lease_version)
+                    with trio.fail_after(3):  # far below the lease (30 s) the key waits for
+                        await woke.wait()
+            assert await claim_ids(other) == ["b"]

@@ -939,8 +939,13 @@ class SQLQueue(SingleWrites):
         def write(conn: Any, entries: Sequence[SettleEntry]) -> list[Row]:
             with self._transaction(conn):
                 rows = self._settle_rows(conn, entries, now)
+                # Due again, or a concurrency key's slot freed (its blocked items may be due):
+                # other processes' waiters hear of it (NOTIFY) instead of at their next poll.
                 due = [
-                    row["spec_id"] for row in rows if row["state"] == "queued" and row["due_now"]
+                    row["spec_id"]
+                    for row in rows
+                    if (row["state"] == "queued" and row["due_now"])
+                    or row["concurrency_key"] is not None
                 ]
                 if rows and (children or any(row["parent_id"] is not None for row in rows)):
                     due.extend(self._children_and_fan_in(conn, entries, rows, now))

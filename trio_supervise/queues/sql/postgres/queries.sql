@@ -353,7 +353,7 @@ FROM unnest(
     %(ats)s::timestamptz[], %(configs)s::text[], %(errors)s::text[], %(results)s::text[]
 ) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, result, ord)
 WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
-RETURNING s.ord, i.spec_id, i.state, i.parent_id,
+RETURNING s.ord, i.spec_id, i.state, i.parent_id, i.concurrency_key,
     i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 
 -- name: set_parents

@@ -222,7 +222,7 @@ UPDATE trio_supervise_items SET
     lease_expires_at = NULL,
     updated_at = :now
 WHERE id = :id AND lease_version = :version AND state = 'running'
-RETURNING id, spec_id, state, parent_id, due_at <= :now AS due_now;
+RETURNING id, spec_id, state, parent_id, concurrency_key, due_at <= :now AS due_now;
 
 -- name: set_parent
 -- A child a settlement just enqueued (in its transaction): its parent, and the parent's lease
