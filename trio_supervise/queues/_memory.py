@@ -7,10 +7,19 @@ clock, so under ``autojump_clock`` due times and lease expiries follow virtual t
 Claims, and the next due time, are served by heaps, so they cost ``O(log n)`` per item rather
 than a scan of every item ever enqueued: queued items by ``(due_at, id)``, one heap per
 ``(spec id, queue, priority, concurrency key, concurrency limit)``, and running items by lease
-expiry, one heap per ``(spec id, queue)``. Every write replaces the stored
-:class:`WorkItem` (they are frozen) and pushes a fresh heap entry; an entry whose item has
-been replaced since is stale and is dropped when it reaches the top of its heap, or earlier,
-when its heap has doubled since it was last swept (:meth:`MemoryQueue._sweep`).
+expiry, one heap per ``(spec id, queue)``.
+
+The stored :class:`WorkItem` objects are the queue's own and never leave it: a write changes
+the stored item in place (frozen classes are set with ``object.__setattr__``), and every method
+that returns an item returns a copy made then (:meth:`MemoryQueue._out`), so what a caller
+holds never changes under it. That saves the copy a settlement or a renewal used to make (with
+10,000 leases in flight a renewal round was mostly copies). A write that changes where an item
+belongs pushes a fresh heap entry and records that entry's push number as the item's live
+one; an entry whose number is no longer its item's is stale and is dropped when it reaches the
+top of its heap, or earlier, when its heap has doubled since it was last swept
+(:meth:`MemoryQueue._sweep`). A renewal that extends a lease pushes nothing: the entry keeps
+the older expiry (never later than the item's), and :meth:`MemoryQueue._top` moves it to the
+item's current expiry when it reaches the top.
 
 Concurrency keys: a key at its limit blocks whole queued heaps (they are split by key and
 limit), and each key's running items are kept by id, so counting a key's live leases costs the
@@ -91,7 +100,9 @@ _FINISHED = {
 }
 
 _Entry = tuple[dt.datetime, str, int, WorkItem]
-"""A heap entry: (time, item id, push sequence number, the item as stored when pushed)."""
+"""A heap entry: (time, item id, push sequence number, the stored item)."""
+
+_set = object.__setattr__
 
 _SWEEP_MIN = 256
 
@@ -176,6 +187,8 @@ class MemoryQueue(SingleWrites):
     _children_of: dict[str, list[str]] = attrs.field(init=False, factory=dict)
     """Per parent id, its children's ids in creation order (the SQL backends' parent index)."""
     _pushes: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
+    _entries: dict[str, int] = attrs.field(init=False, factory=dict)
+    """Per queued or running item, the push number of its one live heap entry."""
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
@@ -201,7 +214,8 @@ class MemoryQueue(SingleWrites):
     @property
     def items(self) -> dict[str, WorkItem]:
         """A snapshot of every item by id."""
-        return dict(self._items)
+        out = self._out
+        return {item_id: out(item) for item_id, item in self._items.items()}
 
     def reset(self) -> None:
         """Forget every item and event."""
@@ -214,6 +228,7 @@ class MemoryQueue(SingleWrites):
         self._paused.clear()
         self._fan_in.clear()
         self._children_of.clear()
+        self._entries.clear()
         self.events.clear()
         self._changed()
 
@@ -259,12 +274,22 @@ class MemoryQueue(SingleWrites):
             )
         return item
 
+    @staticmethod
+    def _out(item: WorkItem) -> WorkItem:
+        """A copy of the stored *item* for a caller (the stored one changes in place)."""
+        return replace_trusted(item)
+
     def _put(self, item: WorkItem, now: dt.datetime | None = None, **changes: Any) -> WorkItem:
-        # replace_trusted skips evolve's converters: every value here is the queue's own (see
-        # its docstring), and "now" is UTC.
-        new = replace_trusted(item, updated_at=self._now() if now is None else now, **changes)
-        self._store(new)
-        return new
+        """Change the stored *item* in place and index it again; returns it (not a copy).
+
+        Every value here is the queue's own or checked (see ``replace_trusted``), and "now" is
+        UTC, so no converter runs.
+        """
+        _set(item, "updated_at", self._now() if now is None else now)
+        for name, value in changes.items():
+            _set(item, name, value)
+        self._store(item)
+        return item
 
     def _store(self, item: WorkItem) -> None:
         """Store *item* (replacing any older copy) and index it if it can be claimed."""
@@ -288,12 +313,15 @@ class MemoryQueue(SingleWrites):
         elif item.state is ItemState.RUNNING:
             assert item.lease_expires_at is not None
             self._push(self._leased, (item.spec_id, item.queue), item.lease_expires_at, item)
+        else:
+            self._entries.pop(item.id, None)
 
     def _push(self, heaps: dict[Any, _Heap], key: Any, at: dt.datetime, item: WorkItem) -> None:
         heap = heaps.get(key)
         if heap is None:
             heap = heaps[key] = _Heap()
-        heapq.heappush(heap, (at, item.id, next(self._pushes), item))
+        self._entries[item.id] = push = next(self._pushes)
+        heapq.heappush(heap, (at, item.id, push, item))
         if len(heap) >= heap.sweep_at:
             self._sweep(heap)
 
@@ -306,17 +334,31 @@ class MemoryQueue(SingleWrites):
         since the last sweep costs O(1) per push, amortised. Entries are totally ordered (the
         push number breaks ties), so the heap pops in the same order after ``heapify``.
         """
-        heap[:] = [entry for entry in heap if self._items.get(entry[1]) is entry[3]]
+        live = self._entries
+        heap[:] = [entry for entry in heap if live.get(entry[1]) == entry[2]]
         heapq.heapify(heap)
         heap.sweep_at = max(_SWEEP_MIN, 2 * len(heap))
 
     def _top(self, heap: list[_Entry] | None) -> _Entry | None:
-        """The first entry of *heap* whose item is still stored as it was pushed, or None."""
+        """The first live entry of *heap* (its time the item's own), or None.
+
+        A running item's entry may carry an expiry its renewals have since extended: it is
+        moved to the current expiry first (entries are never later than their item's time, so
+        the first entry left is the earliest item).
+        """
+        live = self._entries
         while heap:
             entry = heap[0]
-            if self._items.get(entry[1]) is entry[3]:
-                return entry
-            heapq.heappop(heap)
+            if live.get(entry[1]) != entry[2]:
+                heapq.heappop(heap)
+                continue
+            item = entry[3]
+            expires = item.lease_expires_at
+            if expires is not None and expires != entry[0]:
+                live[item.id] = push = next(self._pushes)
+                heapq.heapreplace(heap, (expires, item.id, push, item))
+                continue
+            return entry
         return None
 
     def _live(self, key: str, now: dt.datetime) -> list[dt.datetime]:
@@ -525,8 +567,10 @@ class MemoryQueue(SingleWrites):
         holder = None if holder_id is None else self._items.get(holder_id)
         if holder is None:
             return
-        # Not a change of state: updated_at (which retention reads) stays as it was.
-        self._store(replace_trusted(holder, idempotency_key=None, released_key=key))
+        # Not a change of state: updated_at (which retention reads) stays as it was, and the
+        # item stays where it is indexed.
+        _set(holder, "idempotency_key", None)
+        _set(holder, "released_key", key)
         self._released.setdefault(key, []).append(holder.id)
 
     async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
@@ -551,7 +595,7 @@ class MemoryQueue(SingleWrites):
         ids = iter(new_item_ids(now, len(sent)))
         for index in sent:
             if index in existing:
-                results[index] = Enqueued(item=existing[index], created=False)
+                results[index] = Enqueued(item=self._out(existing[index]), created=False)
                 continue
             entry = checked[index]
             item = created_item(entry, next(ids) if entry.item_id is None else entry.item_id, now)
@@ -561,7 +605,7 @@ class MemoryQueue(SingleWrites):
                 self._keys[entry.idempotency_key] = item.id
             self._store(item)
             self._log("enqueue", item.id, at=now, spec_id=item.spec_id)
-            results[index] = Enqueued(item=item, created=True)
+            results[index] = Enqueued(item=self._out(item), created=True)
         for index, first in repeats.items():
             results[index] = Enqueued(item=results[first].item, created=False)
         if any(done.created for done in results.values()):
@@ -588,7 +632,7 @@ class MemoryQueue(SingleWrites):
         await trio.lowlevel.checkpoint()
         holder_id = self._keys.get(idempotency_key)
         if holder_id is not None and holder_id in self._items:
-            return self._items[holder_id]
+            return self._out(self._items[holder_id])
         released = [
             self._items[each]
             for each in self._released.get(idempotency_key, ())
@@ -596,11 +640,11 @@ class MemoryQueue(SingleWrites):
         ]
         if not released:
             raise ItemNotFound(idempotency_key, "idempotency key")
-        return max(released, key=lambda item: (item.created_at, item.id))
+        return self._out(max(released, key=lambda item: (item.created_at, item.id)))
 
     async def get(self, item_id: str) -> WorkItem:
         await trio.lowlevel.checkpoint()
-        return self._item(item_id)
+        return self._out(self._item(item_id))
 
     async def list_items(
         self,
@@ -622,7 +666,8 @@ class MemoryQueue(SingleWrites):
             and (cursor is None or (item.due_at, item.id) > (cursor.due_at, cursor.id))
         ]
         found.sort(key=lambda item: (item.due_at, item.id))
-        return found[:limit]
+        out = self._out
+        return [out(item) for item in found[:limit]]
 
     async def counts(self) -> Mapping[tuple[str, ItemState], int]:
         await trio.lowlevel.checkpoint()
@@ -643,7 +688,8 @@ class MemoryQueue(SingleWrites):
             if (child := self._items.get(child_id)) is not None and child.parent_id == parent_id
         ]
         found.sort(key=lambda item: (item.created_at, item.id))
-        return found[:limit]
+        out = self._out
+        return [out(item) for item in found[:limit]]
 
     async def request_cancel(self, item_id: str) -> WorkItem:
         await trio.lowlevel.checkpoint()
@@ -656,7 +702,7 @@ class MemoryQueue(SingleWrites):
             item = self._put(item, cancel_requested=True)
         self._log("request_cancel", item_id, state=str(item.state))
         self._changed()
-        return item
+        return self._out(item)
 
     async def retry(self, item_id: str, *, at: dt.datetime | None = None) -> WorkItem:
         await trio.lowlevel.checkpoint()
@@ -675,7 +721,7 @@ class MemoryQueue(SingleWrites):
         )
         self._log("retry", item_id)
         self._changed()
-        return item
+        return self._out(item)
 
     # -- retention and editing ---------------------------------------------------------------
 
@@ -711,6 +757,7 @@ class MemoryQueue(SingleWrites):
     def _remove(self, item: WorkItem) -> None:
         """Forget *item* (its heap entries go stale and are dropped as usual)."""
         del self._items[item.id]
+        self._entries.pop(item.id, None)
         if item.idempotency_key is not None and self._keys.get(item.idempotency_key) == item.id:
             del self._keys[item.idempotency_key]
 
@@ -729,7 +776,7 @@ class MemoryQueue(SingleWrites):
         self._remove(item)
         self._log("delete", item_id)
         self._changed()
-        return item
+        return self._out(item)
 
     async def edit_config(self, item_id: str, config: JSONValue) -> WorkItem:
         await trio.lowlevel.checkpoint()
@@ -741,7 +788,7 @@ class MemoryQueue(SingleWrites):
             )
         item = self._put(item, config=config)
         self._log("edit_config", item_id)
-        return item
+        return self._out(item)
 
     # -- the worker side ---------------------------------------------------------------------
 
@@ -838,7 +885,7 @@ class MemoryQueue(SingleWrites):
                 attempt=item.attempt + 1,
             )
             self._log("claim", item.id, item.lease_version, at=now, worker_id=worker_id)
-            claimed.append(item)
+            claimed.append(replace_trusted(item))
         for item in (*expired, *put_back):
             # Not claimed this time (the limit, or its key): back in its heap, still claimable.
             assert item.lease_expires_at is not None
@@ -866,7 +913,13 @@ class MemoryQueue(SingleWrites):
                 QueueEvent(now, "renew", lease.item_id, lease.version, _NO_DETAIL, False)
             )
             return LeaseStatus.LOST
-        self._store(replace_trusted(item, updated_at=now, lease_expires_at=expires))
+        # In place, nothing pushed when the lease is extended (see the module doc); a shorter
+        # lease than the last one needs an entry at its earlier expiry.
+        extended = item.lease_expires_at is not None and expires >= item.lease_expires_at
+        _set(item, "updated_at", now)
+        _set(item, "lease_expires_at", expires)
+        if not extended:
+            self._push(self._leased, (item.spec_id, item.queue), expires, item)
         self.events.append(QueueEvent(now, "renew", lease.item_id, lease.version, _NO_DETAIL))
         return LeaseStatus.CANCEL_REQUESTED if item.cancel_requested else LeaseStatus.HELD
 
@@ -962,8 +1015,11 @@ class MemoryQueue(SingleWrites):
                 times.append(entry[0])
                 continue
             # A keyed expired lease may be blocked by its key: look at each (few run at once).
-            for at, item_id, _, item in heap:
-                if self._items.get(item_id) is item:
+            live = self._entries
+            for _, item_id, push, item in heap:
+                if live.get(item_id) == push:
+                    at = item.lease_expires_at
+                    assert at is not None
                     until = self._blocked_until(item.concurrency_key, item.concurrency_limit, now)
                     times.append(at if until is None else max(at, until))
         return min(times, default=None)
