@@ -103,6 +103,55 @@ _Entry = tuple[dt.datetime, str, int, WorkItem]
 """A heap entry: (time, item id, push sequence number, the stored item)."""
 
 _set = object.__setattr__
+_new_object = object.__new__
+
+
+def _copy(item: WorkItem) -> WorkItem:
+    """A copy of *item* (``replace_trusted`` with no changes, a third cheaper: one per claimed
+    item). Every field is copied by name; checked below, at import."""
+    new: WorkItem = _new_object(WorkItem)
+    _set(new, "id", item.id)
+    _set(new, "spec_id", item.spec_id)
+    _set(new, "tenant_id", item.tenant_id)
+    _set(new, "subject_id", item.subject_id)
+    _set(new, "config", item.config)
+    _set(new, "cancel_requested", item.cancel_requested)
+    _set(new, "lease_version", item.lease_version)
+    _set(new, "state", item.state)
+    _set(new, "due_at", item.due_at)
+    _set(new, "error_count", item.error_count)
+    _set(new, "last_error", item.last_error)
+    _set(new, "lease_owner", item.lease_owner)
+    _set(new, "lease_expires_at", item.lease_expires_at)
+    _set(new, "idempotency_key", item.idempotency_key)
+    _set(new, "created_at", item.created_at)
+    _set(new, "updated_at", item.updated_at)
+    _set(new, "attempt", item.attempt)
+    _set(new, "priority", item.priority)
+    _set(new, "queue", item.queue)
+    _set(new, "timeout", item.timeout)
+    _set(new, "result", item.result)
+    _set(new, "errors", item.errors)
+    _set(new, "parent_id", item.parent_id)
+    _set(new, "waiting_children", item.waiting_children)
+    _set(new, "unique_scope", item.unique_scope)
+    _set(new, "unique_until", item.unique_until)
+    _set(new, "released_key", item.released_key)
+    _set(new, "concurrency_key", item.concurrency_key)
+    _set(new, "concurrency_limit", item.concurrency_limit)
+    return new
+
+
+def _check_copy() -> None:
+    # A field added to WorkItem but not to _copy would be left unset: comparing the copy reads
+    # every field, so that fails here, at import, rather than in a queue.
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    probe = WorkItem(id="probe", spec_id="probe", due_at=epoch, created_at=epoch, updated_at=epoch)
+    if _copy(probe) != probe:  # pragma: no cover
+        raise RuntimeError("_copy does not copy every WorkItem field")
+
+
+_check_copy()
 
 _SWEEP_MIN = 256
 
@@ -277,7 +326,7 @@ class MemoryQueue(SingleWrites):
     @staticmethod
     def _out(item: WorkItem) -> WorkItem:
         """A copy of the stored *item* for a caller (the stored one changes in place)."""
-        return replace_trusted(item)
+        return _copy(item)
 
     def _put(self, item: WorkItem, now: dt.datetime | None = None, **changes: Any) -> WorkItem:
         """Change the stored *item* in place and index it again; returns it (not a copy).
@@ -875,17 +924,16 @@ class MemoryQueue(SingleWrites):
                     else:
                         self._push(self._queued, home, item.due_at, item)
                     continue
-            item = self._put(
-                item,
-                now,
-                state=ItemState.RUNNING,
-                lease_owner=worker_id,
-                lease_expires_at=expires,
-                lease_version=next(self._versions),
-                attempt=item.attempt + 1,
-            )
+            # As _put, spelled out: this is the claim's hot path.
+            _set(item, "updated_at", now)
+            _set(item, "state", ItemState.RUNNING)
+            _set(item, "lease_owner", worker_id)
+            _set(item, "lease_expires_at", expires)
+            _set(item, "lease_version", next(self._versions))
+            _set(item, "attempt", item.attempt + 1)
+            self._store(item)
             self._log("claim", item.id, item.lease_version, at=now, worker_id=worker_id)
-            claimed.append(replace_trusted(item))
+            claimed.append(_copy(item))
         for item in (*expired, *put_back):
             # Not claimed this time (the limit, or its key): back in its heap, still claimable.
             assert item.lease_expires_at is not None
