@@ -99,6 +99,9 @@ _FINISHED = {
     SettleKind.DEAD: ItemState.DEAD,
 }
 
+_SETTLE_OPS = {kind: f"settle:{kind}" for kind in SettleKind}
+"""Each settlement kind's event name, formatted once."""
+
 _Entry = tuple[dt.datetime, str, int, WorkItem]
 """A heap entry: (time, item id, push sequence number, the stored item)."""
 
@@ -449,12 +452,19 @@ class MemoryQueue(SingleWrites):
         )
 
     def _apply(self, s: Settlement, now: dt.datetime | None = None) -> None:
-        item = self._fenced(f"settle:{s.kind}", s.item_id, s.lease_version)
+        op = _SETTLE_OPS[s.kind]
+        item = self._fenced(op, s.item_id, s.lease_version)
         now = self._now() if now is None else now
-        # Checked before anything changes: an unfit child refuses the whole entry.
-        children = [
-            check_child(child, what=f"children[{index}]") for index, child in enumerate(s.children)
-        ]
+        # Checked before anything changes: an unfit child refuses the whole entry. (Every
+        # check comes before the first change: the stored item changes in place.)
+        children = (
+            [
+                check_child(child, what=f"children[{index}]")
+                for index, child in enumerate(s.children)
+            ]
+            if s.children
+            else []
+        )
         match s.kind:
             case SettleKind.CONTINUE:
                 self._requeue(
@@ -481,33 +491,32 @@ class MemoryQueue(SingleWrites):
                     errors=_with_error(item, now, s.error),
                 )
             case SettleKind.COMPLETE | SettleKind.CANCEL | SettleKind.DEAD:
-                changes: dict[str, Any] = {}
+                # As _put, spelled out: a completion is the settlement's hot path.
                 if s.kind is SettleKind.COMPLETE:
                     # As the SQL backends: a completion stores its result, None included (a
                     # retried item completed again without one keeps none of its old one).
                     result = s.result
-                    changes = {
-                        "result": None if result is None else check_json(result, what="result")
-                    }
-                if s.kind is SettleKind.DEAD:
-                    changes = {
-                        "error_count": item.error_count + 1,
-                        "last_error": s.error,
-                        "errors": _with_error(item, now, s.error),
-                    }
-                self._put(
-                    item,
-                    now,
-                    state=_FINISHED[s.kind],
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    **changes,
-                )
+                    _set(
+                        item,
+                        "result",
+                        None if result is None else check_json(result, what="result"),
+                    )
+                elif s.kind is SettleKind.DEAD:
+                    errors = _with_error(item, now, s.error)
+                    _set(item, "error_count", item.error_count + 1)
+                    _set(item, "last_error", s.error)
+                    _set(item, "errors", errors)
+                _set(item, "updated_at", now)
+                _set(item, "state", _FINISHED[s.kind])
+                _set(item, "lease_owner", None)
+                _set(item, "lease_expires_at", None)
+                self._store(item)
                 self._child_finished(s.item_id, now)
         if children or s.wait_for_children:
             self._create_children(s, children, now)
-        self._log(
-            f"settle:{s.kind}", s.item_id, s.lease_version, at=now, delay=s.delay, error=s.error
+        # As _log, spelled out.
+        self.events.append(
+            QueueEvent(now, op, s.item_id, s.lease_version, {"delay": s.delay, "error": s.error})
         )
 
     def _create_children(self, s: Settlement, children: list[NewItem], now: dt.datetime) -> None:
@@ -932,7 +941,9 @@ class MemoryQueue(SingleWrites):
             _set(item, "lease_version", next(self._versions))
             _set(item, "attempt", item.attempt + 1)
             self._store(item)
-            self._log("claim", item.id, item.lease_version, at=now, worker_id=worker_id)
+            self.events.append(
+                QueueEvent(now, "claim", item.id, item.lease_version, {"worker_id": worker_id})
+            )
             claimed.append(_copy(item))
         for item in (*expired, *put_back):
             # Not claimed this time (the limit, or its key): back in its heap, still claimable.
