@@ -406,7 +406,8 @@ class MemoryQueue(SingleWrites):
                 continue
             item = entry[3]
             expires = item.lease_expires_at
-            if expires is not None and expires != entry[0]:
+            if item.state is ItemState.RUNNING and expires != entry[0]:
+                assert expires is not None
                 live[item.id] = push = next(self._pushes)
                 heapq.heapreplace(heap, (expires, item.id, push, item))
                 continue
