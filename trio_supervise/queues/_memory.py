@@ -7,10 +7,19 @@ clock, so under ``autojump_clock`` due times and lease expiries follow virtual t
 Claims, and the next due time, are served by heaps, so they cost ``O(log n)`` per item rather
 than a scan of every item ever enqueued: queued items by ``(due_at, id)``, one heap per
 ``(spec id, queue, priority, concurrency key, concurrency limit)``, and running items by lease
-expiry, one heap per ``(spec id, queue)``. Every write replaces the stored
-:class:`WorkItem` (they are frozen) and pushes a fresh heap entry; an entry whose item has
-been replaced since is stale and is dropped when it reaches the top of its heap, or earlier,
-when its heap has doubled since it was last swept (:meth:`MemoryQueue._sweep`).
+expiry, one heap per ``(spec id, queue)``.
+
+The stored :class:`WorkItem` objects are the queue's own and never leave it: a write changes
+the stored item in place (frozen classes are set with ``object.__setattr__``), and every method
+that returns an item returns a copy made then (:meth:`MemoryQueue._out`), so what a caller
+holds never changes under it. That saves the copy a settlement or a renewal used to make (with
+10,000 leases in flight a renewal round was mostly copies). A write that changes where an item
+belongs pushes a fresh heap entry and records that entry's push number as the item's live
+one; an entry whose number is no longer its item's is stale and is dropped when it reaches the
+top of its heap, or earlier, when its heap has doubled since it was last swept
+(:meth:`MemoryQueue._sweep`). A renewal that extends a lease pushes nothing: the entry keeps
+the older expiry (never later than the item's), and :meth:`MemoryQueue._top` moves it to the
+item's current expiry when it reaches the top.
 
 Concurrency keys: a key at its limit blocks whole queued heaps (they are split by key and
 limit), and each key's running items are kept by id, so counting a key's live leases costs the
@@ -90,8 +99,62 @@ _FINISHED = {
     SettleKind.DEAD: ItemState.DEAD,
 }
 
+_SETTLE_OPS = {kind: f"settle:{kind}" for kind in SettleKind}
+"""Each settlement kind's event name, formatted once."""
+
 _Entry = tuple[dt.datetime, str, int, WorkItem]
-"""A heap entry: (time, item id, push sequence number, the item as stored when pushed)."""
+"""A heap entry: (time, item id, push sequence number, the stored item)."""
+
+_set = object.__setattr__
+_new_object = object.__new__
+
+
+def _copy(item: WorkItem) -> WorkItem:
+    """A copy of *item* (``replace_trusted`` with no changes, a third cheaper: one per claimed
+    item). Every field is copied by name; checked below, at import."""
+    new: WorkItem = _new_object(WorkItem)
+    _set(new, "id", item.id)
+    _set(new, "spec_id", item.spec_id)
+    _set(new, "tenant_id", item.tenant_id)
+    _set(new, "subject_id", item.subject_id)
+    _set(new, "config", item.config)
+    _set(new, "cancel_requested", item.cancel_requested)
+    _set(new, "lease_version", item.lease_version)
+    _set(new, "state", item.state)
+    _set(new, "due_at", item.due_at)
+    _set(new, "error_count", item.error_count)
+    _set(new, "last_error", item.last_error)
+    _set(new, "lease_owner", item.lease_owner)
+    _set(new, "lease_expires_at", item.lease_expires_at)
+    _set(new, "idempotency_key", item.idempotency_key)
+    _set(new, "created_at", item.created_at)
+    _set(new, "updated_at", item.updated_at)
+    _set(new, "attempt", item.attempt)
+    _set(new, "priority", item.priority)
+    _set(new, "queue", item.queue)
+    _set(new, "timeout", item.timeout)
+    _set(new, "result", item.result)
+    _set(new, "errors", item.errors)
+    _set(new, "parent_id", item.parent_id)
+    _set(new, "waiting_children", item.waiting_children)
+    _set(new, "unique_scope", item.unique_scope)
+    _set(new, "unique_until", item.unique_until)
+    _set(new, "released_key", item.released_key)
+    _set(new, "concurrency_key", item.concurrency_key)
+    _set(new, "concurrency_limit", item.concurrency_limit)
+    return new
+
+
+def _check_copy() -> None:
+    # A field added to WorkItem but not to _copy would be left unset: comparing the copy reads
+    # every field, so that fails here, at import, rather than in a queue.
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    probe = WorkItem(id="probe", spec_id="probe", due_at=epoch, created_at=epoch, updated_at=epoch)
+    if _copy(probe) != probe:  # pragma: no cover
+        raise RuntimeError("_copy does not copy every WorkItem field")
+
+
+_check_copy()
 
 _SWEEP_MIN = 256
 
@@ -176,6 +239,8 @@ class MemoryQueue(SingleWrites):
     _children_of: dict[str, list[str]] = attrs.field(init=False, factory=dict)
     """Per parent id, its children's ids in creation order (the SQL backends' parent index)."""
     _pushes: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
+    _entries: dict[str, int] = attrs.field(init=False, factory=dict)
+    """Per queued or running item, the push number of its one live heap entry."""
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
@@ -201,7 +266,8 @@ class MemoryQueue(SingleWrites):
     @property
     def items(self) -> dict[str, WorkItem]:
         """A snapshot of every item by id."""
-        return dict(self._items)
+        out = self._out
+        return {item_id: out(item) for item_id, item in self._items.items()}
 
     def reset(self) -> None:
         """Forget every item and event."""
@@ -214,6 +280,7 @@ class MemoryQueue(SingleWrites):
         self._paused.clear()
         self._fan_in.clear()
         self._children_of.clear()
+        self._entries.clear()
         self.events.clear()
         self._changed()
 
@@ -259,12 +326,22 @@ class MemoryQueue(SingleWrites):
             )
         return item
 
+    @staticmethod
+    def _out(item: WorkItem) -> WorkItem:
+        """A copy of the stored *item* for a caller (the stored one changes in place)."""
+        return _copy(item)
+
     def _put(self, item: WorkItem, now: dt.datetime | None = None, **changes: Any) -> WorkItem:
-        # replace_trusted skips evolve's converters: every value here is the queue's own (see
-        # its docstring), and "now" is UTC.
-        new = replace_trusted(item, updated_at=self._now() if now is None else now, **changes)
-        self._store(new)
-        return new
+        """Change the stored *item* in place and index it again; returns it (not a copy).
+
+        Every value here is the queue's own or checked (see ``replace_trusted``), and "now" is
+        UTC, so no converter runs.
+        """
+        _set(item, "updated_at", self._now() if now is None else now)
+        for name, value in changes.items():
+            _set(item, name, value)
+        self._store(item)
+        return item
 
     def _store(self, item: WorkItem) -> None:
         """Store *item* (replacing any older copy) and index it if it can be claimed."""
@@ -288,12 +365,15 @@ class MemoryQueue(SingleWrites):
         elif item.state is ItemState.RUNNING:
             assert item.lease_expires_at is not None
             self._push(self._leased, (item.spec_id, item.queue), item.lease_expires_at, item)
+        else:
+            self._entries.pop(item.id, None)
 
     def _push(self, heaps: dict[Any, _Heap], key: Any, at: dt.datetime, item: WorkItem) -> None:
         heap = heaps.get(key)
         if heap is None:
             heap = heaps[key] = _Heap()
-        heapq.heappush(heap, (at, item.id, next(self._pushes), item))
+        self._entries[item.id] = push = next(self._pushes)
+        heapq.heappush(heap, (at, item.id, push, item))
         if len(heap) >= heap.sweep_at:
             self._sweep(heap)
 
@@ -306,17 +386,32 @@ class MemoryQueue(SingleWrites):
         since the last sweep costs O(1) per push, amortised. Entries are totally ordered (the
         push number breaks ties), so the heap pops in the same order after ``heapify``.
         """
-        heap[:] = [entry for entry in heap if self._items.get(entry[1]) is entry[3]]
+        live = self._entries
+        heap[:] = [entry for entry in heap if live.get(entry[1]) == entry[2]]
         heapq.heapify(heap)
         heap.sweep_at = max(_SWEEP_MIN, 2 * len(heap))
 
     def _top(self, heap: list[_Entry] | None) -> _Entry | None:
-        """The first entry of *heap* whose item is still stored as it was pushed, or None."""
+        """The first live entry of *heap* (its time the item's own), or None.
+
+        A running item's entry may carry an expiry its renewals have since extended: it is
+        moved to the current expiry first (entries are never later than their item's time, so
+        the first entry left is the earliest item).
+        """
+        live = self._entries
         while heap:
             entry = heap[0]
-            if self._items.get(entry[1]) is entry[3]:
-                return entry
-            heapq.heappop(heap)
+            if live.get(entry[1]) != entry[2]:
+                heapq.heappop(heap)
+                continue
+            item = entry[3]
+            expires = item.lease_expires_at
+            if item.state is ItemState.RUNNING and expires != entry[0]:
+                assert expires is not None
+                live[item.id] = push = next(self._pushes)
+                heapq.heapreplace(heap, (expires, item.id, push, item))
+                continue
+            return entry
         return None
 
     def _live(self, key: str, now: dt.datetime) -> list[dt.datetime]:
@@ -358,12 +453,19 @@ class MemoryQueue(SingleWrites):
         )
 
     def _apply(self, s: Settlement, now: dt.datetime | None = None) -> None:
-        item = self._fenced(f"settle:{s.kind}", s.item_id, s.lease_version)
+        op = _SETTLE_OPS[s.kind]
+        item = self._fenced(op, s.item_id, s.lease_version)
         now = self._now() if now is None else now
-        # Checked before anything changes: an unfit child refuses the whole entry.
-        children = [
-            check_child(child, what=f"children[{index}]") for index, child in enumerate(s.children)
-        ]
+        # Checked before anything changes: an unfit child refuses the whole entry. (Every
+        # check comes before the first change: the stored item changes in place.)
+        children = (
+            [
+                check_child(child, what=f"children[{index}]")
+                for index, child in enumerate(s.children)
+            ]
+            if s.children
+            else []
+        )
         match s.kind:
             case SettleKind.CONTINUE:
                 self._requeue(
@@ -390,33 +492,32 @@ class MemoryQueue(SingleWrites):
                     errors=_with_error(item, now, s.error),
                 )
             case SettleKind.COMPLETE | SettleKind.CANCEL | SettleKind.DEAD:
-                changes: dict[str, Any] = {}
+                # As _put, spelled out: a completion is the settlement's hot path.
                 if s.kind is SettleKind.COMPLETE:
                     # As the SQL backends: a completion stores its result, None included (a
                     # retried item completed again without one keeps none of its old one).
                     result = s.result
-                    changes = {
-                        "result": None if result is None else check_json(result, what="result")
-                    }
-                if s.kind is SettleKind.DEAD:
-                    changes = {
-                        "error_count": item.error_count + 1,
-                        "last_error": s.error,
-                        "errors": _with_error(item, now, s.error),
-                    }
-                self._put(
-                    item,
-                    now,
-                    state=_FINISHED[s.kind],
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    **changes,
-                )
+                    _set(
+                        item,
+                        "result",
+                        None if result is None else check_json(result, what="result"),
+                    )
+                elif s.kind is SettleKind.DEAD:
+                    errors = _with_error(item, now, s.error)
+                    _set(item, "error_count", item.error_count + 1)
+                    _set(item, "last_error", s.error)
+                    _set(item, "errors", errors)
+                _set(item, "updated_at", now)
+                _set(item, "state", _FINISHED[s.kind])
+                _set(item, "lease_owner", None)
+                _set(item, "lease_expires_at", None)
+                self._store(item)
                 self._child_finished(s.item_id, now)
         if children or s.wait_for_children:
             self._create_children(s, children, now)
-        self._log(
-            f"settle:{s.kind}", s.item_id, s.lease_version, at=now, delay=s.delay, error=s.error
+        # As _log, spelled out.
+        self.events.append(
+            QueueEvent(now, op, s.item_id, s.lease_version, {"delay": s.delay, "error": s.error})
         )
 
     def _create_children(self, s: Settlement, children: list[NewItem], now: dt.datetime) -> None:
@@ -525,8 +626,10 @@ class MemoryQueue(SingleWrites):
         holder = None if holder_id is None else self._items.get(holder_id)
         if holder is None:
             return
-        # Not a change of state: updated_at (which retention reads) stays as it was.
-        self._store(replace_trusted(holder, idempotency_key=None, released_key=key))
+        # Not a change of state: updated_at (which retention reads) stays as it was, and the
+        # item stays where it is indexed.
+        _set(holder, "idempotency_key", None)
+        _set(holder, "released_key", key)
         self._released.setdefault(key, []).append(holder.id)
 
     async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
@@ -551,7 +654,7 @@ class MemoryQueue(SingleWrites):
         ids = iter(new_item_ids(now, len(sent)))
         for index in sent:
             if index in existing:
-                results[index] = Enqueued(item=existing[index], created=False)
+                results[index] = Enqueued(item=self._out(existing[index]), created=False)
                 continue
             entry = checked[index]
             item = created_item(entry, next(ids) if entry.item_id is None else entry.item_id, now)
@@ -561,7 +664,7 @@ class MemoryQueue(SingleWrites):
                 self._keys[entry.idempotency_key] = item.id
             self._store(item)
             self._log("enqueue", item.id, at=now, spec_id=item.spec_id)
-            results[index] = Enqueued(item=item, created=True)
+            results[index] = Enqueued(item=self._out(item), created=True)
         for index, first in repeats.items():
             results[index] = Enqueued(item=results[first].item, created=False)
         if any(done.created for done in results.values()):
@@ -588,7 +691,7 @@ class MemoryQueue(SingleWrites):
         await trio.lowlevel.checkpoint()
         holder_id = self._keys.get(idempotency_key)
         if holder_id is not None and holder_id in self._items:
-            return self._items[holder_id]
+            return self._out(self._items[holder_id])
         released = [
             self._items[each]
             for each in self._released.get(idempotency_key, ())
@@ -596,11 +699,11 @@ class MemoryQueue(SingleWrites):
         ]
         if not released:
             raise ItemNotFound(idempotency_key, "idempotency key")
-        return max(released, key=lambda item: (item.created_at, item.id))
+        return self._out(max(released, key=lambda item: (item.created_at, item.id)))
 
     async def get(self, item_id: str) -> WorkItem:
         await trio.lowlevel.checkpoint()
-        return self._item(item_id)
+        return self._out(self._item(item_id))
 
     async def list_items(
         self,
@@ -622,7 +725,8 @@ class MemoryQueue(SingleWrites):
             and (cursor is None or (item.due_at, item.id) > (cursor.due_at, cursor.id))
         ]
         found.sort(key=lambda item: (item.due_at, item.id))
-        return found[:limit]
+        out = self._out
+        return [out(item) for item in found[:limit]]
 
     async def counts(self) -> Mapping[tuple[str, ItemState], int]:
         await trio.lowlevel.checkpoint()
@@ -643,7 +747,8 @@ class MemoryQueue(SingleWrites):
             if (child := self._items.get(child_id)) is not None and child.parent_id == parent_id
         ]
         found.sort(key=lambda item: (item.created_at, item.id))
-        return found[:limit]
+        out = self._out
+        return [out(item) for item in found[:limit]]
 
     async def request_cancel(self, item_id: str) -> WorkItem:
         await trio.lowlevel.checkpoint()
@@ -656,7 +761,7 @@ class MemoryQueue(SingleWrites):
             item = self._put(item, cancel_requested=True)
         self._log("request_cancel", item_id, state=str(item.state))
         self._changed()
-        return item
+        return self._out(item)
 
     async def retry(self, item_id: str, *, at: dt.datetime | None = None) -> WorkItem:
         await trio.lowlevel.checkpoint()
@@ -675,7 +780,7 @@ class MemoryQueue(SingleWrites):
         )
         self._log("retry", item_id)
         self._changed()
-        return item
+        return self._out(item)
 
     # -- retention and editing ---------------------------------------------------------------
 
@@ -711,6 +816,7 @@ class MemoryQueue(SingleWrites):
     def _remove(self, item: WorkItem) -> None:
         """Forget *item* (its heap entries go stale and are dropped as usual)."""
         del self._items[item.id]
+        self._entries.pop(item.id, None)
         if item.idempotency_key is not None and self._keys.get(item.idempotency_key) == item.id:
             del self._keys[item.idempotency_key]
 
@@ -729,7 +835,7 @@ class MemoryQueue(SingleWrites):
         self._remove(item)
         self._log("delete", item_id)
         self._changed()
-        return item
+        return self._out(item)
 
     async def edit_config(self, item_id: str, config: JSONValue) -> WorkItem:
         await trio.lowlevel.checkpoint()
@@ -741,7 +847,7 @@ class MemoryQueue(SingleWrites):
             )
         item = self._put(item, config=config)
         self._log("edit_config", item_id)
-        return item
+        return self._out(item)
 
     # -- the worker side ---------------------------------------------------------------------
 
@@ -828,17 +934,18 @@ class MemoryQueue(SingleWrites):
                     else:
                         self._push(self._queued, home, item.due_at, item)
                     continue
-            item = self._put(
-                item,
-                now,
-                state=ItemState.RUNNING,
-                lease_owner=worker_id,
-                lease_expires_at=expires,
-                lease_version=next(self._versions),
-                attempt=item.attempt + 1,
+            # As _put, spelled out: this is the claim's hot path.
+            _set(item, "updated_at", now)
+            _set(item, "state", ItemState.RUNNING)
+            _set(item, "lease_owner", worker_id)
+            _set(item, "lease_expires_at", expires)
+            _set(item, "lease_version", next(self._versions))
+            _set(item, "attempt", item.attempt + 1)
+            self._store(item)
+            self.events.append(
+                QueueEvent(now, "claim", item.id, item.lease_version, {"worker_id": worker_id})
             )
-            self._log("claim", item.id, item.lease_version, at=now, worker_id=worker_id)
-            claimed.append(item)
+            claimed.append(_copy(item))
         for item in (*expired, *put_back):
             # Not claimed this time (the limit, or its key): back in its heap, still claimable.
             assert item.lease_expires_at is not None
@@ -866,7 +973,13 @@ class MemoryQueue(SingleWrites):
                 QueueEvent(now, "renew", lease.item_id, lease.version, _NO_DETAIL, False)
             )
             return LeaseStatus.LOST
-        self._store(replace_trusted(item, updated_at=now, lease_expires_at=expires))
+        # In place, nothing pushed when the lease is extended (see the module doc); a shorter
+        # lease than the last one needs an entry at its earlier expiry.
+        extended = item.lease_expires_at is not None and expires >= item.lease_expires_at
+        _set(item, "updated_at", now)
+        _set(item, "lease_expires_at", expires)
+        if not extended:
+            self._push(self._leased, (item.spec_id, item.queue), expires, item)
         self.events.append(QueueEvent(now, "renew", lease.item_id, lease.version, _NO_DETAIL))
         return LeaseStatus.CANCEL_REQUESTED if item.cancel_requested else LeaseStatus.HELD
 
@@ -962,8 +1075,11 @@ class MemoryQueue(SingleWrites):
                 times.append(entry[0])
                 continue
             # A keyed expired lease may be blocked by its key: look at each (few run at once).
-            for at, item_id, _, item in heap:
-                if self._items.get(item_id) is item:
+            live = self._entries
+            for _, item_id, push, item in heap:
+                if live.get(item_id) == push:
+                    at = item.lease_expires_at
+                    assert at is not None
                     until = self._blocked_until(item.concurrency_key, item.concurrency_limit, now)
                     times.append(at if until is None else max(at, until))
         return min(times, default=None)
