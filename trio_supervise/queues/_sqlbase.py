@@ -506,20 +506,25 @@ class SQLQueue(SingleWrites):
         if pending:  # pragma: no cover - the key changed hands five times during one enqueue
             key = rows[pending[0]][_KEY]
             raise QueueError(f"the holder of idempotency key {key!r} kept changing; try again")
-        by_sent: dict[int, Enqueued] = {}
         due: set[str] = set()
         created_at = self._statement_now(cur, now) if written else None
+        entries = batch.entries
+        sent_done: list[Enqueued] = []
+        """One per sent entry, in the order of ``sent``."""
         for pos, index in enumerate(batch.sent):
             if pos in written:
                 assert created_at is not None
-                item = created_item(batch.entries[index], rows[pos][_ID], created_at)
+                item = created_item(entries[index], rows[pos][_ID], created_at)
                 if item.due_at <= created_at:
                     due.add(item.spec_id)
-                by_sent[index] = Enqueued(item=item, created=True)
+                sent_done.append(Enqueued(item=item, created=True))
             else:
-                by_sent[index] = Enqueued(item=self._item(found[pos]), created=False)
+                sent_done.append(Enqueued(item=self._item(found[pos]), created=False))
+        if not batch.repeats:  # every entry was sent: the common case
+            return sent_done, sorted(due)
+        by_sent = dict(zip(batch.sent, sent_done, strict=True))
         results = []
-        for index in range(len(batch.entries)):
+        for index in range(len(entries)):
             first = batch.repeats.get(index)
             if first is None:
                 results.append(by_sent[index])

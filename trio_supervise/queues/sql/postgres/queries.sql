@@ -29,6 +29,8 @@ SELECT pg_advisory_xact_lock(
 -- idempotency key another item holds is skipped (DO NOTHING). Nothing is returned: the queue
 -- knows what it wrote (the ids, and now() from statement_now). The text arrays
 -- travel in psycopg's binary format: as text, quoting 10,000 strings takes four times as long.
+-- A column that is NULL in every row may come as an empty array: unnest pads the shorter
+-- arrays with NULLs (ids is never shorter).
 INSERT INTO trio_supervise_items AS i (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
