@@ -198,3 +198,40 @@ async def test_awkward_values_are_stored_as_given(queue: WorkQueue) -> None:
             assert stored.timeout == entry.evaluation_timeout
             assert stored.idempotency_key == entry.idempotency_key
             assert stored.concurrency_key == entry.concurrency_key
+
+
+async def test_columns_with_one_value_are_stored_in_every_row(queue: WorkQueue) -> None:
+    """A batch whose entries share every value but the id stores each of them in every item
+    (PostgreSQL sends such a column once), and a one-entry batch is one item."""
+    entry = NewItem(
+        spec_id="same",
+        config={"a": [1, 2]},
+        tenant_id="t",
+        subject_id="s",
+        due_at=START + 5 * S,
+        priority=3,
+        queue="q",
+        evaluation_timeout=5.0,
+        concurrency_key="c",
+        concurrency_limit=2,
+    )
+    for size in (4, 1):
+        done = await queue.enqueue_many([entry] * size)
+        assert len({each.item.id for each in done}) == size
+        for each in done:
+            stored = await queue.get(each.item.id)
+            assert stored == each.item
+            assert (stored.spec_id, stored.config, stored.tenant_id, stored.subject_id) == (
+                "same",
+                {"a": [1, 2]},
+                "t",
+                "s",
+            )
+            assert (stored.due_at, stored.priority, stored.queue, stored.timeout) == (
+                START + 5 * S,
+                3,
+                "q",
+                5.0,
+            )
+            assert (stored.concurrency_key, stored.concurrency_limit) == ("c", 2)
+    assert await queue.counts() == {("same", ItemState.QUEUED): 5}

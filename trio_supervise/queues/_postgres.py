@@ -50,7 +50,7 @@ from . import _sql
 from ._outbox import psycopg_savepoint
 from ._protocol import MAX_ERRORS, JSONValue, Lease
 from ._sql import redact_dsn, scrub_dsn
-from ._sqlbase import SettleEntry, SQLQueue
+from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue
 
 if TYPE_CHECKING:
     import psycopg
@@ -530,12 +530,17 @@ class PostgresQueue(SQLQueue):
         *,
         keyed: bool,
     ) -> int:
-        # One array per column: the rows transposed. A column of NULLs only (no key, no
-        # timeout, ...: most of a plain batch) goes as an empty array, which unnest pads with
-        # NULLs to the ids' length, instead of 10,000 NULLs to dump and parse.
+        # One array per column (the rows transposed), but a column with one value in every
+        # row goes as an empty array and that value (see the query); ids always whole.
         arrays: dict[str, Any] = {"now": now}
-        for name, column in zip(_ARRAYS, zip(*rows, strict=True), strict=True):
-            arrays[name] = [] if column.count(None) == len(column) else list(column)
+        columns = zip(*rows, strict=True)
+        arrays[_ARRAYS[0]] = list(next(columns))
+        for name, array, column in zip(NEW_ROW_COLUMNS[1:], _ARRAYS[1:], columns, strict=True):
+            first = column[0]
+            if column.count(first) == len(column):
+                arrays[name], arrays[array] = first, []
+            else:
+                arrays[name], arrays[array] = None, list(column)
         query = _Q["enqueue_many"] if keyed else _ENQUEUE_UNKEYED
         return cur.execute(query, arrays).rowcount
 
