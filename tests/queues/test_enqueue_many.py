@@ -211,7 +211,7 @@ async def test_columns_with_one_value_are_stored_in_every_row(queue: WorkQueue) 
         due_at=START + 5 * S,
         priority=3,
         queue="q",
-        evaluation_timeout=5.0,
+        evaluation_timeout=0.1,
         concurrency_key="c",
         concurrency_limit=2,
     )
@@ -231,7 +231,7 @@ async def test_columns_with_one_value_are_stored_in_every_row(queue: WorkQueue) 
                 START + 5 * S,
                 3,
                 "q",
-                5.0,
+                0.1,
             )
             assert (stored.concurrency_key, stored.concurrency_limit) == ("c", 2)
     assert await queue.counts() == {("same", ItemState.QUEUED): 5}

@@ -35,23 +35,23 @@ INSERT INTO trio_supervise_items (
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: enqueue_rows
--- The same insert as one statement: :rows is one JSON array of rows, each an array of the
--- values in the order of NEW_ROW_COLUMNS (_sqlbase.py). Two to three times as fast as
+-- The same insert as one statement over json_each(:rows), two to three times as fast as
 -- executemany of enqueue, whose per-row cost is binding the parameters and stepping the
--- statement from Python (scalars come out of json_extract as SQL values: text, integer, real,
--- NULL). WHERE true: an upsert's SELECT needs a WHERE (SQLite's parsing ambiguity).
+-- statement from Python. A template: the queue fills in each column's placeholder
+-- (NEW_ROW_COLUMNS in _sqlbase.py) with the parameter of the column's name when every row has
+-- the same value there (most of a batch: one spec, no key, no timeout...), else with the
+-- row's value from the JSON; the fewer values the JSON holds per row, the faster (see
+-- _enqueue_rows_query in _sqlite.py). Scalars come out of json_extract as SQL values (text,
+-- integer, real, NULL). WHERE true: an upsert's SELECT needs a WHERE (SQLite's parsing
+-- ambiguity).
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
     concurrency_key, concurrency_limit
 )
-SELECT json_extract(r.value, '$[0]'), json_extract(r.value, '$[1]'),
-    json_extract(r.value, '$[2]'), json_extract(r.value, '$[3]'),
-    json_extract(r.value, '$[4]'), 'queued', json_extract(r.value, '$[5]'),
-    json_extract(r.value, '$[6]'), :now, :now, json_extract(r.value, '$[7]'),
-    json_extract(r.value, '$[8]'), json_extract(r.value, '$[9]'),
-    json_extract(r.value, '$[10]'), :now + json_extract(r.value, '$[11]'),
-    json_extract(r.value, '$[12]'), json_extract(r.value, '$[13]')
+SELECT {id}, {spec_id}, {tenant_id}, {subject_id}, {config}, 'queued', {due_at},
+    {idempotency_key}, :now, :now, {priority}, {queue}, {timeout}, {unique_scope},
+    :now + {period_us}, {concurrency_key}, {concurrency_limit}
 FROM json_each(:rows) AS r
 WHERE true
 ON CONFLICT (idempotency_key) DO NOTHING;
