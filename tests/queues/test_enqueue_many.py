@@ -163,3 +163,75 @@ async def test_a_big_batch(queue: WorkQueue) -> None:
     assert sum(each.created for each in done) == 2500
     assert done[2500].item.id == "id-00000"
     assert await queue.counts() == {("spec", ItemState.QUEUED): 2500}
+
+
+async def test_awkward_values_are_stored_as_given(queue: WorkQueue) -> None:
+    """Texts with quotes, backslashes, control characters and non-ASCII, nested configs, whole
+    and fractional timeouts, keys, periods and concurrency limits come back from the store as
+    the batch's result reports them (SQLite writes a batch as one JSON array, and a batch with
+    a fractional timeout another way)."""
+    texts = ['a"b\\c', "\x01\x1f\n\t\r", "é日本😀", "\u2028\U0010ffff", "'; --"]
+    for timeouts in ([None, 30.0, 2.0, None, 7.0], [None, 0.1, 2.5, 1e-3, 7.0]):
+        entries = [
+            NewItem(
+                spec_id=f"spec{text}",
+                config={"text": text, "nested": [1, 2.5, None, {"x": text}], "big": 2**53 + 1},
+                tenant_id=text,
+                subject_id=text * 2,
+                idempotency_key=f"{timeouts[1]}{text}",
+                evaluation_timeout=timeout,
+                unique=dt.timedelta(seconds=90) if n % 2 else "unfinished",
+                concurrency_key=text if n % 2 else None,
+                concurrency_limit=3 if n % 2 else None,
+                priority=n - 2,
+                queue=f"q{text}",
+            )
+            for n, (text, timeout) in enumerate(zip(texts, timeouts, strict=True))
+        ]
+        done = await queue.enqueue_many(entries)
+        assert [each.created for each in done] == [True] * len(entries)
+        for entry, each in zip(entries, done, strict=True):
+            stored = await queue.get(each.item.id)
+            assert stored == each.item
+            assert stored.config == entry.config
+            assert (stored.tenant_id, stored.subject_id) == (entry.tenant_id, entry.subject_id)
+            assert stored.timeout == entry.evaluation_timeout
+            assert stored.idempotency_key == entry.idempotency_key
+            assert stored.concurrency_key == entry.concurrency_key
+
+
+async def test_columns_with_one_value_are_stored_in_every_row(queue: WorkQueue) -> None:
+    """A batch whose entries share every value but the id stores each of them in every item
+    (PostgreSQL sends such a column once), and a one-entry batch is one item."""
+    entry = NewItem(
+        spec_id="same",
+        config={"a": [1, 2]},
+        tenant_id="t",
+        subject_id="s",
+        due_at=START + 5 * S,
+        priority=3,
+        queue="q",
+        evaluation_timeout=0.1,
+        concurrency_key="c",
+        concurrency_limit=2,
+    )
+    for size in (4, 1):
+        done = await queue.enqueue_many([entry] * size)
+        assert len({each.item.id for each in done}) == size
+        for each in done:
+            stored = await queue.get(each.item.id)
+            assert stored == each.item
+            assert (stored.spec_id, stored.config, stored.tenant_id, stored.subject_id) == (
+                "same",
+                {"a": [1, 2]},
+                "t",
+                "s",
+            )
+            assert (stored.due_at, stored.priority, stored.queue, stored.timeout) == (
+                START + 5 * S,
+                3,
+                "q",
+                0.1,
+            )
+            assert (stored.concurrency_key, stored.concurrency_limit) == ("c", 2)
+    assert await queue.counts() == {("same", ItemState.QUEUED): 5}

@@ -50,7 +50,7 @@ from . import _sql
 from ._outbox import psycopg_savepoint
 from ._protocol import MAX_ERRORS, JSONValue, Lease
 from ._sql import redact_dsn, scrub_dsn
-from ._sqlbase import SettleEntry, SQLQueue
+from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue
 
 if TYPE_CHECKING:
     import psycopg
@@ -62,6 +62,23 @@ logger = logging.getLogger("trio_supervise.queues")
 
 _Q = _sql.load_queries("postgres")
 _ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue_many"])
+_ARRAYS = (
+    "ids",
+    "spec_ids",
+    "tenant_ids",
+    "subject_ids",
+    "configs",
+    "due_ats",
+    "keys",
+    "priorities",
+    "queues",
+    "timeouts",
+    "scopes",
+    "periods_us",
+    "concurrency_keys",
+    "concurrency_limits",
+)
+"""The ``enqueue_many`` query's array parameters, one per :data:`NEW_ROW_COLUMNS`, in order."""
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _CHANNEL = "trio_supervise"
 T = TypeVar("T")
@@ -506,25 +523,24 @@ class PostgresQueue(SQLQueue):
         return conn.cursor(row_factory=dict_row)
 
     def _insert_rows(
-        self, cur: psycopg.Cursor[Row], params: Sequence[dict[str, Any]], *, keyed: bool
+        self,
+        cur: psycopg.Cursor[Row],
+        rows: Sequence[tuple[Any, ...]],
+        now: dt.datetime | None,
+        *,
+        keyed: bool,
     ) -> int:
-        arrays = {
-            "ids": [each["id"] for each in params],
-            "spec_ids": [each["spec_id"] for each in params],
-            "tenant_ids": [each["tenant_id"] for each in params],
-            "subject_ids": [each["subject_id"] for each in params],
-            "configs": [each["config"] for each in params],
-            "due_ats": [each["due_at"] for each in params],
-            "keys": [each["idempotency_key"] for each in params],
-            "priorities": [each["priority"] for each in params],
-            "queues": [each["queue"] for each in params],
-            "timeouts": [each["timeout"] for each in params],
-            "scopes": [each["unique_scope"] for each in params],
-            "periods_us": [each["period_us"] for each in params],
-            "concurrency_keys": [each["concurrency_key"] for each in params],
-            "concurrency_limits": [each["concurrency_limit"] for each in params],
-            "now": params[0]["now"],
-        }
+        # One array per column (the rows transposed), but a column with one value in every
+        # row goes as an empty array and that value (see the query); ids always whole.
+        arrays: dict[str, Any] = {"now": now}
+        columns = zip(*rows, strict=True)
+        arrays[_ARRAYS[0]] = list(next(columns))
+        for name, array, column in zip(NEW_ROW_COLUMNS[1:], _ARRAYS[1:], columns, strict=True):
+            first = column[0]
+            if column.count(first) == len(column):
+                arrays[name], arrays[array] = first, []
+            else:
+                arrays[name], arrays[array] = None, list(column)
         query = _Q["enqueue_many"] if keyed else _ENQUEUE_UNKEYED
         return cur.execute(query, arrays).rowcount
 

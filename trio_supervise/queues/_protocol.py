@@ -126,7 +126,7 @@ import enum
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
@@ -658,6 +658,10 @@ class WorkItem:
 
 _new_object = object.__new__
 _set = object.__setattr__
+_SLOT_SETTERS: dict[str, Callable[[WorkItem, Any], None]] = {
+    field.name: vars(WorkItem)[field.name].__set__ for field in attrs.fields(WorkItem)
+}
+"""Each field's slot descriptor's ``__set__`` (``WorkItem`` is a slotted attrs class)."""
 
 
 def replace_trusted(item: WorkItem, **changes: Any) -> WorkItem:
@@ -729,37 +733,40 @@ def new_trusted(
 
     For bulk enqueue, which builds one per entry: the same trust as :func:`replace_trusted`
     (every datetime is UTC already, every value checked), and every other field its default.
+    Each field is set through its slot's own setter (a third cheaper than
+    ``object.__setattr__``, which looks the slot up first).
     """
     new: WorkItem = _new_object(WorkItem)
-    _set(new, "id", id)
-    _set(new, "spec_id", spec_id)
-    _set(new, "tenant_id", tenant_id)
-    _set(new, "subject_id", subject_id)
-    _set(new, "config", config)
-    _set(new, "cancel_requested", False)
-    _set(new, "lease_version", 0)
-    _set(new, "state", ItemState.QUEUED)
-    _set(new, "due_at", due_at)
-    _set(new, "error_count", 0)
-    _set(new, "last_error", None)
-    _set(new, "lease_owner", None)
-    _set(new, "lease_expires_at", None)
-    _set(new, "idempotency_key", idempotency_key)
-    _set(new, "created_at", created_at)
-    _set(new, "updated_at", created_at)
-    _set(new, "attempt", 0)
-    _set(new, "priority", priority)
-    _set(new, "queue", queue)
-    _set(new, "timeout", timeout)
-    _set(new, "result", None)
-    _set(new, "errors", ())
-    _set(new, "unique_scope", unique_scope)
-    _set(new, "unique_until", unique_until)
-    _set(new, "released_key", None)
-    _set(new, "concurrency_key", concurrency_key)
-    _set(new, "concurrency_limit", concurrency_limit)
-    _set(new, "parent_id", None)
-    _set(new, "waiting_children", 0)
+    set_ = _SLOT_SETTERS
+    set_["id"](new, id)
+    set_["spec_id"](new, spec_id)
+    set_["tenant_id"](new, tenant_id)
+    set_["subject_id"](new, subject_id)
+    set_["config"](new, config)
+    set_["cancel_requested"](new, False)
+    set_["lease_version"](new, 0)
+    set_["state"](new, ItemState.QUEUED)
+    set_["due_at"](new, due_at)
+    set_["error_count"](new, 0)
+    set_["last_error"](new, None)
+    set_["lease_owner"](new, None)
+    set_["lease_expires_at"](new, None)
+    set_["idempotency_key"](new, idempotency_key)
+    set_["created_at"](new, created_at)
+    set_["updated_at"](new, created_at)
+    set_["attempt"](new, 0)
+    set_["priority"](new, priority)
+    set_["queue"](new, queue)
+    set_["timeout"](new, timeout)
+    set_["result"](new, None)
+    set_["errors"](new, ())
+    set_["unique_scope"](new, unique_scope)
+    set_["unique_until"](new, unique_until)
+    set_["released_key"](new, None)
+    set_["concurrency_key"](new, concurrency_key)
+    set_["concurrency_limit"](new, concurrency_limit)
+    set_["parent_id"](new, None)
+    set_["waiting_children"](new, 0)
     return new
 
 
@@ -856,6 +863,11 @@ class Enqueued:
     """False: an existing item holds the idempotency key, and nothing was written."""
 
 
+def _plain_text(text: object) -> bool:
+    """A str of ASCII without a NUL: storable everywhere, no need to look closer."""
+    return type(text) is str and text.isascii() and "\x00" not in text
+
+
 def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
     """Every entry checked (:func:`check_new_item`), its config the checked JSON copy (or
     None for an empty one: each backend stores ``{}``).
@@ -887,6 +899,21 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             known = shape in shapes
         except TypeError:  # something unhashable: a bad value, the full check names it
             known = False
+        if (
+            known
+            and entry.config is None
+            and entry.item_id is None
+            and entry.due_at is None
+            and entry.concurrency_key is None
+            and entry.concurrency_limit is None
+            and _plain_text(entry.tenant_id)
+            and _plain_text(entry.subject_id)
+            and (entry.idempotency_key is None or _plain_text(entry.idempotency_key))
+        ):
+            # The common bulk entry, whose shape was checked already: what check_new_item
+            # checks per entry, inline (it would return the entry unchanged).
+            checked.append(entry)
+            continue
         try:
             config = check_new_item(
                 spec_id=entry.spec_id,
