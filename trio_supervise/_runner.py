@@ -378,6 +378,8 @@ class _Settler:
     written: _Written
     flushed: Callable[[], None] = lambda: None
     """Called after each call's results are all reported (the per-batch bookkeeping)."""
+    taken: Callable[[list[tuple[_InFlight, Settlement]]], None] = lambda batch: None
+    """Called with each batch as it is taken for a call, before the call (the slots it frees)."""
     _send: trio.MemorySendChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
     _receive: trio.MemoryReceiveChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
 
@@ -406,6 +408,7 @@ class _Settler:
                     batch.append(self._receive.receive_nowait())
                 except trio.WouldBlock:
                     break
+            self.taken(batch)
             try:
                 results = await self.queue.settle_many([settlement for _, settlement in batch])
                 if len(results) != len(batch):
@@ -493,7 +496,7 @@ class WorkflowRunner(Generic[ContextT]):
     """The waits shutdown must cut short: one per claim loop (one per served queue)."""
     _drain_log: _DrainLog = attrs.field(init=False, factory=lambda: _DrainLog(0.0))
     _freed: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
-    """Slots freed per queue by the settler's current batch, not yet counted (see _free)."""
+    """Slots freed per queue by the batch the settler takes (see _taken)."""
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry
@@ -555,7 +558,11 @@ class WorkflowRunner(Generic[ContextT]):
             self._registry.validate_all()
             async with open_context(self._build_context) as context:
                 settler = _Settler(
-                    self._queue, self._settings.settle_batch, self._written, self._flush_freed
+                    self._queue,
+                    self._settings.settle_batch,
+                    self._written,
+                    self._flush_freed,
+                    self._taken,
                 )
                 fatal: Exception | None = None
                 try:
@@ -882,26 +889,40 @@ class WorkflowRunner(Generic[ContextT]):
                 settler.submit(entry, outcome)
 
     def _free(self, entry: _InFlight, *, batched: bool = False) -> None:
-        """Free *entry*'s slot; *batched* (the settler's results) waits for
-        :meth:`_flush_freed` to update the counts others wait on, once per written batch."""
+        """Drop *entry* from the in-flight set. Unless *batched* (the settler's results, whose
+        slots :meth:`_taken` freed already) it frees its slot too; a batch's results update the
+        in-flight count once, in :meth:`_flush_freed`."""
         if self._in_flight.pop(entry.key, None) is not None:
             if batched:
-                self._freed[entry.item.queue] += 1
                 return
             busy = self._busy.get(entry.item.queue)
             if busy is not None and busy.value > 0:
                 busy.value -= 1
         self._count.value = len(self._in_flight)
 
-    def _flush_freed(self) -> None:
-        """After a written batch: update the slot counts once (waking the claim loops once)."""
+    def _taken(self, batch: list[tuple[_InFlight, Settlement]]) -> None:
+        """The settler took *batch* for a write: free its slots, once per queue (waking the
+        claim loops once), so that the next claim runs beside the write.
+
+        An item being written is no longer evaluated; it stays in flight (its lease renewed,
+        drain waiting for it) until the write's answer. At most one batch is being written at
+        a time, so a queue holds at most its concurrency plus one settle batch of items.
+        """
+        if len(self._busy) == 1:
+            [busy] = self._busy.values()
+            busy.value = max(0, busy.value - len(batch))
+            return
         freed = self._freed
-        if freed:
-            for queue, n in freed.items():
-                busy = self._busy.get(queue)
-                if busy is not None:
-                    busy.value = max(0, busy.value - n)
-            freed.clear()
+        for entry, _ in batch:
+            freed[entry.item.queue] += 1
+        for queue, n in freed.items():
+            busy = self._busy.get(queue)
+            if busy is not None:
+                busy.value = max(0, busy.value - n)
+        freed.clear()
+
+    def _flush_freed(self) -> None:
+        """After a written batch's results: update the in-flight count once."""
         self._count.value = len(self._in_flight)
 
     def _observe(self, entry: _InFlight) -> None:
@@ -1003,6 +1024,12 @@ class WorkflowRunner(Generic[ContextT]):
         finally:
             if retry is None:
                 self._free(entry, batched=True)
+            else:
+                # Waiting to be written again: the item takes a slot again meanwhile (the next
+                # batch that takes it frees it), so failing writes cannot grow the in-flight set.
+                busy = self._busy.get(entry.item.queue)
+                if busy is not None:
+                    busy.value += 1
         return retry
 
     def _account(
