@@ -11,11 +11,14 @@ Three tasks share the runner's state:
   event loop for a whole round); a lost lease cancels that item's evaluation, a requested
   cancellation cancels it too;
 - the *settler* writes outcomes with ``settle_many``, taking everything that finished since its
-  last write in one call, then does each item's bookkeeping and frees the batch's slots (the
-  counts the claim loops wait on change once per batch). A write that
-  fails transiently (the queue unreachable, SQLite busy or locked, a full disk) is written again
-  after a backoff while the item's lease is valid, the renewal loop renewing it meanwhile: the
-  item keeps its slot and its lease until the write lands or the lease is really gone;
+  last write in one call. Taking a batch frees its slots (the counts the claim loops wait on
+  change once per batch), so the next claim runs beside the write instead of after it; the
+  items stay in flight, their leases renewed, until the write answers, and since one batch is
+  written at a time a queue holds at most its concurrency plus ``settle_batch`` items. Then it
+  does each item's bookkeeping. A write that fails transiently (the queue unreachable, SQLite
+  busy or locked, a full disk) is written again after a backoff while the item's lease is
+  valid, the renewal loop renewing it meanwhile: the item takes a slot again while it waits
+  and keeps its lease until the write lands or the lease is really gone;
 - the *loop-lag watchdog* (while anything is in flight) sleeps a short interval and measures how
   late it wakes: a driver that blocks the thread (``time.sleep``) starves every renewal, so a
   wake-up later than a third of the lease is logged, kept in the recent errors and exported.
@@ -25,9 +28,10 @@ channel, one at a time (the pool grows to the most items evaluated at once, at m
 concurrency). An evaluator runs its items inside one cancel scope, and an item's ``scope`` points
 at it while that item is evaluated: stopping the item (a lost lease, a cancel request, shutdown)
 cancels that scope, which holds that evaluation alone, and the evaluator goes on in a fresh one.
-So the happy path starts no task and enters no cancel scope per item. An item holds its slot (and
-its lease, which keeps being renewed) until its outcome is written; its evaluator hands the
-outcome to the settler and moves on, nothing waiting per item for the write.
+So the happy path starts no task and enters no cancel scope per item. An item holds its slot until
+its outcome is taken for a write, and its lease (which keeps being renewed) until the write
+answers; its evaluator hands the outcome to the settler and moves on, nothing waiting per item
+for the write.
 """
 
 from __future__ import annotations
@@ -916,9 +920,9 @@ class WorkflowRunner(Generic[ContextT]):
         for entry, _ in batch:
             freed[entry.item.queue] += 1
         for queue, n in freed.items():
-            busy = self._busy.get(queue)
-            if busy is not None:
-                busy.value = max(0, busy.value - n)
+            slots = self._busy.get(queue)
+            if slots is not None:
+                slots.value = max(0, slots.value - n)
         freed.clear()
 
     def _flush_freed(self) -> None:
