@@ -258,6 +258,111 @@ async def test_outcomes_that_finish_together_are_written_together(
     assert {item.state for item in queue.items.values()} == {ts.ItemState.COMPLETED}
 
 
+@attrs.define(eq=False)
+class DistantQueue(ts.MemoryQueue):
+    """The memory queue one round trip away: claims and writes take ``latency`` seconds each.
+
+    It records each call's span and, at each write's start, how many items the runner holds.
+    """
+
+    latency: float = 1.0
+    write_latency: float | None = None
+    """A write's latency, when not ``latency``."""
+    runner: ts.WorkflowRunner[None] | None = None
+    claims: list[tuple[float, float, int]] = attrs.field(init=False, factory=list)
+    writes: list[tuple[float, float, int]] = attrs.field(init=False, factory=list)
+    held: list[int] = attrs.field(init=False, factory=list)
+    renewals: list[float] = attrs.field(init=False, factory=list)
+
+    async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]:
+        self.renewals.append(trio.current_time())
+        return await super().renew_many(leases, lease)
+
+    async def claim_due(
+        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int
+    ) -> list[WorkItem]:
+        started = trio.current_time()
+        await trio.sleep(self.latency)
+        items = await super().claim_due(spec_ids, worker_id, lease, limit)
+        self.claims.append((started, trio.current_time(), len(items)))
+        return items
+
+    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
+        started = trio.current_time()
+        assert self.runner is not None
+        self.held.append(len(self.runner.in_flight))
+        await trio.sleep(self.latency if self.write_latency is None else self.write_latency)
+        results = await super().settle_many(settlements)
+        self.writes.append((started, trio.current_time(), len(settlements)))
+        return results
+
+
+async def test_the_next_claim_runs_beside_the_last_batchs_write(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A slot frees once its outcome is taken for a write, not when the write answers: claims
+    and writes overlap, yet no more than ``concurrency`` items are evaluated at once and the
+    runner holds at most one settle batch more than that."""
+    queue = DistantQueue()
+    driver = Recorder()
+    for n in range(12):
+        await queue.enqueue("job", item_id=f"i{n:02}")
+    runner = queue.runner = make_runner(queue, driver, concurrency=3, claim_batch=3, settle_batch=3)
+    async with running(runner):
+        await trio.sleep(5.5)
+    assert len(driver.ends) == 12
+    assert driver.peak <= 3
+    # Claims start at 0, 1, 2, 3 (each beside the write of the batch before), not every 2 s.
+    assert [start for start, _, n in queue.claims if n] == [0.0, 1.0, 2.0, 3.0]
+    assert [(start, n) for start, _, n in queue.writes] == [(1.0, 3), (2.0, 3), (3.0, 3), (4.0, 3)]
+    assert max(queue.held) <= 3 + 3
+    assert {item.state for item in queue.items.values()} == {ts.ItemState.COMPLETED}
+
+
+async def test_an_item_being_written_stays_in_flight_renewed_and_drained(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its slot is free, but an item whose write outlasts the lease keeps it renewed, a cancel
+    request then changes nothing, and shutdown waits for the write's answer."""
+    queue = DistantQueue(latency=0.0, write_latency=45.0)
+    driver = Recorder()
+    await queue.enqueue("job", item_id="slow-write")
+    runner = queue.runner = make_runner(queue, driver, concurrency=1, lease=30, shutdown_grace=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        await trio.sleep(12)
+        assert [item.id for item in runner.in_flight] == ["slow-write"]
+        await queue.request_cancel("slow-write")
+        runner.shutdown.begin()
+    assert trio.current_time() == 45.0  # longer than the lease: renewed meanwhile
+    assert queue.renewals == [10.0, 20.0, 30.0, 40.0]
+    assert driver.starts == {"slow-write": [0.0]}
+    assert driver.cancelled == {}
+    item = await queue.get("slow-write")
+    assert item.state is ts.ItemState.COMPLETED
+    assert runner.in_flight == []
+
+
+async def test_a_failing_write_takes_a_slot_again_while_it_waits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Outcomes waiting to be written again hold their slots: while writes fail, the runner
+    claims no more than its concurrency plus one batch being written."""
+    queue = FaultyQueue()
+    queue.settle_failures = 1000
+    for n in range(20):
+        await queue.enqueue("job", item_id=f"i{n:02}")
+    runner = make_runner(queue, concurrency=2, claim_batch=2, settle_batch=2, lease=60)
+    peak = 0
+    async with running(runner):
+        for _ in range(100):
+            await trio.sleep(0.25)
+            peak = max(peak, len(runner.in_flight))
+        queue.settle_failures = 0
+        await trio.sleep(1)
+    assert 2 <= peak <= 2 + 2
+
+
 # -- shutdown ---------------------------------------------------------------------------------
 
 

@@ -11,11 +11,14 @@ Three tasks share the runner's state:
   event loop for a whole round); a lost lease cancels that item's evaluation, a requested
   cancellation cancels it too;
 - the *settler* writes outcomes with ``settle_many``, taking everything that finished since its
-  last write in one call, then does each item's bookkeeping and frees the batch's slots (the
-  counts the claim loops wait on change once per batch). A write that
-  fails transiently (the queue unreachable, SQLite busy or locked, a full disk) is written again
-  after a backoff while the item's lease is valid, the renewal loop renewing it meanwhile: the
-  item keeps its slot and its lease until the write lands or the lease is really gone;
+  last write in one call. Taking a batch frees its slots (the counts the claim loops wait on
+  change once per batch), so the next claim runs beside the write instead of after it; the
+  items stay in flight, their leases renewed, until the write answers, and since one batch is
+  written at a time a queue holds at most its concurrency plus ``settle_batch`` items. Then it
+  does each item's bookkeeping. A write that fails transiently (the queue unreachable, SQLite
+  busy or locked, a full disk) is written again after a backoff while the item's lease is
+  valid, the renewal loop renewing it meanwhile: the item takes a slot again while it waits
+  and keeps its lease until the write lands or the lease is really gone;
 - the *loop-lag watchdog* (while anything is in flight) sleeps a short interval and measures how
   late it wakes: a driver that blocks the thread (``time.sleep``) starves every renewal, so a
   wake-up later than a third of the lease is logged, kept in the recent errors and exported.
@@ -25,9 +28,10 @@ channel, one at a time (the pool grows to the most items evaluated at once, at m
 concurrency). An evaluator runs its items inside one cancel scope, and an item's ``scope`` points
 at it while that item is evaluated: stopping the item (a lost lease, a cancel request, shutdown)
 cancels that scope, which holds that evaluation alone, and the evaluator goes on in a fresh one.
-So the happy path starts no task and enters no cancel scope per item. An item holds its slot (and
-its lease, which keeps being renewed) until its outcome is written; its evaluator hands the
-outcome to the settler and moves on, nothing waiting per item for the write.
+So the happy path starts no task and enters no cancel scope per item. An item holds its slot until
+its outcome is taken for a write, and its lease (which keeps being renewed) until the write
+answers; its evaluator hands the outcome to the settler and moves on, nothing waiting per item
+for the write.
 """
 
 from __future__ import annotations
@@ -378,6 +382,8 @@ class _Settler:
     written: _Written
     flushed: Callable[[], None] = lambda: None
     """Called after each call's results are all reported (the per-batch bookkeeping)."""
+    taken: Callable[[list[tuple[_InFlight, Settlement]]], None] = lambda batch: None
+    """Called with each batch as it is taken for a call, before the call (the slots it frees)."""
     _send: trio.MemorySendChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
     _receive: trio.MemoryReceiveChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
 
@@ -406,6 +412,7 @@ class _Settler:
                     batch.append(self._receive.receive_nowait())
                 except trio.WouldBlock:
                     break
+            self.taken(batch)
             try:
                 results = await self.queue.settle_many([settlement for _, settlement in batch])
                 if len(results) != len(batch):
@@ -493,7 +500,7 @@ class WorkflowRunner(Generic[ContextT]):
     """The waits shutdown must cut short: one per claim loop (one per served queue)."""
     _drain_log: _DrainLog = attrs.field(init=False, factory=lambda: _DrainLog(0.0))
     _freed: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
-    """Slots freed per queue by the settler's current batch, not yet counted (see _free)."""
+    """Slots freed per queue by the batch the settler takes (see _taken)."""
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry
@@ -555,7 +562,11 @@ class WorkflowRunner(Generic[ContextT]):
             self._registry.validate_all()
             async with open_context(self._build_context) as context:
                 settler = _Settler(
-                    self._queue, self._settings.settle_batch, self._written, self._flush_freed
+                    self._queue,
+                    self._settings.settle_batch,
+                    self._written,
+                    self._flush_freed,
+                    self._taken,
                 )
                 fatal: Exception | None = None
                 try:
@@ -882,26 +893,40 @@ class WorkflowRunner(Generic[ContextT]):
                 settler.submit(entry, outcome)
 
     def _free(self, entry: _InFlight, *, batched: bool = False) -> None:
-        """Free *entry*'s slot; *batched* (the settler's results) waits for
-        :meth:`_flush_freed` to update the counts others wait on, once per written batch."""
+        """Drop *entry* from the in-flight set. Unless *batched* (the settler's results, whose
+        slots :meth:`_taken` freed already) it frees its slot too; a batch's results update the
+        in-flight count once, in :meth:`_flush_freed`."""
         if self._in_flight.pop(entry.key, None) is not None:
             if batched:
-                self._freed[entry.item.queue] += 1
                 return
             busy = self._busy.get(entry.item.queue)
             if busy is not None and busy.value > 0:
                 busy.value -= 1
         self._count.value = len(self._in_flight)
 
-    def _flush_freed(self) -> None:
-        """After a written batch: update the slot counts once (waking the claim loops once)."""
+    def _taken(self, batch: list[tuple[_InFlight, Settlement]]) -> None:
+        """The settler took *batch* for a write: free its slots, once per queue (waking the
+        claim loops once), so that the next claim runs beside the write.
+
+        An item being written is no longer evaluated; it stays in flight (its lease renewed,
+        drain waiting for it) until the write's answer. At most one batch is being written at
+        a time, so a queue holds at most its concurrency plus one settle batch of items.
+        """
+        if len(self._busy) == 1:
+            [busy] = self._busy.values()
+            busy.value = max(0, busy.value - len(batch))
+            return
         freed = self._freed
-        if freed:
-            for queue, n in freed.items():
-                busy = self._busy.get(queue)
-                if busy is not None:
-                    busy.value = max(0, busy.value - n)
-            freed.clear()
+        for entry, _ in batch:
+            freed[entry.item.queue] += 1
+        for queue, n in freed.items():
+            slots = self._busy.get(queue)
+            if slots is not None:
+                slots.value = max(0, slots.value - n)
+        freed.clear()
+
+    def _flush_freed(self) -> None:
+        """After a written batch's results: update the in-flight count once."""
         self._count.value = len(self._in_flight)
 
     def _observe(self, entry: _InFlight) -> None:
@@ -1003,6 +1028,12 @@ class WorkflowRunner(Generic[ContextT]):
         finally:
             if retry is None:
                 self._free(entry, batched=True)
+            else:
+                # Waiting to be written again: the item takes a slot again meanwhile (the next
+                # batch that takes it frees it), so failing writes cannot grow the in-flight set.
+                busy = self._busy.get(entry.item.queue)
+                if busy is not None:
+                    busy.value += 1
         return retry
 
     def _account(
