@@ -145,6 +145,26 @@ async def test_sqlite_concurrent_migrators(tmp_path: Path) -> None:
     assert _sqlite_shape(path)["versions"] == [(_sql.latest_version("sqlite"),)]
 
 
+@pytest.mark.parametrize("round_", range(5))
+async def test_many_openers_of_a_fresh_sqlite_file(tmp_path: Path, round_: int) -> None:
+    """Queues and migrators opening one new file at once (processes starting together) all
+    open it: the WAL switch that SQLite refuses without waiting while another connection
+    migrates is tried again rather than failing the open."""
+    path = tmp_path / f"fresh-{round_}.db"
+    opened: list[int] = []
+
+    async def open_queue() -> None:
+        async with await SQLiteQueue.connect(path) as queue:
+            opened.append(len(await queue.list_items()))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(open_queue)
+            nursery.start_soon(_sqlite.migrate_path, path)
+    assert opened == [0] * 6
+    assert _sqlite_shape(path)["versions"] == [(_sql.latest_version("sqlite"),)]
+
+
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 

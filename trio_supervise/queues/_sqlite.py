@@ -257,6 +257,27 @@ def _map_error(error: sqlite3.Error, where: str) -> QueueError:
     return QueueError(f"SQLite queue at {where}: {text}")
 
 
+async def _open(fn: Callable[[], T], path: str, busy_timeout: float) -> T:
+    """Run *fn*, which opens (and perhaps migrates) the file at *path*, in a thread.
+
+    Where SQLite does not wait for another connection's lock, *fn* is tried again, with backoff,
+    until *busy_timeout* has passed: switching a fresh file to WAL while another connection
+    holds its write lock (several processes starting on one new file) returns ``SQLITE_BUSY``
+    at once instead of waiting, to avoid a deadlock. Other faults are mapped at once.
+    """
+    deadline = trio.current_time() + busy_timeout
+    delay = 0.005
+    while True:
+        try:
+            return await trio.to_thread.run_sync(fn)
+        except sqlite3.Error as error:
+            mapped = _map_error(error, path)
+            if not isinstance(mapped, QueueUnavailable) or trio.current_time() + delay > deadline:
+                raise mapped from error
+        await trio.sleep(delay)
+        delay = min(delay * 2, 0.25)
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """``(st_dev, st_ino)`` of the file at *path*; None for ``:memory:``."""
     if path == ":memory:":
@@ -359,10 +380,7 @@ class SQLiteQueue(SQLQueue):
                 on_failure.pop_all()
             return conn, reader, identity
 
-        try:
-            conn, reader, identity = await trio.to_thread.run_sync(open_sync)
-        except sqlite3.Error as error:
-            raise _map_error(error, path) from error
+        conn, reader, identity = await _open(open_sync, path, busy_timeout)
         return cls(
             path=path,
             conn=conn,
@@ -617,7 +635,4 @@ async def migrate_path(path: str | os.PathLike[str], *, clock: Clock | None = No
         finally:
             conn.close()
 
-    try:
-        return await trio.to_thread.run_sync(run)
-    except sqlite3.Error as error:
-        raise _map_error(error, path) from error
+    return await _open(run, path, 5.0)
