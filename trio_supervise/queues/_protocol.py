@@ -454,8 +454,6 @@ def check_new_item(
     queue: str = DEFAULT_QUEUE,
     timeout: float | None = None,
     unique: object = "forever",
-    concurrency_key: str | None = None,
-    concurrency_limit: int | None = None,
     shape_checked: bool = False,
 ) -> JSONValue:
     """Validate what ``enqueue`` was given, the same way on every backend; return the config.
@@ -476,7 +474,6 @@ def check_new_item(
         check_queue_name(queue)
         check_timeout(timeout)
         check_unique(unique, idempotency_key)
-    check_concurrency(concurrency_key, concurrency_limit)
     if item_id is not None and not item_id:
         raise ValueError("item_id must be a non-empty string")
     texts = {
@@ -926,8 +923,6 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
                 queue=entry.queue,
                 timeout=entry.evaluation_timeout,
                 unique=entry.unique,
-                concurrency_key=entry.concurrency_key,
-                concurrency_limit=entry.concurrency_limit,
                 shape_checked=known,
             )
             if not known:
