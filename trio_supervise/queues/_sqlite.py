@@ -92,29 +92,55 @@ def _enqueue_rows_query(varying: tuple[bool, ...], keyed: bool) -> str:
     return query if keyed else _sql.without_conflict_clause(query)
 
 
-_SETTLE_COLUMNS = 8
-"""Parameters per outcome in ``settle_many``: id, version, kind, error, delay_us, at, config,
-result."""
-_SETTLE_CHUNK = 64
-"""Outcomes per ``settle_many`` statement: 2 + 8 * 64 parameters stay under 999, the smallest
-``SQLITE_MAX_VARIABLE_NUMBER`` a build may have."""
-_SETTLE_PADDING = [None] * (_SETTLE_CHUNK * _SETTLE_COLUMNS)
+_MAX_PARAMETERS = 999
+"""The smallest ``SQLITE_MAX_VARIABLE_NUMBER`` a build may have (32766 since SQLite 3.32)."""
+_PADDING = [None] * _MAX_PARAMETERS
 _ORD = operator.itemgetter("ord")
 
 
-def _settle_size(n: int) -> int:
-    """The statement size a chunk of *n* outcomes is padded to: the next power of two."""
-    return 1 << (n - 1).bit_length()
-
-
 @functools.cache
-def _settle_many_query(size: int) -> str:
-    """The ``settle_many`` template for *size* outcomes (parameters ?3 on, eight per outcome)."""
+def _values_query(name: str, width: int, size: int) -> str:
+    """The template query *name* for *size* rows of *width* values: its ``{rows}`` filled in
+    with ``(?3, ?4, ...), ...``, numbered after the query's own ``?1`` and ``?2``."""
     rows = ", ".join(
-        "(" + ", ".join(f"?{3 + n * _SETTLE_COLUMNS + k}" for k in range(_SETTLE_COLUMNS)) + ")"
-        for n in range(size)
+        "(" + ", ".join(f"?{3 + n * width + k}" for k in range(width)) + ")" for n in range(size)
     )
-    return _Q["settle_many"].replace("{rows}", rows)
+    return _Q[name].replace("{rows}", rows)
+
+
+def _values_chunk(width: int) -> int:
+    """Rows per statement: the largest power of two whose parameters fit in any build."""
+    return 1 << ((_MAX_PARAMETERS - 2) // width).bit_length() - 1
+
+
+def _execute_values(
+    conn: sqlite3.Connection,
+    name: str,
+    head: tuple[Any, Any],
+    rows: Sequence[Sequence[Any]],
+) -> list[sqlite3.Row]:
+    """Run the template query *name* (see :func:`_values_query`) over *rows*, with *head* as
+    ``?1`` and ``?2``; the rows it returns.
+
+    One statement per chunk of rows, not one per row: stepping a statement from Python costs
+    more than the write it makes. A chunk is padded with rows of NULLs (a NULL id matches
+    nothing) to a power of two, so a few statement texts serve every batch size, each prepared
+    once and then taken from the connection's statement cache.
+    """
+    returned: list[sqlite3.Row] = []
+    if not rows:
+        return returned
+    width = len(rows[0])
+    chunk = _values_chunk(width)
+    for start in range(0, len(rows), chunk):
+        part = rows[start : start + chunk]
+        size = 1 << (len(part) - 1).bit_length()
+        params = list(head)
+        for row in part:
+            params += row
+        params += _PADDING[: (size - len(part)) * width]
+        returned += conn.execute(_values_query(name, width, size), params).fetchall()
+    return returned
 
 
 T = TypeVar("T")
@@ -659,56 +685,45 @@ class SQLiteQueue(SQLQueue):
     def _renew_rows(
         self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int
     ) -> Iterable[sqlite3.Row]:
-        query = _Q["renew"]
-        for each in leases:
-            params = {
-                "id": each.item_id,
-                "version": each.version,
-                "owner": each.worker_id,
-                "lease_us": lease_us,
-                "now": now,
-            }
-            row = conn.execute(query, params).fetchone()
-            if row is not None:
-                yield row
+        return _execute_values(
+            conn,
+            "renew_many",
+            (now, lease_us),
+            [(each.item_id, each.version, each.worker_id) for each in leases],
+        )
 
     def _settle_rows(
         self, conn: sqlite3.Connection, entries: Sequence[SettleEntry], now: int
     ) -> list[Any]:
-        rows = []
-        for start in range(0, len(entries), _SETTLE_CHUNK):
-            chunk = entries[start : start + _SETTLE_CHUNK]
-            size = _settle_size(len(chunk))
-            params: list[Any] = [now, MAX_ERRORS]
-            ords = {}
-            for position, (_, s, values) in enumerate(chunk, start=start + 1):
-                ords[s.item_id, s.lease_version] = position
-                params += (
+        ords = {}
+        values = []
+        for position, (_, s, converted) in enumerate(entries, start=1):
+            ords[s.item_id, s.lease_version] = position
+            values.append(
+                (
                     s.item_id,
                     s.lease_version,
                     s.kind.value,
                     s.error,
-                    values["delay_us"],
-                    values["at"],
-                    values["config"],
-                    values["result"],
+                    converted["delay_us"],
+                    converted["at"],
+                    converted["config"],
+                    converted["result"],
                 )
-            # Padding rows (a NULL id matches nothing) keep to a few statement texts, each
-            # prepared once and then taken from the connection's statement cache.
-            params += _SETTLE_PADDING[: (size - len(chunk)) * _SETTLE_COLUMNS]
-            for id_, version, spec_id, state, parent_id, key, due_now in conn.execute(
-                _settle_many_query(size), params
-            ):
-                rows.append(
-                    {
-                        "ord": ords[id_, version],
-                        "spec_id": spec_id,
-                        "state": state,
-                        "parent_id": parent_id,
-                        "concurrency_key": key,
-                        "due_now": due_now,
-                    }
-                )
+            )
+        rows = [
+            {
+                "ord": ords[id_, version],
+                "spec_id": spec_id,
+                "state": state,
+                "parent_id": parent_id,
+                "concurrency_key": key,
+                "due_now": due_now,
+            }
+            for id_, version, spec_id, state, parent_id, key, due_now in _execute_values(
+                conn, "settle_many", (now, MAX_ERRORS), values
+            )
+        ]
         rows.sort(key=_ORD)  # batch order, as one statement per outcome returned them
         return rows
 

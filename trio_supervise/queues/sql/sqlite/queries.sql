@@ -180,14 +180,20 @@ WHERE id IN (
 )
 RETURNING *;
 
--- name: renew
--- A keyed row's expired lease is not renewed: its slot was free from the moment it expired
--- (a claim may have given it to another item of the key), so the late owner must stop.
+-- name: renew_many
+-- Fenced on (id, version, owner) and the running state; rows that come back are renewed. A
+-- template, as settle_many below: {rows} is one "(?, ?, ?)" per lease, in the columns of l;
+-- ?1 is now, ?2 is lease_us. A keyed row's expired lease is not renewed: its slot was free from
+-- the moment it expired (a claim may have given it to another item of the key), so the late
+-- owner must stop.
+WITH l (id, version, owner) AS (VALUES {rows})
 UPDATE trio_supervise_items SET
-    lease_expires_at = :now + :lease_us,
-    updated_at = :now
-WHERE id = :id AND lease_version = :version AND lease_owner = :owner AND state = 'running'
-  AND (concurrency_key IS NULL OR lease_expires_at > :now)
+    lease_expires_at = ?1 + ?2,
+    updated_at = ?1
+FROM l
+WHERE trio_supervise_items.id = l.id AND trio_supervise_items.lease_version = l.version
+  AND trio_supervise_items.lease_owner = l.owner AND trio_supervise_items.state = 'running'
+  AND (concurrency_key IS NULL OR lease_expires_at > ?1)
 RETURNING id, lease_version, lease_owner, cancel_requested;
 
 -- name: mark_error
@@ -210,7 +216,7 @@ RETURNING id;
 -- Every outcome of a batch in one statement, fenced on (id, version) and the running state:
 -- stepping one statement per outcome from Python costs twice what the writes do. A template:
 -- the queue fills in {rows}, one "(?, ?, ...)" of numbered parameters per outcome, in the
--- columns of s (below); ?1 is now, ?2 is max_errors. The batch never holds two outcomes for one
+-- columns of s; ?1 is now, ?2 is max_errors (_execute_values in _sqlite.py). The batch never holds two outcomes for one
 -- (id, version): the queue drops repeats before sending. RETURNING may name only the updated
 -- table, so the queue finds each row's outcome by (id, lease_version).
 WITH s (id, version, kind, error, delay_us, at, config, result) AS (VALUES {rows})
