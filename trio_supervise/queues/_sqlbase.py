@@ -12,8 +12,8 @@ in each backend:
   read-only reader, each behind its own limiter; PostgreSQL's pool, read pool and listener);
 - the claim (:meth:`SQLQueue._claim_rows`: SQLite's one statement under its write lock,
   PostgreSQL's unkeyed fast path plus an advisory-locked keyed path);
-- the two batched statements, where one statement per row (SQLite) and one ``unnest``
-  statement (PostgreSQL) are each the fast form (:meth:`SQLQueue._renew_rows`,
+- the two batched statements: one ``UPDATE ... FROM (VALUES ...)`` per chunk of rows
+  (SQLite) and one ``unnest`` statement (PostgreSQL) (:meth:`SQLQueue._renew_rows`,
   :meth:`SQLQueue._settle_rows`);
 - wake-ups (:meth:`SQLQueue._notify`, :meth:`SQLQueue._before_wait`, and SQLite's look at
   other connections' commits: :meth:`SQLQueue._change_mark`, :meth:`SQLQueue._wait_changed`);
