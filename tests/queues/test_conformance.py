@@ -25,6 +25,7 @@ from trio_supervise.queues import (
     ItemState,
     Lease,
     LeaseStatus,
+    NewItem,
     SettleKind,
     Settlement,
     WorkItem,
@@ -602,6 +603,113 @@ async def test_settle_many_mixed(queue: WorkQueue, clock: ManualClock) -> None:
     assert (got["i3"].due_at, got["i3"].config) == (START + 60 * S, [1, "two"])
     assert got["i4"].state is ItemState.COMPLETED
     assert await queue.settle_many([]) == []
+
+
+async def test_settle_many_a_large_batch(queue: WorkQueue, clock: ManualClock) -> None:
+    """A batch of 150 mixed outcomes (more than one statement takes), with stale and repeated
+    entries among them, gives every entry what it would get on its own."""
+    n = 150
+    for k in range(n):
+        await queue.enqueue("spec", item_id=f"i{k:03d}", config={"k": k})
+    items = await queue.claim_due(["spec"], "w1", 30, n)
+    assert len(items) == n
+    v = {item.id: item.lease_version for item in items}
+    clock.advance(1)
+    kinds = [
+        SettleKind.COMPLETE,
+        SettleKind.RETRY,
+        SettleKind.CONTINUE,
+        SettleKind.RESCHEDULE,
+        SettleKind.DEAD,
+        SettleKind.CANCEL,
+        SettleKind.RELEASE,
+    ]
+    batch: list[Settlement] = []
+    expected: list[bool] = []
+    for k in range(n):
+        item_id, kind = f"i{k:03d}", kinds[k % len(kinds)]
+        fresh = Settlement(
+            item_id=item_id,
+            lease_version=v[item_id],
+            kind=kind,
+            delay=k % 3,
+            at=START + (100 + k) * S if kind is SettleKind.RESCHEDULE else None,
+            config={"next": k} if kind is SettleKind.RESCHEDULE else None,
+            result={"done": k} if kind is SettleKind.COMPLETE else None,
+            error=f"e{k}" if kind in (SettleKind.RETRY, SettleKind.DEAD) else None,
+        )
+        if k % 11 == 5:  # a stale version first: refused, the fresh one after it applies
+            batch.append(attrs.evolve(fresh, lease_version=v[item_id] + 1))
+            expected.append(False)
+        batch.append(fresh)
+        expected.append(True)
+        if k % 13 == 7:  # the same (id, version) again: applied once, the repeat refused
+            batch.append(batch[-1])
+            expected.append(False)
+    batch.append(Settlement(item_id="ghost", lease_version=1, kind=SettleKind.COMPLETE))
+    expected.append(False)
+    assert await queue.settle_many(batch) == expected
+    got = {i.id: i for i in await queue.list_items(limit=1000)}
+    for k in range(n):
+        item, kind = got[f"i{k:03d}"], kinds[k % len(kinds)]
+        assert (item.lease_owner, item.lease_expires_at) == (None, None)
+        if kind is SettleKind.COMPLETE:
+            assert (item.state, item.result) == (ItemState.COMPLETED, {"done": k})
+        elif kind is SettleKind.RETRY:
+            assert (item.state, item.due_at, item.error_count, item.last_error) == (
+                ItemState.QUEUED,
+                START + (1 + k % 3) * S,
+                1,
+                f"e{k}",
+            )
+            assert [e.error for e in item.errors] == [f"e{k}"]
+        elif kind is SettleKind.CONTINUE:
+            assert (item.state, item.due_at, item.attempt) == (
+                ItemState.QUEUED,
+                START + (1 + k % 3) * S,
+                0,
+            )
+        elif kind is SettleKind.RESCHEDULE:
+            assert (item.state, item.due_at, item.config) == (
+                ItemState.QUEUED,
+                START + (100 + k) * S,
+                {"next": k},
+            )
+        elif kind is SettleKind.DEAD:
+            assert (item.state, item.error_count, item.last_error) == (ItemState.DEAD, 1, f"e{k}")
+        elif kind is SettleKind.CANCEL:
+            assert item.state is ItemState.CANCELLED
+        else:
+            assert (item.state, item.due_at, item.attempt) == (
+                ItemState.QUEUED,
+                START + (1 + k % 3) * S,
+                0,
+            )
+
+
+async def test_renew_many_a_large_batch(queue: WorkQueue, clock: ManualClock) -> None:
+    """600 leases in one renew_many (more than one statement takes), some stale, some named
+    twice: the fresh ones are renewed, the rest reported LOST."""
+    n = 600
+    await queue.enqueue_many([NewItem(spec_id="spec", item_id=f"i{k:03d}") for k in range(n)])
+    items = await queue.claim_due(["spec"], "w1", 10, n)
+    assert len(items) == n
+    clock.advance(5)
+    leases = []
+    for k, item in enumerate(items):
+        if k % 7 == 3:
+            leases.append(Lease(item.id, item.lease_version, "intruder"))
+        else:
+            leases.append(item.lease)
+        if k % 50 == 0:
+            leases.append(leases[-1])
+    statuses = await queue.renew_many(leases, 30)
+    assert len(statuses) == n
+    for k, item in enumerate(items):
+        stale = k % 7 == 3
+        assert statuses[item.id] is (LeaseStatus.LOST if stale else LeaseStatus.HELD)
+        got = await queue.get(item.id)
+        assert got.lease_expires_at == START + (10 if stale else 35) * S
 
 
 # -- cancellation and retry ------------------------------------------------------------------

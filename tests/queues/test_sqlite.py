@@ -275,3 +275,46 @@ async def test_changing_directory_is_not_a_deleted_database(
         monkeypatch.chdir(tmp_path / "elsewhere")
         await queue.enqueue("spec", item_id="x")
         assert (await queue.get("x")).id == "x"
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["schema", "migrations"])
+def test_rows_read_by_position_are_the_items_read_by_name(tmp_path: Path, fresh: bool) -> None:
+    """The SQLite queue's positional row reader gives the WorkItem the shared by-name reader
+    gives, every field set, on a fresh schema and on a migrated one (their columns are in
+    different orders)."""
+    from trio_supervise.queues import _sqlite
+    from trio_supervise.queues._sqlbase import SQLQueue
+
+    path = tmp_path / "q.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    try:
+        _sqlite.migrate_connection(conn, 0, where=str(path), fresh=fresh)
+        conn.execute(
+            "INSERT INTO trio_supervise_items (id, spec_id, tenant_id, subject_id, config, state,"
+            " due_at, lease_owner, lease_expires_at, lease_version, cancel_requested,"
+            " error_count, last_error, idempotency_key, created_at, updated_at, attempt,"
+            " priority, queue, timeout, result, errors, parent_id, waiting_children,"
+            " unique_scope, unique_until, released_key, concurrency_key, concurrency_limit,"
+            " parent_version) VALUES ('full', 's', 't', 'u', '{\"a\": [1, 2]}', 'running',"
+            " 1700000000000001, 'w', 1700000000000002, 7, 1, 2, 'boom', NULL, -5, 123456789,"
+            " 3, -2, 'mail', 2.5, '{\"r\": null}',"
+            ' \'[{"at": 99, "worker": "w", "attempt": 2, "error": "boom"}]\','
+            " 'parent', 2, 'period', 1700000000000003, 'old-key', 'k', 4, 6)"
+        )
+        conn.execute(
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, created_at,"
+            " updated_at, idempotency_key) VALUES ('plain', 's', 'queued', 0, 0, 0, 'key')"
+        )
+        queue = _sqlite.SQLiteQueue(
+            path=str(path), conn=conn, reader=conn, clock=ManualClock(), identity=None
+        )
+        for row in conn.execute("SELECT * FROM trio_supervise_items ORDER BY id"):
+            assert queue._item(row) == SQLQueue._item(queue, row)
+        full = queue._item(
+            conn.execute("SELECT * FROM trio_supervise_items WHERE id = 'full'").fetchone()
+        )
+        assert (full.errors[0].error, full.result) == ("boom", {"r": None})
+        assert (full.state, full.cancel_requested) == (ItemState.RUNNING, True)
+    finally:
+        conn.close()

@@ -12,8 +12,8 @@ in each backend:
   read-only reader, each behind its own limiter; PostgreSQL's pool, read pool and listener);
 - the claim (:meth:`SQLQueue._claim_rows`: SQLite's one statement under its write lock,
   PostgreSQL's unkeyed fast path plus an advisory-locked keyed path);
-- the two batched statements, where one statement per row (SQLite) and one ``unnest``
-  statement (PostgreSQL) are each the fast form (:meth:`SQLQueue._renew_rows`,
+- the two batched statements: one ``UPDATE ... FROM (VALUES ...)`` per chunk of rows
+  (SQLite) and one ``unnest`` statement (PostgreSQL) (:meth:`SQLQueue._renew_rows`,
   :meth:`SQLQueue._settle_rows`);
 - wake-ups (:meth:`SQLQueue._notify`, :meth:`SQLQueue._before_wait`, and SQLite's look at
   other connections' commits: :meth:`SQLQueue._change_mark`, :meth:`SQLQueue._wait_changed`);
@@ -879,7 +879,8 @@ class SQLQueue(SingleWrites):
         """*s* with its values converted for the database; an unstorable one becomes dead."""
         try:
             values = {
-                "delay_us": _sql.duration_us("delay", s.delay),
+                # No delay is the common one (a completion): 0 without the checks' arithmetic.
+                "delay_us": 0 if s.delay == 0 else _sql.duration_us("delay", s.delay),
                 "at": None if s.at is None else self._time(s.at),
                 "config": (
                     json.dumps(check_json(s.config)) if s.kind is SettleKind.RESCHEDULE else None
@@ -892,7 +893,9 @@ class SQLQueue(SingleWrites):
                 "children": [
                     check_child(child, what=f"children[{index}]")
                     for index, child in enumerate(s.children)
-                ],
+                ]
+                if s.children
+                else [],
             }
         except (ValueError, OverflowError) as error:
             return self._entry(index, unstorable_outcome(s, error))
