@@ -79,6 +79,10 @@ _ARRAYS = (
     "concurrency_limits",
 )
 """The ``enqueue_many`` query's array parameters, one per :data:`NEW_ROW_COLUMNS`, in order."""
+_SAVEPOINT = "SAVEPOINT trio_supervise_claim"
+_ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT trio_supervise_claim"
+"""Before the claim of a pipelined settle-and-claim, rolled back to when the settlement's
+fan-in must run before the claim (see :meth:`PostgresQueue._settle_and_claim_in`)."""
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _CHANNEL = "trio_supervise"
 T = TypeVar("T")
@@ -625,6 +629,7 @@ class PostgresQueue(SQLQueue):
         # transaction), so it leaves the settled rows alone: they are no longer claimable.
         with conn.pipeline(), conn.transaction():
             settling = conn.execute(_Q["settle_many"], self._settle_params(entries, now))
+            conn.execute(_SAVEPOINT)
             claiming = conn.execute(_Q["claim_due"], params)
             rows = settling.fetchall()
             found = claiming.fetchall()
@@ -635,7 +640,12 @@ class PostgresQueue(SQLQueue):
                 or row["concurrency_key"] is not None
             ]
             if rows and any(row["parent_id"] is not None for row in rows):
+                # A child finished: its fan-in may make its parent due, and the claim must see
+                # that, as it sees every other effect of the settlement. Undo the claim, count
+                # the children, claim again.
+                conn.execute(_ROLLBACK_TO_SAVEPOINT)
                 due.extend(self._children_and_fan_in(conn, entries, rows, now))
+                found = conn.execute(_Q["claim_due"], params).fetchall()
             self._notify(conn, due)
             keyed = found[0]["keyed"] if found else 0
             claimed = [row for row in found if row["id"] is not None]
