@@ -800,9 +800,7 @@ class SQLQueue(SingleWrites):
         if limit == 0 or not spec_ids:
             await trio.lowlevel.checkpoint()
             return []
-        return self._claimed_items(
-            await self._run(lambda conn: self._claim_rows(conn, params))
-        )
+        return self._claimed_items(await self._run(lambda conn: self._claim_rows(conn, params)))
 
     async def renew(
         self, item_id: str, worker_id: str, lease_version: int, lease: float
