@@ -201,6 +201,24 @@ async def test_several_served_queues_claim_in_their_own_loops(
     assert queue.writes
 
 
+async def test_a_queue_with_parallel_writes_claims_beside_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A queue whose calls run in parallel (``serial_writes`` False, as PostgreSQL's pool)
+    keeps its claims beside the writes: the write alone, the claim loop claiming meanwhile."""
+    queue = OneTripQueue()
+    queue.serial_writes = False  # type: ignore[misc]
+    driver = Recorder()
+    await fill(queue, 12)
+    runner = queue.runner = make_runner(queue, driver, concurrency=3, claim_batch=3, settle_batch=3)
+    async with running(runner):
+        await trio.sleep(5.5)
+    assert len(driver.ends) == 12
+    assert queue.combined == []
+    assert [start for start, n in queue.claims if n] == [0.0, 1.0, 2.0, 3.0]
+    assert [start for start, _ in queue.writes] == [1.0, 2.0, 3.0, 4.0]
+
+
 def test_a_subclass_changing_a_half_is_not_combined() -> None:
     """A queue whose settle_many or claim_due is more specific than its settle_and_claim (a
     double adding faults or latency) gets them called separately."""

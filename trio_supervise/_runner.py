@@ -749,11 +749,15 @@ class WorkflowRunner(Generic[ContextT]):
     def _combined_writes(
         self, pool: _Pool, evaluate: _Evaluate
     ) -> Callable[[list[Settlement]], Awaitable[list[bool]]] | None:
-        """The settler's write when the queue can settle and claim in one call
-        (``settle_and_claim``, optional: see the protocol) and the runner serves one queue."""
+        """The settler's write when the queue runs its writes one at a time anyway
+        (``serial_writes``) and can settle and claim in one call (``settle_and_claim``; both
+        optional, see the protocol), and the runner serves one queue."""
         combined = getattr(self._queue, "settle_and_claim", None)
         limits = self._settings.queue_limits
-        if not callable(combined) or len(limits) != 1 or not _combines(self._queue):
+        serial = getattr(self._queue, "serial_writes", False) is True
+        if not serial or not callable(combined) or len(limits) != 1:
+            return None
+        if not _combines(self._queue):
             return None
         [(queue, concurrency)] = limits.items()
         return functools.partial(

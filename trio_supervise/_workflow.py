@@ -539,8 +539,9 @@ class RunnerSettings:
     :param claim_batch: the most items one claim takes (never more than the free slots).
     :param concurrency: the most items evaluated at once. An item's slot is freed when its
         outcome is taken for a write, so the next claim runs beside that write (with a queue
-        that can settle and claim in one call, and one served queue, the write itself claims
-        the free slots, up to ``claim_batch``, in the same call); the runner then holds at most
+        whose writes run one at a time anyway, such as SQLite's, and one served queue, the
+        write itself claims the free slots, up to ``claim_batch``, in the same call); the
+        runner then holds at most
         ``concurrency + settle_batch`` leases (the batch being written).
     :param poll_interval: the longest an idle runner waits before looking for due work again.
     :param shutdown_grace: how long in-flight items may finish after shutdown begins.

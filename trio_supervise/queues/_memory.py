@@ -33,7 +33,7 @@ import heapq
 import itertools
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import trio
@@ -250,6 +250,10 @@ class MemoryQueue(SingleWrites):
     @property
     def clock(self) -> Clock:
         return self._clock
+
+    serial_writes: ClassVar[bool] = True
+    """Every call runs in this process, one at a time: a runner settles and claims in one
+    :meth:`settle_and_claim` (see the protocol's module doc)."""
 
     @property
     def exact_wakeups(self) -> bool:

@@ -113,9 +113,13 @@ Settle and claim (optional)
     outcomes with it, claiming the slots the batch frees in the same call: the SQL backends
     make it one thread hop and one transaction (SQLite: one ``BEGIN IMMEDIATE``; PostgreSQL:
     one commit, its statements pipelined), and :class:`MemoryQueue` is the reference. Like
-    ``exact_wakeups`` it is not part of the structural type; a runner uses it only when it is
-    defined by the same class as ``settle_many`` and ``claim_due`` or a subclass of it, so a
-    subclass that changes either one alone (a test double adding faults or latency) keeps
+    ``exact_wakeups`` it is not part of the structural type. A runner uses it only when the
+    queue also sets ``serial_writes`` True, promising that its calls run one at a time anyway
+    (the memory queue; SQLite's one writer connection), so that a claim beside a write would
+    gain nothing; a queue with a pool of connections (PostgreSQL) leaves it False, and the
+    runner's claim then runs beside its write, in parallel. And only when ``settle_and_claim``
+    is defined by the same class as ``settle_many`` and ``claim_due`` or a subclass of it, so
+    a subclass that changes either one alone (a test double adding faults or latency) keeps
     having them called separately.
 
 Retention and editing
