@@ -166,6 +166,28 @@ async def test_no_claim_beside_a_write_during_shutdown(
     assert queue.items["late"].state is ts.ItemState.QUEUED
 
 
+async def test_items_claimed_by_a_write_as_shutdown_begins_are_handed_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Shutdown begins while a write's claim is in flight: the runner waits for it, and the
+    items it claimed are handed back unevaluated, as any claimed during shutdown."""
+    queue = OneTripQueue()
+    driver = Recorder()
+    await fill(queue, 4, config={"sleep": 1})
+    runner = queue.runner = make_runner(queue, driver, concurrency=2, claim_batch=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        await trio.sleep(2.5)  # i00 and i01 written at 2, with a claim (i02, i03) until 3
+        runner.shutdown.begin()
+    assert queue.combined == [(2.0, 2, 2, 2)]
+    assert set(driver.starts) == {"i00", "i01"}
+    assert queue.writes == [(3.0, 2)]
+    for item_id in ("i02", "i03"):
+        item = queue.items[item_id]
+        assert (item.state, item.lease_owner, item.attempt) == (ts.ItemState.QUEUED, None, 0)
+    assert runner.in_flight == []
+
+
 async def test_a_failed_write_claims_nothing_and_is_retried(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
