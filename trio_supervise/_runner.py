@@ -368,6 +368,22 @@ It returns None when the item is accounted for, or (after a failed write) a dela
 after which the settler submits the same settlement again."""
 
 
+def _combines(queue: object) -> bool:
+    """True if *queue*'s ``settle_and_claim`` is as specific as its ``settle_many`` and
+    ``claim_due``: a subclass that changes either (a test double adding faults or latency, an
+    auditing wrapper) without saying how they combine keeps getting them called separately."""
+    mro = type(queue).__mro__
+
+    def owner(name: str) -> type | None:
+        return next((cls for cls in mro if name in vars(cls)), None)
+
+    combined = owner("settle_and_claim")
+    return combined is not None and all(
+        (other := owner(name)) is None or issubclass(combined, other)
+        for name in ("settle_many", "claim_due")
+    )
+
+
 @attrs.define(eq=False)
 class _Settler:
     """Batches outcomes into ``settle_many`` calls: whatever is waiting goes in the next call.
@@ -384,6 +400,9 @@ class _Settler:
     """Called after each call's results are all reported (the per-batch bookkeeping)."""
     taken: Callable[[list[tuple[_InFlight, Settlement]]], None] = lambda batch: None
     """Called with each batch as it is taken for a call, before the call (the slots it frees)."""
+    write: Callable[[list[Settlement]], Awaitable[list[bool]]] | None = None
+    """What writes a batch (the runner's settle-and-claim, see
+    :meth:`WorkflowRunner._write_and_claim`); ``queue.settle_many`` if None."""
     _send: trio.MemorySendChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
     _receive: trio.MemoryReceiveChannel[tuple[_InFlight, Settlement]] = attrs.field(init=False)
 
@@ -414,7 +433,11 @@ class _Settler:
                     break
             self.taken(batch)
             try:
-                results = await self.queue.settle_many([settlement for _, settlement in batch])
+                settlements = [settlement for _, settlement in batch]
+                if self.write is None:
+                    results = await self.queue.settle_many(settlements)
+                else:
+                    results = await self.write(settlements)
                 if len(results) != len(batch):
                     raise SuperviseError(
                         f"settle_many returned {len(results)} results for {len(batch)} settlements"
@@ -501,6 +524,13 @@ class WorkflowRunner(Generic[ContextT]):
     _drain_log: _DrainLog = attrs.field(init=False, factory=lambda: _DrainLog(0.0))
     _freed: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
     """Slots freed per queue by the batch the settler takes (see _taken)."""
+    _claims_open: bool = attrs.field(init=False, default=False)
+    """While the claim loops run: the settler may claim beside its writes (_write_and_claim)."""
+    _claiming: trio_util.AsyncValue[int] = attrs.field(
+        init=False, factory=lambda: trio_util.AsyncValue(0)
+    )
+    """Settle-and-claim calls in flight: the claim loops end once none is (their items go to
+    the evaluators' channel, which closes after the loops)."""
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry
@@ -581,6 +611,7 @@ class WorkflowRunner(Generic[ContextT]):
                             self._emit(RunnerEventKind.STARTED)
                             task_status.started()
                             evaluate = functools.partial(self._evaluator, pool, context, settler)
+                            settler.write = self._combined_writes(pool, evaluate)
                             fatal = await self._claim_loops(pool, evaluate)
                             # Nothing more is claimed: the evaluators end once the channel is empty.
                             pool.send.close()
@@ -610,7 +641,16 @@ class WorkflowRunner(Generic[ContextT]):
 
     async def _claim_loops(self, pool: _Pool, evaluate: _Evaluate) -> Exception | None:
         """One claim loop per served queue, each under its own limit; the first fatal error
-        ends them all."""
+        ends them all. Once they end, no settle-and-claim call is made, and the one in flight
+        (if any) has started its items."""
+        self._claims_open = True
+        try:
+            return await self._run_claim_loops(pool, evaluate)
+        finally:
+            self._claims_open = False
+            await self._claiming.wait_value(0)
+
+    async def _run_claim_loops(self, pool: _Pool, evaluate: _Evaluate) -> Exception | None:
         limits = self._settings.queue_limits
         for name in limits:
             self._busy.setdefault(name, trio_util.AsyncValue(0))
@@ -648,11 +688,15 @@ class WorkflowRunner(Generic[ContextT]):
             spec_ids = self._registry.spec_ids()
             limit = min(settings.claim_batch, free)
             started = trio.current_time()
+            # The slots are reserved while the claim runs, so a claim beside a write (see
+            # _write_and_claim) never takes them too.
+            busy.value += limit
             try:
                 items = await self._queue.claim_due(
                     spec_ids, settings.worker_id, settings.lease, limit, **named
                 )
             except Exception as error:
+                busy.value -= limit
                 self._claim_failures += 1
                 text = f"claim failed: {describe_error(error)}"
                 self._record_error(None, None, text)
@@ -697,10 +741,74 @@ class WorkflowRunner(Generic[ContextT]):
             for item in items:
                 self._start(pool, evaluate, item, started)
             self._count.value = len(self._in_flight)
-            busy.value += len(items)
+            busy.value -= limit - len(items)
             if len(items) < limit:
                 await self._wait_for_work(spec_ids, queues)
         return None
+
+    def _combined_writes(
+        self, pool: _Pool, evaluate: _Evaluate
+    ) -> Callable[[list[Settlement]], Awaitable[list[bool]]] | None:
+        """The settler's write when the queue runs its writes one at a time anyway
+        (``serial_writes``) and can settle and claim in one call (``settle_and_claim``; both
+        optional, see the protocol), and the runner serves one queue."""
+        combined = getattr(self._queue, "settle_and_claim", None)
+        limits = self._settings.queue_limits
+        serial = getattr(self._queue, "serial_writes", False) is True
+        if not serial or not callable(combined) or len(limits) != 1:
+            return None
+        if not _combines(self._queue):
+            return None
+        [(queue, concurrency)] = limits.items()
+        return functools.partial(
+            self._write_and_claim, combined, pool, evaluate, queue, concurrency
+        )
+
+    async def _write_and_claim(
+        self,
+        combined: Callable[..., Awaitable[tuple[Sequence[bool], Sequence[WorkItem]]]],
+        pool: _Pool,
+        evaluate: _Evaluate,
+        queue: str,
+        concurrency: int,
+        settlements: list[Settlement],
+    ) -> list[bool]:
+        """Write *settlements* and, in the same queue call, claim the slots free now.
+
+        The settler calls it right after :meth:`_taken` freed the batch's slots: they are
+        reserved for this call's claim (so the claim loop does not claim them too) and what the
+        claim leaves unused is given back, waking the claim loop, which then waits for work as
+        after any short claim. No claim is made during shutdown, after the claim loops ended,
+        or while claims are failing (the claim loop's backoff stays in charge). When the call
+        fails nothing was claimed (see ``settle_and_claim``); the settler retries the writes.
+        """
+        settings = self._settings
+        busy = self._busy[queue]
+        free = concurrency - busy.value
+        if not self._claims_open or self._shutdown.requested or self._claim_failures or free <= 0:
+            return await self._queue.settle_many(settlements)
+        limit = min(settings.claim_batch, free)
+        busy.value += limit
+        self._claiming.value += 1
+        items: Sequence[WorkItem] = ()
+        try:
+            started = trio.current_time()
+            results, items = await combined(
+                settlements,
+                self._registry.spec_ids(),
+                settings.worker_id,
+                settings.lease,
+                limit,
+                **({} if queue == DEFAULT_QUEUE else {"queue": queue}),
+            )
+            for item in items:
+                self._start(pool, evaluate, item, started)
+        finally:
+            if items:
+                self._count.value = len(self._in_flight)
+            busy.value -= limit - len(items)
+            self._claiming.value -= 1
+        return list(results)
 
     @contextlib.contextmanager
     def _until_shutdown(self) -> Iterator[None]:

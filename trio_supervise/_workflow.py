@@ -538,8 +538,11 @@ class RunnerSettings:
     :param requeue_delay: after :class:`Continue`, and after an error when ``retry`` is None.
     :param claim_batch: the most items one claim takes (never more than the free slots).
     :param concurrency: the most items evaluated at once. An item's slot is freed when its
-        outcome is taken for a write, so the next claim runs beside that write; the runner then
-        holds at most ``concurrency + settle_batch`` leases (the batch being written).
+        outcome is taken for a write, so the next claim runs beside that write (with a queue
+        whose writes run one at a time anyway, such as SQLite's, and one served queue, the
+        write itself claims the free slots, up to ``claim_batch``, in the same call); the
+        runner then holds at most
+        ``concurrency + settle_batch`` leases (the batch being written).
     :param poll_interval: the longest an idle runner waits before looking for due work again.
     :param shutdown_grace: how long in-flight items may finish after shutdown begins.
     :param retry: backoff for failed items, keyed by item id and error count; None means the fixed
@@ -553,8 +556,8 @@ class RunnerSettings:
         killed (or a lease lost) mid-evaluation every time.
     :param claim_retry: backoff between failed claims; past ``claim_retry.max_restarts``
         consecutive failures the runner drains and raises the queue's error.
-    :param settle_batch: the most outcomes written in one ``settle_many`` call (one call at a
-        time).
+    :param settle_batch: the most outcomes written in one ``settle_many`` (or
+        ``settle_and_claim``) call (one call at a time).
     :param error_history: how many recent errors a runner keeps for its status page.
     :param queues: the named queues this runner serves, each with its own concurrency limit,
         e.g. ``{"default": 20, "mail": 5}``: each queue is claimed on its own, so a flood in one

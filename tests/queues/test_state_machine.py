@@ -627,6 +627,17 @@ class QueueMachine(RuleBasedStateMachine):
     def claim(self, specs: list[str], worker: str, lease: float, limit: int, queue: str) -> None:
         """The window (the first `limit` claimable items, keys at their limit left out), then
         per key only its free slots: the protocol's module doc."""
+        expected = self.expected_claim(specs, limit, queue)
+
+        async def call() -> list[WorkItem]:
+            return await self.queue.claim_due(specs, worker, lease, limit, queue=queue)
+
+        got = self.portal.run(call)
+        assert [i.id for i in got] == expected
+        self.claimed(got, worker, lease)
+
+    def expected_claim(self, specs: list[str], limit: int, queue: str) -> list[str]:
+        """The ids a claim takes now, in order (see :meth:`claim`)."""
         now = self.now()
         live = {key: len(self.live(key)) for key in CLIMITS}
         window = sorted(
@@ -650,12 +661,11 @@ class QueueMachine(RuleBasedStateMachine):
                 if ranks[m.ckey] > CLIMITS[m.ckey] - live[m.ckey]:
                     continue
             expected.append(m.id)
+        return expected
 
-        async def call() -> list[WorkItem]:
-            return await self.queue.claim_due(specs, worker, lease, limit, queue=queue)
-
-        got = self.portal.run(call)
-        assert [i.id for i in got] == expected
+    def claimed(self, got: list[WorkItem], worker: str, lease: float) -> None:
+        """The model takes the leases of the items *got* (as the claim's answer checked)."""
+        now = self.now()
         for item in got:
             m = self.model[item.id]
             assert item.lease_version > m.lease_version
@@ -748,6 +758,53 @@ class QueueMachine(RuleBasedStateMachine):
         ]
         got = self.portal.run(self.queue.settle_many, batch)
         assert got == [self.apply(s) for s in batch]
+
+    @precondition(lambda self: self.model)
+    @rule(
+        picks=st.lists(
+            st.tuples(
+                st.integers(0, 99),
+                st.sampled_from(["fresh", "old", "future"]),
+                st.sampled_from(SettleKind),
+                st.sampled_from([False, False, False, True]),
+                st.booleans(),
+            ),
+            max_size=4,
+        ),
+        n=st.integers(0, 9),
+        specs=st.lists(st.sampled_from(SPECS), unique=True, max_size=2),
+        worker=st.sampled_from(WORKERS),
+        lease=st.sampled_from(DURATIONS[1:]),
+        limit=st.integers(0, 3),
+        queue=st.sampled_from(QUEUES),
+    )
+    def settle_and_claim(
+        self,
+        picks: list[tuple[int, str, SettleKind, bool, bool]],
+        n: int,
+        specs: list[str],
+        worker: str,
+        lease: float,
+        limit: int,
+        queue: str,
+    ) -> None:
+        """One call: the batch settled as settle_many settles it, then a claim that sees it."""
+        batch = [
+            self.settlement(self.pick(index), which, kind, 0.0, 5.0, n, poison, result)
+            for index, which, kind, poison, result in picks
+        ]
+
+        async def call() -> tuple[list[bool], list[WorkItem]]:
+            combined = self.queue.settle_and_claim  # type: ignore[attr-defined]
+            got: tuple[list[bool], list[WorkItem]] = await combined(
+                batch, specs, worker, lease, limit, queue=queue
+            )
+            return got
+
+        results, got = self.portal.run(call)
+        assert results == [self.apply(s) for s in batch]
+        assert [i.id for i in got] == self.expected_claim(specs, limit, queue)
+        self.claimed(got, worker, lease)
 
     @rule()
     def claim_everything_due(self) -> None:

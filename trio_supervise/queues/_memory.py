@@ -33,7 +33,7 @@ import heapq
 import itertools
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import trio
@@ -250,6 +250,10 @@ class MemoryQueue(SingleWrites):
     @property
     def clock(self) -> Clock:
         return self._clock
+
+    serial_writes: ClassVar[bool] = True
+    """Every call runs in this process, one at a time: a runner settles and claims in one
+    :meth:`settle_and_claim` (see the protocol's module doc)."""
 
     @property
     def exact_wakeups(self) -> bool:
@@ -1039,6 +1043,29 @@ class MemoryQueue(SingleWrites):
         if any(results):
             self._changed()
         return results
+
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        spec_ids: Sequence[str],
+        worker_id: str,
+        lease: float,
+        limit: int,
+        *,
+        queue: str = DEFAULT_QUEUE,
+    ) -> tuple[list[bool], list[WorkItem]]:
+        """:meth:`settle_many`, then :meth:`claim_due`: the reference the SQL backends' one
+        transaction matches. A claim that fails once the settlements are applied claims
+        nothing (the next :meth:`claim_due` reports the error)."""
+        _check_duration("lease", lease, positive=True)
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        results = await self.settle_many(settlements)
+        try:
+            items = await self.claim_due(spec_ids, worker_id, lease, limit, queue=queue)
+        except Exception:
+            items = []
+        return results, items
 
     async def next_due_at(
         self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None

@@ -101,6 +101,27 @@ Exact wake-ups (optional)
     structural type, so existing queues need no change. :class:`MemoryQueue` sets it when its
     clock is a :class:`TrioClock` (all its writes happen in this process).
 
+Settle and claim (optional)
+    A queue may define ``settle_and_claim(settlements, spec_ids, worker_id, lease, limit, *,
+    queue=DEFAULT_QUEUE) -> (list[bool], list[WorkItem])``: :meth:`WorkQueue.settle_many`
+    then :meth:`WorkQueue.claim_due`, in one call, the claim seeing every effect of the
+    settlements (an item due again at once, a concurrency key's freed slot, a child created, a
+    parent made due by its last child). The claim's arguments are checked before anything is
+    written. When it raises, nothing was claimed, and the settlements are as after a failed
+    ``settle_many``; once they are written, a claim that fails comes back empty instead (the
+    next ``claim_due`` reports the error). A runner serving one queue writes each batch of
+    outcomes with it, claiming the slots the batch frees in the same call: the SQL backends
+    make it one thread hop and one transaction (SQLite: one ``BEGIN IMMEDIATE``; PostgreSQL:
+    one commit, its statements pipelined), and :class:`MemoryQueue` is the reference. Like
+    ``exact_wakeups`` it is not part of the structural type. A runner uses it only when the
+    queue also sets ``serial_writes`` True, promising that its calls run one at a time anyway
+    (the memory queue; SQLite's one writer connection), so that a claim beside a write would
+    gain nothing; a queue with a pool of connections (PostgreSQL) leaves it False, and the
+    runner's claim then runs beside its write, in parallel. And only when ``settle_and_claim``
+    is defined by the same class as ``settle_many`` and ``claim_due`` or a subclass of it, so
+    a subclass that changes either one alone (a test double adding faults or latency) keeps
+    having them called separately.
+
 Retention and editing
     :meth:`WorkQueue.prune` deletes finished items (``completed``, ``cancelled``, ``dead``) whose
     ``updated_at`` is at least a given age, oldest first, at most ``limit`` per state per call:

@@ -223,8 +223,7 @@ class SQLQueue(SingleWrites):
         SQLite's one statement under its write lock; PostgreSQL overrides it (an unkeyed fast
         path, and a locked keyed path: see its ``claim_keyed`` query)."""
         with self._write(conn):
-            rows: list[Row] = conn.execute(self._queries["claim_due"], params).fetchall()
-            return rows
+            return self._claim_in(conn, params)
 
     def _renew_rows(
         self, conn: Any, leases: Sequence[Lease], lease_us: int, now: Any
@@ -797,22 +796,11 @@ class SQLQueue(SingleWrites):
         *,
         queue: str = DEFAULT_QUEUE,
     ) -> list[WorkItem]:
-        params = {
-            "queue": queue,
-            "spec_ids": self._ids(spec_ids),
-            "worker_id": worker_id,
-            "lease_us": _sql.duration_us("lease", lease, positive=True),
-            "limit": _sql.check_limit(limit),
-            "now": self._now(),
-        }
+        params = self._claim_params(spec_ids, worker_id, lease, limit, queue)
         if limit == 0 or not spec_ids:
             await trio.lowlevel.checkpoint()
             return []
-        items = [
-            self._item(row) for row in await self._run(lambda conn: self._claim_rows(conn, params))
-        ]
-        items.sort(key=lambda item: (item.priority, item.due_at, item.id))
-        return items
+        return self._claimed_items(await self._run(lambda conn: self._claim_rows(conn, params)))
 
     async def renew(
         self, item_id: str, worker_id: str, lease_version: int, lease: float
@@ -970,61 +958,83 @@ class SQLQueue(SingleWrites):
             due.extend(self._fan_in(conn, finished, now))
         return due
 
-    async def _settle(self, settlements: Sequence[Settlement], *, why: bool) -> list[bool]:
+    def _settle_plan(
+        self, settlements: Sequence[Settlement]
+    ) -> tuple[dict[tuple[str, int], int], list[Settlement], list[SettleEntry], bool]:
+        """The settlements to send (each (id, version) once), as entries: (the index of each
+        pair's first settlement, the sent settlements, their entries, whether any entry has
+        children or waits for them)."""
         # One statement cannot update a row twice, and a second write with the same
         # (id, version) would be stale after the first anyway: send each pair once.
         first: dict[tuple[str, int], int] = {}
         for index, s in enumerate(settlements):
             first.setdefault((s.item_id, s.lease_version), index)
         sent = [settlements[index] for index in sorted(first.values())]
-        if not sent:
-            await trio.lowlevel.checkpoint()
-            return []
-        now = self._now()
         entries = [self._entry(index, s) for index, s in enumerate(sent)]
         children = any(values["children"] for _, _, values in entries) or any(
             s.wait_for_children for s in sent
         )
+        return first, sent, entries, children
+
+    def _settle_in(
+        self, conn: Any, entries: Sequence[SettleEntry], now: Any, children: bool
+    ) -> list[Row]:
+        """Apply *entries* in the transaction the caller holds: the fenced update, children,
+        fan-in and the wake-ups; the rows settled."""
+        rows = self._settle_rows(conn, entries, now)
+        # Due again, or a concurrency key's slot freed (its blocked items may be due):
+        # other processes' waiters hear of it (NOTIFY) instead of at their next poll.
+        due = [
+            row["spec_id"]
+            for row in rows
+            if (row["state"] == "queued" and row["due_now"]) or row["concurrency_key"] is not None
+        ]
+        if rows and (children or any(row["parent_id"] is not None for row in rows)):
+            due.extend(self._children_and_fan_in(conn, entries, rows, now))
+        self._notify(conn, due)
+        return rows
+
+    def _settle_sync(
+        self, conn: Any, entries: Sequence[SettleEntry], now: Any, children: bool, *, why: bool
+    ) -> set[int]:
+        """Write *entries*, a transaction per try; the indices of the applied ones. A batch the
+        database refuses for one entry's value is written entry by entry, so that entry alone
+        becomes dead (:func:`unstorable_outcome`)."""
         data_errors = self._data_errors()
 
-        def write(conn: Any, entries: Sequence[SettleEntry]) -> list[Row]:
+        def write(entries: Sequence[SettleEntry]) -> list[Row]:
             with self._transaction(conn):
-                rows = self._settle_rows(conn, entries, now)
-                # Due again, or a concurrency key's slot freed (its blocked items may be due):
-                # other processes' waiters hear of it (NOTIFY) instead of at their next poll.
-                due = [
-                    row["spec_id"]
-                    for row in rows
-                    if (row["state"] == "queued" and row["due_now"])
-                    or row["concurrency_key"] is not None
-                ]
-                if rows and (children or any(row["parent_id"] is not None for row in rows)):
-                    due.extend(self._children_and_fan_in(conn, entries, rows, now))
-                self._notify(conn, due)
+                rows = self._settle_in(conn, entries, now, children)
                 if why and not rows:
                     s = entries[0][1]
                     raise LeaseLost(s.item_id, s.lease_version, self._why(conn, s.item_id))
             return rows
 
-        def run(conn: Any) -> set[int]:
+        try:
+            return {entries[row["ord"] - 1][0] for row in write(entries)}
+        except data_errors:
+            if why:
+                raise
+        # One entry holds a value the database refuses: write them one by one, so it alone
+        # becomes dead (unstorable_outcome) and its batch-mates are settled as asked.
+        applied = set()
+        for index, s, values in entries:
             try:
-                return {entries[row["ord"] - 1][0] for row in write(conn, entries)}
-            except data_errors:
-                if why:
-                    raise
-            # One entry holds a value the database refuses: write them one by one, so it alone
-            # becomes dead (unstorable_outcome) and its batch-mates are settled as asked.
-            applied = set()
-            for index, s, values in entries:
-                try:
-                    rows = write(conn, [(index, s, values)])
-                except data_errors as error:
-                    rows = write(conn, [self._entry(index, unstorable_outcome(s, error))])
-                if rows:
-                    applied.add(index)
-            return applied
+                rows = write([(index, s, values)])
+            except data_errors as error:
+                rows = write([self._entry(index, unstorable_outcome(s, error))])
+            if rows:
+                applied.add(index)
+        return applied
 
-        applied = await self._run(run)
+    def _settle_results(
+        self,
+        settlements: Sequence[Settlement],
+        first: Mapping[tuple[str, int], int],
+        sent: Sequence[Settlement],
+        applied: set[int],
+    ) -> list[bool]:
+        """Per settlement, whether it was applied (a repeated (id, version) never is)."""
         applied_ids = {(sent[i].item_id, sent[i].lease_version) for i in applied}
         results = [
             (s.item_id, s.lease_version) in applied_ids and first[(s.item_id, s.lease_version)] == i
@@ -1033,6 +1043,105 @@ class SQLQueue(SingleWrites):
         if any(results):
             self._changed()
         return results
+
+    async def _settle(self, settlements: Sequence[Settlement], *, why: bool) -> list[bool]:
+        first, sent, entries, children = self._settle_plan(settlements)
+        if not sent:
+            await trio.lowlevel.checkpoint()
+            return []
+        now = self._now()
+        applied = await self._run(
+            lambda conn: self._settle_sync(conn, entries, now, children, why=why)
+        )
+        return self._settle_results(settlements, first, sent, applied)
+
+    def _claim_params(
+        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int, queue: str
+    ) -> dict[str, Any]:
+        """``claim_due``'s statement parameters, checked."""
+        return {
+            "queue": queue,
+            "spec_ids": self._ids(spec_ids),
+            "worker_id": worker_id,
+            "lease_us": _sql.duration_us("lease", lease, positive=True),
+            "limit": _sql.check_limit(limit),
+            "now": self._now(),
+        }
+
+    def _claimed_items(self, rows: Iterable[Row]) -> list[WorkItem]:
+        items = [self._item(row) for row in rows]
+        items.sort(key=lambda item: (item.priority, item.due_at, item.id))
+        return items
+
+    def _settle_and_claim_in(
+        self,
+        conn: Any,
+        entries: Sequence[SettleEntry],
+        now: Any,
+        children: bool,
+        params: dict[str, Any],
+    ) -> tuple[set[int], list[Row]]:
+        """Settle *entries* and claim (``claim_due``'s *params*) in one transaction; the
+        indices applied and the rows claimed. Raises the driver's data error, having written
+        nothing, when the database refuses an entry's value (the caller then writes the batch
+        the slow way). SQLite: one ``BEGIN IMMEDIATE``; PostgreSQL overrides it."""
+        with self._transaction(conn):
+            rows = self._settle_in(conn, entries, now, children)
+            claimed = self._claim_in(conn, params)
+        return {entries[row["ord"] - 1][0] for row in rows}, claimed
+
+    def _claim_in(self, conn: Any, params: dict[str, Any]) -> list[Row]:
+        """:meth:`_claim_rows` inside the transaction the caller holds."""
+        rows: list[Row] = conn.execute(self._queries["claim_due"], params).fetchall()
+        return rows
+
+    async def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        spec_ids: Sequence[str],
+        worker_id: str,
+        lease: float,
+        limit: int,
+        *,
+        queue: str = DEFAULT_QUEUE,
+    ) -> tuple[list[bool], list[WorkItem]]:
+        """:meth:`settle_many` then :meth:`claim_due`, in one call: one thread hop, one
+        transaction (SQLite: one ``BEGIN IMMEDIATE``; PostgreSQL: one statement when the
+        batch has no children and the window no concurrency key).
+
+        When it raises, nothing was claimed, and the settlements are as after a failed
+        :meth:`settle_many`. Once the settlements are written, a claim that fails comes back
+        empty instead (the next :meth:`claim_due` reports the error).
+        """
+        params = self._claim_params(spec_ids, worker_id, lease, limit, queue)
+        if limit == 0 or not spec_ids:
+            return await self.settle_many(settlements), []
+        first, sent, entries, children = self._settle_plan(settlements)
+        if not sent:
+            return [], await self.claim_due(spec_ids, worker_id, lease, limit, queue=queue)
+        now = params["now"]
+        data_errors = self._data_errors()
+
+        def run(conn: Any) -> tuple[set[int], list[Row]]:
+            try:
+                return self._settle_and_claim_in(conn, entries, now, children, params)
+            except data_errors:
+                pass
+            # An entry the database refuses: the slow way, then the claim on its own.
+            applied = self._settle_sync(conn, entries, now, children, why=False)
+            return applied, self._claim_after(conn, params)
+
+        applied, rows = await self._run(run)
+        return self._settle_results(settlements, first, sent, applied), self._claimed_items(rows)
+
+    def _claim_after(self, conn: Any, params: dict[str, Any]) -> list[Row]:
+        """A claim after the settlements committed: one that fails claims nothing (see
+        :meth:`settle_and_claim`), since raising would report the written settlements as
+        failed."""
+        try:
+            return self._claim_rows(conn, params)
+        except Exception:
+            return []
 
     async def _next_due(
         self, spec_ids: Sequence[str], queues: Sequence[str] | None, *, mark: bool = False

@@ -418,6 +418,10 @@ def _identity(path: str) -> tuple[int, int] | None:
 class SQLiteQueue(SQLQueue):
     """The :class:`WorkQueue` protocol on one SQLite file. Open it with :meth:`connect`."""
 
+    serial_writes: ClassVar[bool] = True
+    """One writer connection: a claim beside a write would wait for it anyway, so a runner
+    settles and claims in one :meth:`settle_and_claim` (one ``BEGIN IMMEDIATE``)."""
+
     _path: str = attrs.field(alias="path")
     _conn: sqlite3.Connection = attrs.field(alias="conn")
     _reader: sqlite3.Connection = attrs.field(alias="reader")
