@@ -23,9 +23,10 @@ Three tasks share the runner's state:
   late it wakes: a driver that blocks the thread (``time.sleep``) starves every renewal, so a
   wake-up later than a third of the lease is logged, kept in the recent errors and exported.
 
-Claimed items are evaluated by a pool of *evaluators*, long-lived tasks that take items from one
-channel, one at a time (the pool grows to the most items evaluated at once, at most the
-concurrency). An evaluator runs its items inside one cancel scope, and an item's ``scope`` points
+Claimed items are evaluated by a pool of *evaluators*, long-lived tasks that take waiting items
+one at a time; an evaluator whose evaluation did not block takes the next waiting item itself, and
+one that blocks has woken another for the rest first (the pool grows to the most items evaluated
+at once, at most the concurrency; see :class:`_Pool`). An evaluator runs its items inside one cancel scope, and an item's ``scope`` points
 at it while that item is evaluated: stopping the item (a lost lease, a cancel request, shutdown)
 cancels that scope, which holds that evaluation alone, and the evaluator goes on in a fresh one.
 So the happy path starts no task and enters no cancel scope per item. An item holds its slot until
@@ -432,23 +433,63 @@ class _Settler:
 
 @attrs.define(eq=False)
 class _Pool:
-    """The evaluators: long-lived tasks that take claimed items from one channel, one at a time.
+    """The evaluators: long-lived tasks that take claimed items from one queue of waiting items.
 
-    A claimed item goes to an idle evaluator when there is one, else a new evaluator starts, so
-    the pool grows to the most items evaluated at once (at most the concurrency) and no task is
-    started or ended per item. ``spare`` counts the evaluators idle (or about to be) less the
-    items waiting in the channel.
+    Claimed items wait in ``waiting``, idle evaluators park in ``idle``. At most one evaluator is
+    being woken at a time (``waking``): the woken one takes the first waiting item and, if more
+    wait, wakes the next evaluator before it evaluates its own. An evaluator whose evaluation ends
+    takes the next waiting item itself. So a batch of evaluations that do not block runs in one
+    evaluator with two wake-ups, not one hand-over per item, and a batch of evaluations that
+    block gets an evaluator each, woken one after the other; the pool grows to the most items
+    evaluated at once (at most the concurrency), and no task is started or ended per item.
     """
 
     nursery: trio.Nursery
-    send: trio.MemorySendChannel[_InFlight]
-    receive: trio.MemoryReceiveChannel[_InFlight]
-    spare: int = 0
+    spawn: _Evaluate | None = None
+    """Starts one more evaluator (set once the evaluators' arguments are known)."""
+    waiting: collections.deque[_InFlight] = attrs.Factory(collections.deque)
+    idle: list[trio.lowlevel.Task] = attrs.Factory(list)
+    waking: bool = False
+    """An evaluator was woken (or started) and has not run yet."""
+    closed: bool = False
+    """Nothing more is claimed: evaluators end once ``waiting`` is empty."""
 
     @classmethod
     def open(cls, nursery: trio.Nursery) -> _Pool:
-        send, receive = trio.open_memory_channel[_InFlight](math.inf)
-        return cls(nursery, send, receive)
+        return cls(nursery)
+
+    def put(self, entry: _InFlight) -> None:
+        """Queue *entry* for evaluation, waking an evaluator unless one is being woken."""
+        self.waiting.append(entry)
+        if not self.waking:
+            self.wake()
+
+    def wake(self) -> None:
+        """Wake an idle evaluator, or start one if none is idle."""
+        self.waking = True
+        if self.idle:
+            trio.lowlevel.reschedule(self.idle.pop())
+        else:
+            assert self.spawn is not None
+            self.nursery.start_soon(self.spawn)
+
+    def close(self) -> None:
+        """Nothing more will be put: wake every idle evaluator so that it ends."""
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for task in idle:
+            trio.lowlevel.reschedule(task)
+
+    async def park(self) -> None:
+        """Wait, idle, until :meth:`wake` or :meth:`close` picks this evaluator."""
+        task = trio.lowlevel.current_task()
+        self.idle.append(task)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            self.idle.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -581,9 +622,10 @@ class WorkflowRunner(Generic[ContextT]):
                             self._emit(RunnerEventKind.STARTED)
                             task_status.started()
                             evaluate = functools.partial(self._evaluator, pool, context, settler)
+                            pool.spawn = evaluate
                             fatal = await self._claim_loops(pool, evaluate)
-                            # Nothing more is claimed: the evaluators end once the channel is empty.
-                            pool.send.close()
+                            # Nothing more is claimed: the evaluators end once none is waiting.
+                            pool.close()
                             await self._drain()
                         # Every evaluation has ended; the outcomes handed over are written (or
                         # fail) before the settler stops.
@@ -748,11 +790,7 @@ class WorkflowRunner(Generic[ContextT]):
         self._emit(RunnerEventKind.CLAIMED, item)
         if self._shutdown.requested:
             entry.stop(_Reason.SHUTDOWN, "claimed during shutdown")
-        pool.send.send_nowait(entry)
-        if pool.spare > 0:
-            pool.spare -= 1
-        else:
-            pool.nursery.start_soon(evaluate)
+        pool.put(entry)
 
     async def _drain(self) -> None:
         self._state = RunnerState.DRAINING
@@ -829,35 +867,37 @@ class WorkflowRunner(Generic[ContextT]):
     # -- one item ------------------------------------------------------------------------------
 
     async def _evaluator(self, pool: _Pool, context: ContextT, settler: _Settler) -> None:
-        """Evaluate items from the pool's channel until it is closed and empty.
+        """Evaluate the pool's waiting items until it is closed and none is waiting.
 
         The evaluator runs its items inside one cancel scope, which each item's ``scope`` points
         at while it is evaluated: stopping that item cancels the scope, the evaluation ends, the
         item is settled after the scope, and the evaluator goes on in a fresh scope. The happy
-        path enters no scope per item and starts no task.
+        path enters no scope per item and starts no task. It starts woken (see :class:`_Pool`).
         """
-        receive = pool.receive
+        waiting = pool.waiting
+        woken = True
         while True:
             current: _InFlight | None = None
             try:
                 with trio.CancelScope() as scope:
                     while True:
-                        try:
-                            entry = receive.receive_nowait()
-                        except trio.WouldBlock:
-                            try:
-                                entry = await receive.receive()
-                            except trio.EndOfChannel:
+                        if woken:
+                            woken = pool.waking = False
+                        if not waiting:
+                            if pool.closed:
                                 return
-                        except trio.EndOfChannel:
-                            return
-                        current = entry
+                            await pool.park()
+                            woken = True
+                            continue
+                        entry = current = waiting.popleft()
+                        if waiting and not pool.waking:
+                            # In case this evaluation blocks: the next item gets an evaluator.
+                            pool.wake()
                         entry.scope = scope
                         found = await self._evaluate(entry, context)
                         entry.scope = None
                         current = None
                         self._hand_over(entry, settler, *found)
-                        pool.spare += 1
                         if scope.cancel_called:
                             break  # cancelled as the evaluation ended: a fresh scope for the next
                 if current is not None:
@@ -866,7 +906,6 @@ class WorkflowRunner(Generic[ContextT]):
                     entry.scope = None
                     self._observe(entry)
                     self._hand_over(entry, settler, None, None, None)
-                    pool.spare += 1
             finally:
                 if current is not None:
                     # Something escaped the evaluation (a BaseException): the slot is freed.
