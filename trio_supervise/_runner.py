@@ -186,6 +186,9 @@ class RunnerMetrics:
     loop_lag_seconds: Histogram = attrs.field(init=False)
     _children: dict[tuple[int, str], Any] = attrs.field(init=False, factory=dict)
     _settled: dict[SettleKind, Counter] = attrs.field(init=False)
+    _tallied: dict[tuple[SettleKind | None, str], int] = attrs.field(init=False, factory=dict)
+    """Counts not applied yet, by (settlement kind, or None for a claim; spec id): see
+    :meth:`tally_claimed`."""
 
     def __attrs_post_init__(self) -> None:
         def counter(name: str, documentation: str) -> Counter:
@@ -248,6 +251,34 @@ class RunnerMetrics:
         counter = self._settled.get(kind)
         if counter is not None:
             self.for_spec(counter, spec_id).inc()
+
+    def tally_claimed(self, spec_id: str) -> None:
+        """Count a claim at the next :meth:`flush`.
+
+        For a batch handled without a checkpoint (a claim's items, a write's results): the
+        batch's counts are applied once per spec and kind when it ends, so no other task, and
+        no reader of the registry in this thread, sees a count between the two.
+        """
+        key = (None, spec_id)
+        tallied = self._tallied
+        tallied[key] = tallied.get(key, 0) + 1
+
+    def tally_settled(self, kind: SettleKind, spec_id: str) -> None:
+        """Count a settlement the queue applied, at the next :meth:`flush`."""
+        key = (kind, spec_id)
+        tallied = self._tallied
+        tallied[key] = tallied.get(key, 0) + 1
+
+    def flush(self) -> None:
+        """Apply the tallied counts."""
+        tallied = self._tallied
+        if not tallied:
+            return
+        for (kind, spec_id), n in tallied.items():
+            counter = self.claimed if kind is None else self._settled.get(kind)
+            if counter is not None:
+                self.for_spec(counter, spec_id).inc(n)
+        tallied.clear()
 
 
 RENEWAL_CHUNK = 1000
@@ -738,6 +769,7 @@ class WorkflowRunner(Generic[ContextT]):
             self._queue_answered()
             for item in items:
                 self._start(pool, evaluate, item, started)
+            self._metrics.flush()
             self._count.value = len(self._in_flight)
             busy.value += len(items)
             if len(items) < limit:
@@ -786,8 +818,9 @@ class WorkflowRunner(Generic[ContextT]):
     def _start(self, pool: _Pool, evaluate: _Evaluate, item: WorkItem, claimed_at: float) -> None:
         entry = _InFlight(item, renewed_at=claimed_at)
         self._in_flight[entry.key] = entry  # the caller updates _count after the batch
-        self._metrics.for_spec(self._metrics.claimed, item.spec_id).inc()
-        self._emit(RunnerEventKind.CLAIMED, item)
+        self._metrics.tally_claimed(item.spec_id)  # the caller flushes after the batch
+        if self._on_event is not None:
+            self._emit(RunnerEventKind.CLAIMED, item)
         if self._shutdown.requested:
             entry.stop(_Reason.SHUTDOWN, "claimed during shutdown")
         pool.put(entry)
@@ -965,7 +998,8 @@ class WorkflowRunner(Generic[ContextT]):
         freed.clear()
 
     def _flush_freed(self) -> None:
-        """After a written batch's results: update the in-flight count once."""
+        """After a written batch's results: apply its counts, update the in-flight count once."""
+        self._metrics.flush()
         self._count.value = len(self._in_flight)
 
     def _observe(self, entry: _InFlight) -> None:
@@ -1047,10 +1081,11 @@ class WorkflowRunner(Generic[ContextT]):
             self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
             self._record_error(item.id, item.spec_id, first_line(settlement.error))
             log_dead(logger, settings.worker_id, item, settlement.error, evaluated=True)
-        detail = str(settlement.kind)
-        if settlement.error is not None:
-            detail = f"{detail}: {first_line(settlement.error)}"
-        self._emit(RunnerEventKind.OUTCOME, item, detail=detail)
+        if self._on_event is not None:
+            detail = str(settlement.kind)
+            if settlement.error is not None:
+                detail = f"{detail}: {first_line(settlement.error)}"
+            self._emit(RunnerEventKind.OUTCOME, item, detail=detail)
         return settlement
 
     def _written(
@@ -1118,9 +1153,11 @@ class WorkflowRunner(Generic[ContextT]):
             return None
         self._queue_answered()
         if applied:
-            self._metrics.count_settled(settlement.kind, item.spec_id)
-            self._drained(entry, str(settlement.kind))
-            self._emit(RunnerEventKind.SETTLED, item, detail=str(settlement.kind))
+            self._metrics.tally_settled(settlement.kind, item.spec_id)  # see _flush_freed
+            if self._state is RunnerState.DRAINING:
+                self._drained(entry, str(settlement.kind))
+            if self._on_event is not None:
+                self._emit(RunnerEventKind.SETTLED, item, detail=str(settlement.kind))
             return None
         self._metrics.for_spec(self._metrics.settlements_refused, item.spec_id).inc()
         self._drained(entry, "not written")
