@@ -931,8 +931,10 @@ class WorkflowRunner(Generic[ContextT]):
                         entry.scope = None
                         current = None
                         self._hand_over(entry, settler, *found)
-                        if scope.cancel_called:
-                            break  # cancelled as the evaluation ended: a fresh scope for the next
+                        if entry.reason is not None and scope.cancel_called:
+                            # Stopped as the evaluation ended (only a stop cancels this scope,
+                            # and it sets a reason first): a fresh scope for the next.
+                            break
                 if current is not None:
                     # Stopped mid-evaluation (lost lease, cancel request, shutdown).
                     entry, current = current, None
@@ -1023,7 +1025,13 @@ class WorkflowRunner(Generic[ContextT]):
         settlement: Settlement | None = None
         error: str | None = None
         failure: Exception | None = None
-        if entry.reason is None and (settlement := attempts_exhausted(item, settings)):
+        limit = settings.max_attempts
+        if (
+            entry.reason is None
+            and limit is not None
+            and item.attempt > limit
+            and (settlement := attempts_exhausted(item, settings))
+        ):
             # Claimed too often (say, its worker killed mid-evaluation every time): dead.
             self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
             self._record_error(item.id, item.spec_id, str(settlement.error))
