@@ -37,6 +37,7 @@ for the write.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import datetime as dt
@@ -189,6 +190,8 @@ class RunnerMetrics:
     _tallied: dict[tuple[SettleKind | None, str], int] = attrs.field(init=False, factory=dict)
     """Counts not applied yet, by (settlement kind, or None for a claim; spec id): see
     :meth:`tally_claimed`."""
+    _observed: dict[str, list[float]] = attrs.field(init=False, factory=dict)
+    """Evaluation seconds not observed yet, per spec id (see :meth:`observe_evaluation`)."""
 
     def __attrs_post_init__(self) -> None:
         def counter(name: str, documentation: str) -> Counter:
@@ -269,16 +272,65 @@ class RunnerMetrics:
         tallied = self._tallied
         tallied[key] = tallied.get(key, 0) + 1
 
+    def observe_evaluation(self, spec_id: str, seconds: float) -> None:
+        """Observe an evaluation's duration in ``evaluation_seconds`` at the next :meth:`flush`
+        (the runner flushes as it takes the outcome for a write, or drops it)."""
+        observed = self._observed.get(spec_id)
+        if observed is None:
+            observed = self._observed[spec_id] = []
+        observed.append(seconds)
+
     def flush(self) -> None:
-        """Apply the tallied counts."""
+        """Apply the tallied counts and the pending observations."""
         tallied = self._tallied
-        if not tallied:
-            return
-        for (kind, spec_id), n in tallied.items():
-            counter = self.claimed if kind is None else self._settled.get(kind)
-            if counter is not None:
-                self.for_spec(counter, spec_id).inc(n)
-        tallied.clear()
+        if tallied:
+            for (kind, spec_id), n in tallied.items():
+                counter = self.claimed if kind is None else self._settled.get(kind)
+                if counter is not None:
+                    self.for_spec(counter, spec_id).inc(n)
+            tallied.clear()
+        observed = self._observed
+        if observed:
+            for spec_id, values in observed.items():
+                _observe_all(self.for_spec(self.evaluation_seconds, spec_id), values)
+            observed.clear()
+
+
+def _observe_all(child: Any, values: list[float]) -> None:
+    """``child.observe(value)`` for each of *values*, into a histogram's labelled *child*.
+
+    ``prometheus_client`` observes one value at a time (a lock per bucket and sum, a scan of the
+    buckets): when the child has the layout it has had for years (``_upper_bounds``,
+    ``_buckets``, ``_sum``), the bucket counts are added once per bucket and the sum is added up
+    in the same order ``observe`` would, so the samples are the same to the last bit; otherwise,
+    one ``observe`` each.
+    """
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if (
+        not isinstance(bounds, list)
+        or not isinstance(buckets, list)
+        or len(bounds) != len(buckets)
+        or not bounds
+        or bounds[-1] != math.inf
+        or not all(hasattr(value, "inc") for value in (total, *buckets[:1]))
+        or not hasattr(total, "get")
+        or not hasattr(total, "set")
+    ):
+        for value in values:
+            child.observe(value)
+        return
+    counts = [0] * len(bounds)
+    running = total.get()
+    for value in values:
+        # bisect_left finds the first bound >= value, the bucket observe counts it in.
+        counts[bisect.bisect_left(bounds, value)] += 1
+        running += value
+    total.set(running)
+    for bucket, n in zip(buckets, counts, strict=True):
+        if n:
+            bucket.inc(n)
 
 
 RENEWAL_CHUNK = 1000
@@ -671,6 +723,7 @@ class WorkflowRunner(Generic[ContextT]):
             failed = True
             raise
         finally:
+            self._metrics.flush()
             # Cancelled from outside before some outcomes were written: those leases expire.
             self._in_flight.clear()
             self._freed.clear()
@@ -962,6 +1015,7 @@ class WorkflowRunner(Generic[ContextT]):
             outcome = self._outcome(entry, settlement, error, failure)
         finally:
             if outcome is None:
+                self._metrics.flush()  # nothing to write: its evaluation is observed now
                 self._free(entry)
             else:
                 settler.submit(entry, outcome)
@@ -986,6 +1040,7 @@ class WorkflowRunner(Generic[ContextT]):
         drain waiting for it) until the write's answer. At most one batch is being written at
         a time, so a queue holds at most its concurrency plus one settle batch of items.
         """
+        self._metrics.flush()  # the batch's evaluations are observed as it is taken
         if len(self._busy) == 1:
             [busy] = self._busy.values()
             busy.value = max(0, busy.value - len(batch))
@@ -1009,9 +1064,7 @@ class WorkflowRunner(Generic[ContextT]):
         started = entry.evaluating_since
         if started is not None:
             entry.evaluating_since = None
-            self._metrics.for_spec(self._metrics.evaluation_seconds, entry.item.spec_id).observe(
-                trio.current_time() - started
-            )
+            self._metrics.observe_evaluation(entry.item.spec_id, trio.current_time() - started)
 
     async def _evaluate(
         self, entry: _InFlight, context: ContextT
