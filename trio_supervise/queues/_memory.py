@@ -899,6 +899,16 @@ class MemoryQueue(SingleWrites):
         # (priority, due_at, id) order (see the protocol's module doc).
         window: list[tuple[WorkItem, Any]] = []
         put_back: list[WorkItem] = []
+        if not expired and len(queued) == 1 and queued[0][0][3] is None:
+            # One heap, no key, nothing to rescue (a busy queue of one kind): the window is
+            # that heap's due items, in order, without comparing heads per item.
+            [(heap_key, heap)] = queued
+            top = self._top
+            while len(window) < limit:
+                entry = top(heap)
+                if entry is None or entry[0] > now:
+                    break
+                window.append((heapq.heappop(heap)[3], heap_key))
         while len(window) < limit:
             while expired and blocked(expired[-1].concurrency_key, expired[-1].concurrency_limit):
                 put_back.append(expired.pop())
