@@ -82,9 +82,14 @@ def _snooze(instance: object, attribute: attrs.Attribute[Any], value: object) ->
         raise ValueError(f"Continue delay must be from 0 to {MAX_DELAY:g} seconds, got {value!r}")
 
 
+_NOT_CHILDREN = (str, bytes, NewItem)
+
+
 def _children(value: Sequence[NewItem]) -> tuple[NewItem, ...]:
     """An outcome's ``children``: a sequence of :class:`NewItem` (not a string), as a tuple."""
-    if isinstance(value, str | bytes | NewItem):
+    if type(value) is tuple and not value:
+        return value  # the default, once per outcome
+    if isinstance(value, _NOT_CHILDREN):
         raise TypeError(f"children must be a sequence of NewItem, got {value!r}")
     children = tuple(value)
     for index, child in enumerate(children):

@@ -452,6 +452,19 @@ class MemoryQueue(SingleWrites):
             **changes,
         )
 
+    def _requeue_evaluated(self, item: WorkItem, due_at: dt.datetime, now: dt.datetime) -> None:
+        """``_requeue(item, due_at, now, error_count=0, attempt=0)``, spelled out: an item
+        evaluated fine and due again (a continued or rescheduled step) is a settlement's hot
+        path too."""
+        _set(item, "updated_at", now)
+        _set(item, "state", ItemState.QUEUED)
+        _set(item, "due_at", due_at)
+        _set(item, "lease_owner", None)
+        _set(item, "lease_expires_at", None)
+        _set(item, "error_count", 0)
+        _set(item, "attempt", 0)
+        self._store(item)
+
     def _apply(self, s: Settlement, now: dt.datetime | None = None) -> None:
         op = _SETTLE_OPS[s.kind]
         item = self._fenced(op, s.item_id, s.lease_version)
@@ -468,9 +481,7 @@ class MemoryQueue(SingleWrites):
         )
         match s.kind:
             case SettleKind.CONTINUE:
-                self._requeue(
-                    item, now + dt.timedelta(seconds=s.delay), now, error_count=0, attempt=0
-                )
+                self._requeue_evaluated(item, now + dt.timedelta(seconds=s.delay), now)
             case SettleKind.RELEASE:
                 self._requeue(
                     item,
@@ -481,7 +492,8 @@ class MemoryQueue(SingleWrites):
             case SettleKind.RESCHEDULE:
                 assert s.at is not None
                 config = check_json(s.config)
-                self._requeue(item, s.at, now, config=config, error_count=0, attempt=0)
+                _set(item, "config", config)
+                self._requeue_evaluated(item, s.at, now)
             case SettleKind.RETRY:
                 self._requeue(
                     item,
