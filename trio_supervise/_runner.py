@@ -24,15 +24,20 @@ Three tasks share the runner's state:
   wake-up later than a third of the lease is logged, kept in the recent errors and exported.
 
 Claimed items are evaluated by a pool of *evaluators*, long-lived tasks that take waiting items
-one at a time; an evaluator whose evaluation did not block takes the next waiting item itself, and
-one that blocks has woken another for the rest first (the pool grows to the most items evaluated
-at once, at most the concurrency; see :class:`_Pool`). An evaluator runs its items inside one cancel scope, and an item's ``scope`` points
-at it while that item is evaluated: stopping the item (a lost lease, a cancel request, shutdown)
-cancels that scope, which holds that evaluation alone, and the evaluator goes on in a fresh one.
-So the happy path starts no task and enters no cancel scope per item. An item holds its slot until
-its outcome is taken for a write, and its lease (which keeps being renewed) until the write
-answers; its evaluator hands the outcome to the settler and moves on, nothing waiting per item
-for the write.
+one at a time; an evaluator whose evaluation did not block takes the next waiting item itself,
+and one that blocks has woken another for the rest first (the pool grows to the most items
+evaluated at once, at most the concurrency; see :class:`_Pool`). An evaluator runs its items
+inside one cancel scope, and an item's ``scope`` points at it while that item is evaluated:
+stopping the item (a lost lease, a cancel request, shutdown) cancels that scope, which holds that
+evaluation alone, and the evaluator goes on in a fresh one. So the happy path starts no task and
+enters no cancel scope per item. An item holds its slot until its outcome is taken for a write,
+and its lease (which keeps being renewed) until the write answers; its evaluator hands the
+outcome to the settler and moves on, nothing waiting per item for the write.
+
+Metrics: the counts of a claim's items and of a write's results are added once per spec and
+kind as the batch ends (no checkpoint in between, so no other task sees a partial count), and
+evaluation durations are observed as their outcomes are taken for a write; runner events are
+built only when ``on_event`` is set.
 """
 
 from __future__ import annotations
@@ -314,7 +319,8 @@ def _observe_all(child: Any, values: list[float]) -> None:
         or len(bounds) != len(buckets)
         or not bounds
         or bounds[-1] != math.inf
-        or not all(hasattr(value, "inc") for value in (total, *buckets[:1]))
+        or total is None
+        or not all(hasattr(value, "inc") for value in (total, *buckets))
         or not hasattr(total, "get")
         or not hasattr(total, "set")
     ):

@@ -768,7 +768,7 @@ def outcome_settlement(
         )
     if isinstance(outcome, Reschedule):
         config = outcome.config
-        if attrs.has(type(config)):
+        if type(config) is not dict and attrs.has(type(config)):
             config = unstructure(config)
         config = check_json(config, what=f"rescheduled config for spec '{item.spec_id}'")
         if not outcome.children:
