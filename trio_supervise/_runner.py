@@ -23,19 +23,26 @@ Three tasks share the runner's state:
   late it wakes: a driver that blocks the thread (``time.sleep``) starves every renewal, so a
   wake-up later than a third of the lease is logged, kept in the recent errors and exported.
 
-Claimed items are evaluated by a pool of *evaluators*, long-lived tasks that take items from one
-channel, one at a time (the pool grows to the most items evaluated at once, at most the
-concurrency). An evaluator runs its items inside one cancel scope, and an item's ``scope`` points
-at it while that item is evaluated: stopping the item (a lost lease, a cancel request, shutdown)
-cancels that scope, which holds that evaluation alone, and the evaluator goes on in a fresh one.
-So the happy path starts no task and enters no cancel scope per item. An item holds its slot until
-its outcome is taken for a write, and its lease (which keeps being renewed) until the write
-answers; its evaluator hands the outcome to the settler and moves on, nothing waiting per item
-for the write.
+Claimed items are evaluated by a pool of *evaluators*, long-lived tasks that take waiting items
+one at a time; an evaluator whose evaluation did not block takes the next waiting item itself,
+and one that blocks has woken another for the rest first (the pool grows to the most items
+evaluated at once, at most the concurrency; see :class:`_Pool`). An evaluator runs its items
+inside one cancel scope, and an item's ``scope`` points at it while that item is evaluated:
+stopping the item (a lost lease, a cancel request, shutdown) cancels that scope, which holds that
+evaluation alone, and the evaluator goes on in a fresh one. So the happy path starts no task and
+enters no cancel scope per item. An item holds its slot until its outcome is taken for a write,
+and its lease (which keeps being renewed) until the write answers; its evaluator hands the
+outcome to the settler and moves on, nothing waiting per item for the write.
+
+Metrics: the counts of a claim's items and of a write's results are added once per spec and
+kind as the batch ends (no checkpoint in between, so no other task sees a partial count), and
+evaluation durations are observed as their outcomes are taken for a write; runner events are
+built only when ``on_event`` is set.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import datetime as dt
@@ -185,6 +192,11 @@ class RunnerMetrics:
     loop_lag_seconds: Histogram = attrs.field(init=False)
     _children: dict[tuple[int, str], Any] = attrs.field(init=False, factory=dict)
     _settled: dict[SettleKind, Counter] = attrs.field(init=False)
+    _tallied: dict[tuple[SettleKind | None, str], int] = attrs.field(init=False, factory=dict)
+    """Counts not applied yet, by (settlement kind, or None for a claim; spec id): see
+    :meth:`tally_claimed`."""
+    _observed: dict[str, list[float]] = attrs.field(init=False, factory=dict)
+    """Evaluation seconds not observed yet, per spec id (see :meth:`observe_evaluation`)."""
 
     def __attrs_post_init__(self) -> None:
         def counter(name: str, documentation: str) -> Counter:
@@ -247,6 +259,84 @@ class RunnerMetrics:
         counter = self._settled.get(kind)
         if counter is not None:
             self.for_spec(counter, spec_id).inc()
+
+    def tally_claimed(self, spec_id: str) -> None:
+        """Count a claim at the next :meth:`flush`.
+
+        For a batch handled without a checkpoint (a claim's items, a write's results): the
+        batch's counts are applied once per spec and kind when it ends, so no other task, and
+        no reader of the registry in this thread, sees a count between the two.
+        """
+        key = (None, spec_id)
+        tallied = self._tallied
+        tallied[key] = tallied.get(key, 0) + 1
+
+    def tally_settled(self, kind: SettleKind, spec_id: str) -> None:
+        """Count a settlement the queue applied, at the next :meth:`flush`."""
+        key = (kind, spec_id)
+        tallied = self._tallied
+        tallied[key] = tallied.get(key, 0) + 1
+
+    def observe_evaluation(self, spec_id: str, seconds: float) -> None:
+        """Observe an evaluation's duration in ``evaluation_seconds`` at the next :meth:`flush`
+        (the runner flushes as it takes the outcome for a write, or drops it)."""
+        observed = self._observed.get(spec_id)
+        if observed is None:
+            observed = self._observed[spec_id] = []
+        observed.append(seconds)
+
+    def flush(self) -> None:
+        """Apply the tallied counts and the pending observations."""
+        tallied = self._tallied
+        if tallied:
+            for (kind, spec_id), n in tallied.items():
+                counter = self.claimed if kind is None else self._settled.get(kind)
+                if counter is not None:
+                    self.for_spec(counter, spec_id).inc(n)
+            tallied.clear()
+        observed = self._observed
+        if observed:
+            for spec_id, values in observed.items():
+                _observe_all(self.for_spec(self.evaluation_seconds, spec_id), values)
+            observed.clear()
+
+
+def _observe_all(child: Any, values: list[float]) -> None:
+    """``child.observe(value)`` for each of *values*, into a histogram's labelled *child*.
+
+    ``prometheus_client`` observes one value at a time (a lock per bucket and sum, a scan of the
+    buckets): when the child has the layout it has had for years (``_upper_bounds``,
+    ``_buckets``, ``_sum``), the bucket counts are added once per bucket and the sum is added up
+    in the same order ``observe`` would, so the samples are the same to the last bit; otherwise,
+    one ``observe`` each.
+    """
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if (
+        not isinstance(bounds, list)
+        or not isinstance(buckets, list)
+        or len(bounds) != len(buckets)
+        or not bounds
+        or bounds[-1] != math.inf
+        or total is None
+        or not all(hasattr(value, "inc") for value in (total, *buckets))
+        or not hasattr(total, "get")
+        or not hasattr(total, "set")
+    ):
+        for value in values:
+            child.observe(value)
+        return
+    counts = [0] * len(bounds)
+    running = total.get()
+    for value in values:
+        # bisect_left finds the first bound >= value, the bucket observe counts it in.
+        counts[bisect.bisect_left(bounds, value)] += 1
+        running += value
+    total.set(running)
+    for bucket, n in zip(buckets, counts, strict=True):
+        if n:
+            bucket.inc(n)
 
 
 RENEWAL_CHUNK = 1000
@@ -455,23 +545,63 @@ class _Settler:
 
 @attrs.define(eq=False)
 class _Pool:
-    """The evaluators: long-lived tasks that take claimed items from one channel, one at a time.
+    """The evaluators: long-lived tasks that take claimed items from one queue of waiting items.
 
-    A claimed item goes to an idle evaluator when there is one, else a new evaluator starts, so
-    the pool grows to the most items evaluated at once (at most the concurrency) and no task is
-    started or ended per item. ``spare`` counts the evaluators idle (or about to be) less the
-    items waiting in the channel.
+    Claimed items wait in ``waiting``, idle evaluators park in ``idle``. At most one evaluator is
+    being woken at a time (``waking``): the woken one takes the first waiting item and, if more
+    wait, wakes the next evaluator before it evaluates its own. An evaluator whose evaluation ends
+    takes the next waiting item itself. So a batch of evaluations that do not block runs in one
+    evaluator with two wake-ups, not one hand-over per item, and a batch of evaluations that
+    block gets an evaluator each, woken one after the other; the pool grows to the most items
+    evaluated at once (at most the concurrency), and no task is started or ended per item.
     """
 
     nursery: trio.Nursery
-    send: trio.MemorySendChannel[_InFlight]
-    receive: trio.MemoryReceiveChannel[_InFlight]
-    spare: int = 0
+    spawn: _Evaluate | None = None
+    """Starts one more evaluator (set once the evaluators' arguments are known)."""
+    waiting: collections.deque[_InFlight] = attrs.Factory(collections.deque)
+    idle: list[trio.lowlevel.Task] = attrs.Factory(list)
+    waking: bool = False
+    """An evaluator was woken (or started) and has not run yet."""
+    closed: bool = False
+    """Nothing more is claimed: evaluators end once ``waiting`` is empty."""
 
     @classmethod
     def open(cls, nursery: trio.Nursery) -> _Pool:
-        send, receive = trio.open_memory_channel[_InFlight](math.inf)
-        return cls(nursery, send, receive)
+        return cls(nursery)
+
+    def put(self, entry: _InFlight) -> None:
+        """Queue *entry* for evaluation, waking an evaluator unless one is being woken."""
+        self.waiting.append(entry)
+        if not self.waking:
+            self.wake()
+
+    def wake(self) -> None:
+        """Wake an idle evaluator, or start one if none is idle."""
+        self.waking = True
+        if self.idle:
+            trio.lowlevel.reschedule(self.idle.pop())
+        else:
+            assert self.spawn is not None
+            self.nursery.start_soon(self.spawn)
+
+    def close(self) -> None:
+        """Nothing more will be put: wake every idle evaluator so that it ends."""
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for task in idle:
+            trio.lowlevel.reschedule(task)
+
+    async def park(self) -> None:
+        """Wait, idle, until :meth:`wake` or :meth:`close` picks this evaluator."""
+        task = trio.lowlevel.current_task()
+        self.idle.append(task)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            self.idle.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -611,10 +741,11 @@ class WorkflowRunner(Generic[ContextT]):
                             self._emit(RunnerEventKind.STARTED)
                             task_status.started()
                             evaluate = functools.partial(self._evaluator, pool, context, settler)
+                            pool.spawn = evaluate
                             settler.write = self._combined_writes(pool, evaluate)
                             fatal = await self._claim_loops(pool, evaluate)
-                            # Nothing more is claimed: the evaluators end once the channel is empty.
-                            pool.send.close()
+                            # Nothing more is claimed: the evaluators end once none is waiting.
+                            pool.close()
                             await self._drain()
                         # Every evaluation has ended; the outcomes handed over are written (or
                         # fail) before the settler stops.
@@ -629,6 +760,7 @@ class WorkflowRunner(Generic[ContextT]):
             failed = True
             raise
         finally:
+            self._metrics.flush()
             # Cancelled from outside before some outcomes were written: those leases expire.
             self._in_flight.clear()
             self._freed.clear()
@@ -740,6 +872,7 @@ class WorkflowRunner(Generic[ContextT]):
             self._queue_answered()
             for item in items:
                 self._start(pool, evaluate, item, started)
+            self._metrics.flush()
             self._count.value = len(self._in_flight)
             busy.value -= limit - len(items)
             if len(items) < limit:
@@ -803,6 +936,7 @@ class WorkflowRunner(Generic[ContextT]):
             )
             for item in items:
                 self._start(pool, evaluate, item, started)
+            self._metrics.flush()
         finally:
             if items:
                 self._count.value = len(self._in_flight)
@@ -852,15 +986,12 @@ class WorkflowRunner(Generic[ContextT]):
     def _start(self, pool: _Pool, evaluate: _Evaluate, item: WorkItem, claimed_at: float) -> None:
         entry = _InFlight(item, renewed_at=claimed_at)
         self._in_flight[entry.key] = entry  # the caller updates _count after the batch
-        self._metrics.for_spec(self._metrics.claimed, item.spec_id).inc()
-        self._emit(RunnerEventKind.CLAIMED, item)
+        self._metrics.tally_claimed(item.spec_id)  # the caller flushes after the batch
+        if self._on_event is not None:
+            self._emit(RunnerEventKind.CLAIMED, item)
         if self._shutdown.requested:
             entry.stop(_Reason.SHUTDOWN, "claimed during shutdown")
-        pool.send.send_nowait(entry)
-        if pool.spare > 0:
-            pool.spare -= 1
-        else:
-            pool.nursery.start_soon(evaluate)
+        pool.put(entry)
 
     async def _drain(self) -> None:
         self._state = RunnerState.DRAINING
@@ -937,44 +1068,47 @@ class WorkflowRunner(Generic[ContextT]):
     # -- one item ------------------------------------------------------------------------------
 
     async def _evaluator(self, pool: _Pool, context: ContextT, settler: _Settler) -> None:
-        """Evaluate items from the pool's channel until it is closed and empty.
+        """Evaluate the pool's waiting items until it is closed and none is waiting.
 
         The evaluator runs its items inside one cancel scope, which each item's ``scope`` points
         at while it is evaluated: stopping that item cancels the scope, the evaluation ends, the
         item is settled after the scope, and the evaluator goes on in a fresh scope. The happy
-        path enters no scope per item and starts no task.
+        path enters no scope per item and starts no task. It starts woken (see :class:`_Pool`).
         """
-        receive = pool.receive
+        waiting = pool.waiting
+        woken = True
         while True:
             current: _InFlight | None = None
             try:
                 with trio.CancelScope() as scope:
                     while True:
-                        try:
-                            entry = receive.receive_nowait()
-                        except trio.WouldBlock:
-                            try:
-                                entry = await receive.receive()
-                            except trio.EndOfChannel:
+                        if woken:
+                            woken = pool.waking = False
+                        if not waiting:
+                            if pool.closed:
                                 return
-                        except trio.EndOfChannel:
-                            return
-                        current = entry
+                            await pool.park()
+                            woken = True
+                            continue
+                        entry = current = waiting.popleft()
+                        if waiting and not pool.waking:
+                            # In case this evaluation blocks: the next item gets an evaluator.
+                            pool.wake()
                         entry.scope = scope
                         found = await self._evaluate(entry, context)
                         entry.scope = None
                         current = None
                         self._hand_over(entry, settler, *found)
-                        pool.spare += 1
-                        if scope.cancel_called:
-                            break  # cancelled as the evaluation ended: a fresh scope for the next
+                        if entry.reason is not None and scope.cancel_called:
+                            # Stopped as the evaluation ended (only a stop cancels this scope,
+                            # and it sets a reason first): a fresh scope for the next.
+                            break
                 if current is not None:
                     # Stopped mid-evaluation (lost lease, cancel request, shutdown).
                     entry, current = current, None
                     entry.scope = None
                     self._observe(entry)
                     self._hand_over(entry, settler, None, None, None)
-                    pool.spare += 1
             finally:
                 if current is not None:
                     # Something escaped the evaluation (a BaseException): the slot is freed.
@@ -996,6 +1130,7 @@ class WorkflowRunner(Generic[ContextT]):
             outcome = self._outcome(entry, settlement, error, failure)
         finally:
             if outcome is None:
+                self._metrics.flush()  # nothing to write: its evaluation is observed now
                 self._free(entry)
             else:
                 settler.submit(entry, outcome)
@@ -1020,6 +1155,7 @@ class WorkflowRunner(Generic[ContextT]):
         drain waiting for it) until the write's answer. At most one batch is being written at
         a time, so a queue holds at most its concurrency plus one settle batch of items.
         """
+        self._metrics.flush()  # the batch's evaluations are observed as it is taken
         if len(self._busy) == 1:
             [busy] = self._busy.values()
             busy.value = max(0, busy.value - len(batch))
@@ -1034,7 +1170,8 @@ class WorkflowRunner(Generic[ContextT]):
         freed.clear()
 
     def _flush_freed(self) -> None:
-        """After a written batch's results: update the in-flight count once."""
+        """After a written batch's results: apply its counts, update the in-flight count once."""
+        self._metrics.flush()
         self._count.value = len(self._in_flight)
 
     def _observe(self, entry: _InFlight) -> None:
@@ -1042,9 +1179,7 @@ class WorkflowRunner(Generic[ContextT]):
         started = entry.evaluating_since
         if started is not None:
             entry.evaluating_since = None
-            self._metrics.for_spec(self._metrics.evaluation_seconds, entry.item.spec_id).observe(
-                trio.current_time() - started
-            )
+            self._metrics.observe_evaluation(entry.item.spec_id, trio.current_time() - started)
 
     async def _evaluate(
         self, entry: _InFlight, context: ContextT
@@ -1058,7 +1193,13 @@ class WorkflowRunner(Generic[ContextT]):
         settlement: Settlement | None = None
         error: str | None = None
         failure: Exception | None = None
-        if entry.reason is None and (settlement := attempts_exhausted(item, settings)):
+        limit = settings.max_attempts
+        if (
+            entry.reason is None
+            and limit is not None
+            and item.attempt > limit
+            and (settlement := attempts_exhausted(item, settings))
+        ):
             # Claimed too often (say, its worker killed mid-evaluation every time): dead.
             self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
             self._record_error(item.id, item.spec_id, str(settlement.error))
@@ -1116,10 +1257,11 @@ class WorkflowRunner(Generic[ContextT]):
             self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
             self._record_error(item.id, item.spec_id, first_line(settlement.error))
             log_dead(logger, settings.worker_id, item, settlement.error, evaluated=True)
-        detail = str(settlement.kind)
-        if settlement.error is not None:
-            detail = f"{detail}: {first_line(settlement.error)}"
-        self._emit(RunnerEventKind.OUTCOME, item, detail=detail)
+        if self._on_event is not None:
+            detail = str(settlement.kind)
+            if settlement.error is not None:
+                detail = f"{detail}: {first_line(settlement.error)}"
+            self._emit(RunnerEventKind.OUTCOME, item, detail=detail)
         return settlement
 
     def _written(
@@ -1187,9 +1329,11 @@ class WorkflowRunner(Generic[ContextT]):
             return None
         self._queue_answered()
         if applied:
-            self._metrics.count_settled(settlement.kind, item.spec_id)
-            self._drained(entry, str(settlement.kind))
-            self._emit(RunnerEventKind.SETTLED, item, detail=str(settlement.kind))
+            self._metrics.tally_settled(settlement.kind, item.spec_id)  # see _flush_freed
+            if self._state is RunnerState.DRAINING:
+                self._drained(entry, str(settlement.kind))
+            if self._on_event is not None:
+                self._emit(RunnerEventKind.SETTLED, item, detail=str(settlement.kind))
             return None
         self._metrics.for_spec(self._metrics.settlements_refused, item.spec_id).inc()
         self._drained(entry, "not written")

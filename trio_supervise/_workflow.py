@@ -30,6 +30,7 @@ from .queues._protocol import (
     DEFAULT_CONCURRENCY_LIMIT,
     DEFAULT_QUEUE,
     MAX_DELAY,
+    JSONValue,
     LeaseStatus,
     NewItem,
     SettleKind,
@@ -81,9 +82,14 @@ def _snooze(instance: object, attribute: attrs.Attribute[Any], value: object) ->
         raise ValueError(f"Continue delay must be from 0 to {MAX_DELAY:g} seconds, got {value!r}")
 
 
+_NOT_CHILDREN = (str, bytes, NewItem)
+
+
 def _children(value: Sequence[NewItem]) -> tuple[NewItem, ...]:
     """An outcome's ``children``: a sequence of :class:`NewItem` (not a string), as a tuple."""
-    if isinstance(value, str | bytes | NewItem):
+    if type(value) is tuple and not value:
+        return value  # the default, once per outcome
+    if isinstance(value, _NOT_CHILDREN):
         raise TypeError(f"children must be a sequence of NewItem, got {value!r}")
     children = tuple(value)
     for index, child in enumerate(children):
@@ -751,19 +757,28 @@ def outcome_settlement(
     item_id, version = item.id, item.lease_version
     if isinstance(outcome, Continue):
         delay = requeue_delay if outcome.delay is None else outcome.delay
+        if outcome.wait_for_children:
+            delay = 0.0
+        if not outcome.children and not outcome.wait_for_children:
+            return _plain_settlement(item_id, version, SettleKind.CONTINUE, delay=delay)
         return Settlement(
             item_id=item_id,
             lease_version=version,
             kind=SettleKind.CONTINUE,
-            delay=0.0 if outcome.wait_for_children else delay,
+            delay=delay,
             children=_checked_children(outcome.children, item),
             wait_for_children=outcome.wait_for_children,
         )
     if isinstance(outcome, Reschedule):
         config = outcome.config
-        if attrs.has(type(config)):
+        if type(config) is not dict and attrs.has(type(config)):
             config = unstructure(config)
         config = check_json(config, what=f"rescheduled config for spec '{item.spec_id}'")
+        if not outcome.children:
+            # outcome.at is UTC already (Reschedule converts it).
+            return _plain_settlement(
+                item_id, version, SettleKind.RESCHEDULE, at=outcome.at, config=config
+            )
         return Settlement(
             item_id=item_id,
             lease_version=version,
@@ -774,10 +789,12 @@ def outcome_settlement(
         )
     if isinstance(outcome, Stop):
         result = outcome.result
-        if attrs.has(type(result)):
-            result = unstructure(result)
         if result is not None:
+            if attrs.has(type(result)):
+                result = unstructure(result)
             result = check_json(result, what=f"result for spec '{item.spec_id}'")
+        if not outcome.children:
+            return _plain_settlement(item_id, version, SettleKind.COMPLETE, result=result)
         return Settlement(
             item_id=item_id,
             lease_version=version,
@@ -788,6 +805,50 @@ def outcome_settlement(
     raise TypeError(
         f"driver '{driver_name}' returned {outcome!r}, not Continue, Reschedule or Stop"
     )
+
+
+_set = object.__setattr__
+
+
+def _plain_settlement(
+    item_id: str,
+    version: int,
+    kind: SettleKind,
+    *,
+    delay: float = 0.0,
+    at: dt.datetime | None = None,
+    config: JSONValue = None,
+    result: JSONValue = None,
+) -> Settlement:
+    """``Settlement(...)`` for an outcome without children or error, its values checked
+    already (*at* in UTC, *config* and *result* JSON): the one built per evaluation, without
+    the converters and checks that have nothing to do here. A delay out of range goes the
+    checked way, which refuses it."""
+    if not 0.0 <= delay <= MAX_DELAY:
+        return Settlement(item_id=item_id, lease_version=version, kind=kind, delay=delay)
+    settlement: Settlement = object.__new__(Settlement)
+    _set(settlement, "item_id", item_id)
+    _set(settlement, "lease_version", version)
+    _set(settlement, "kind", kind)
+    _set(settlement, "delay", delay)
+    _set(settlement, "at", at)
+    _set(settlement, "config", config)
+    _set(settlement, "result", result)
+    _set(settlement, "error", None)
+    _set(settlement, "children", ())
+    _set(settlement, "wait_for_children", False)
+    return settlement
+
+
+def _check_plain_settlement() -> None:
+    # A field added to Settlement but not to _plain_settlement would be left unset: comparing
+    # reads every field, so that fails here, at import.
+    probe = Settlement(item_id="probe", lease_version=1, kind=SettleKind.COMPLETE)
+    if _plain_settlement("probe", 1, SettleKind.COMPLETE) != probe:  # pragma: no cover
+        raise RuntimeError("_plain_settlement does not set every Settlement field")
+
+
+_check_plain_settlement()
 
 
 def _checked_children(children: Sequence[NewItem], item: WorkItem) -> tuple[NewItem, ...]:

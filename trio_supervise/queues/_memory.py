@@ -456,6 +456,19 @@ class MemoryQueue(SingleWrites):
             **changes,
         )
 
+    def _requeue_evaluated(self, item: WorkItem, due_at: dt.datetime, now: dt.datetime) -> None:
+        """``_requeue(item, due_at, now, error_count=0, attempt=0)``, spelled out: an item
+        evaluated fine and due again (a continued or rescheduled step) is a settlement's hot
+        path too."""
+        _set(item, "updated_at", now)
+        _set(item, "state", ItemState.QUEUED)
+        _set(item, "due_at", due_at)
+        _set(item, "lease_owner", None)
+        _set(item, "lease_expires_at", None)
+        _set(item, "error_count", 0)
+        _set(item, "attempt", 0)
+        self._store(item)
+
     def _apply(self, s: Settlement, now: dt.datetime | None = None) -> None:
         op = _SETTLE_OPS[s.kind]
         item = self._fenced(op, s.item_id, s.lease_version)
@@ -472,9 +485,7 @@ class MemoryQueue(SingleWrites):
         )
         match s.kind:
             case SettleKind.CONTINUE:
-                self._requeue(
-                    item, now + dt.timedelta(seconds=s.delay), now, error_count=0, attempt=0
-                )
+                self._requeue_evaluated(item, now + dt.timedelta(seconds=s.delay), now)
             case SettleKind.RELEASE:
                 self._requeue(
                     item,
@@ -485,7 +496,8 @@ class MemoryQueue(SingleWrites):
             case SettleKind.RESCHEDULE:
                 assert s.at is not None
                 config = check_json(s.config)
-                self._requeue(item, s.at, now, config=config, error_count=0, attempt=0)
+                _set(item, "config", config)
+                self._requeue_evaluated(item, s.at, now)
             case SettleKind.RETRY:
                 self._requeue(
                     item,
@@ -903,6 +915,16 @@ class MemoryQueue(SingleWrites):
         # (priority, due_at, id) order (see the protocol's module doc).
         window: list[tuple[WorkItem, Any]] = []
         put_back: list[WorkItem] = []
+        if not expired and len(queued) == 1 and queued[0][0][3] is None:
+            # One heap, no key, nothing to rescue (a busy queue of one kind): the window is
+            # that heap's due items, in order, without comparing heads per item.
+            [(heap_key, heap)] = queued
+            top = self._top
+            while len(window) < limit:
+                entry = top(heap)
+                if entry is None or entry[0] > now:
+                    break
+                window.append((heapq.heappop(heap)[3], heap_key))
         while len(window) < limit:
             while expired and blocked(expired[-1].concurrency_key, expired[-1].concurrency_limit):
                 put_back.append(expired.pop())

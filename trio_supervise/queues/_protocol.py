@@ -305,11 +305,11 @@ def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
     :data:`MAX_JSON_DEPTH`, and strings holding a NUL or a lone surrogate (PostgreSQL cannot
     store either, SQLite's text cannot hold a surrogate).
     """
-    from .._errors import ConfigError
-
     flat = _flat_copy(value)
     if flat is not None:
         return flat
+    from .._errors import ConfigError
+
     try:
         text = json.dumps(value, allow_nan=False)
     except RecursionError:
