@@ -877,6 +877,11 @@ class MemoryQueue(SingleWrites):
         queue: str = DEFAULT_QUEUE,
     ) -> list[WorkItem]:
         await trio.lowlevel.checkpoint()
+        return self._claim_due(spec_ids, worker_id, lease, limit, queue)
+
+    def _claim_due(
+        self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int, queue: str
+    ) -> list[WorkItem]:
         lease = _check_duration("lease", lease, positive=True)
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
@@ -1050,6 +1055,9 @@ class MemoryQueue(SingleWrites):
 
     async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
         await trio.lowlevel.checkpoint()
+        return self._settle_many(settlements)
+
+    def _settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
         results = []
         now = self._now()
         for settlement in settlements:
@@ -1076,15 +1084,17 @@ class MemoryQueue(SingleWrites):
         *,
         queue: str = DEFAULT_QUEUE,
     ) -> tuple[list[bool], list[WorkItem]]:
-        """:meth:`settle_many`, then :meth:`claim_due`: the reference the SQL backends' one
-        transaction matches. A claim that fails once the settlements are applied claims
-        nothing (the next :meth:`claim_due` reports the error)."""
+        """:meth:`settle_many`, then :meth:`claim_due`, with no checkpoint between: the
+        reference the SQL backends' one transaction matches (no other task sees the settlements
+        applied before the call returns). A claim that fails once the settlements are applied
+        claims nothing (the next :meth:`claim_due` reports the error)."""
+        await trio.lowlevel.checkpoint()
         _check_duration("lease", lease, positive=True)
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        results = await self.settle_many(settlements)
+        results = self._settle_many(settlements)
         try:
-            items = await self.claim_due(spec_ids, worker_id, lease, limit, queue=queue)
+            items = self._claim_due(spec_ids, worker_id, lease, limit, queue)
         except Exception:
             items = []
         return results, items
