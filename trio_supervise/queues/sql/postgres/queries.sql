@@ -424,6 +424,14 @@ LIMIT %(limit)s;
 -- name: notify
 SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(spec_id);
 
+-- name: notify_due
+-- Enqueued items due now: one notification per (queue, spec id), its payload naming both, so a
+-- waiter serving them returns at once (see _due_hint); none for a paused queue (its items are
+-- not claimable, and resume_queue notifies).
+SELECT pg_notify(%(channel)s, n.payload)
+FROM unnest(%(queues)s::text[], %(payloads)s::text[]) AS n(queue, payload)
+WHERE n.queue NOT IN (SELECT queue FROM trio_supervise_paused_queues);
+
 -- name: next_due_at
 -- Also returns how far away that is by the queue's clock, so waits agree with the database.
 -- A keyed row whose key is at its limit is claimable no sooner than its key frees, with no
