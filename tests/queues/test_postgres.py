@@ -151,7 +151,7 @@ async def _until_listening(dsn: str, schema: str) -> None:
         f"WHERE query LIKE 'LISTEN %{schema}%' AND pid <> pg_backend_pid()"
     )
     with trio.fail_after(10):
-        while (await trio.to_thread.run_sync(_sql, dsn, schema, query)) != [(1,)]:
+        while (await trio.to_thread.run_sync(_sql, dsn, schema, query)) != [(1,)]:  # noqa: ASYNC110
             await trio.sleep(0.05)
 
 
@@ -238,6 +238,37 @@ async def test_a_notification_naming_a_served_queue_and_spec_ends_the_wait() -> 
                     await trio.to_thread.run_sync(
                         _notify, dsn, channel, _due_payload("anything", "spec")
                     )
+
+
+async def test_a_notification_no_waiter_serves_wakes_nobody() -> None:
+    """A notification naming a queue and spec id that no waiter of this process serves wakes no
+    waiter (none looks in the database for it); one without a hint wakes every waiter, and one
+    naming a served pair marks that waiter due. (The listener's calls, made here by hand.)"""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False
+        ) as queue:
+            returned = trio.Event()
+
+            async def wait() -> None:
+                await queue.wait_for_work(["spec"], queues=["mail"])
+                returned.set()
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(wait)
+                    while not queue._waiters:  # noqa: ASYNC110 - a private set, no event
+                        await trio.sleep(0.01)
+                    generation = queue._changes.value
+                    queue._notified(("default", "spec"))
+                    queue._notified(("mail", "other"))
+                    assert queue._changes.value == generation
+                    queue._notified(None)
+                    assert queue._changes.value == generation + 1
+                    assert not returned.is_set()
+                    queue._notified(("mail", "spec"))
+                    await returned.wait()
+            assert not queue._waiters
 
 
 async def test_claim_is_served_by_the_claim_index() -> None:

@@ -20,10 +20,11 @@ many status pages are open, claims, renewals and settlements always find a conne
 - Wake-ups: a write that makes work due now sends ``NOTIFY`` in its transaction; a dedicated
   connection in a thread ``LISTEN``\\ s and wakes :meth:`PostgresQueue.wait_for_work`. An
   enqueue's notification names the due item's queue and spec id (see :func:`_due_hint`), so a
-  waiter serving both returns at once, without asking the database again what is due; every
-  other notification (settlements, fan-in, retries, resumed queues, older versions of this
-  library) makes the waiter look again. The listener reconnects when it drops (waking every
-  waiter, since notifications may have been missed); the caller's poll interval is the fallback.
+  waiter serving both returns at once, without asking the database again what is due, and
+  one that no waiter serves wakes nobody; every other notification (settlements, fan-in,
+  retries, resumed queues, older versions of this library) makes the waiters look again. The
+  listener reconnects when it drops (waking every waiter, since notifications may have been
+  missed); the caller's poll interval is the fallback.
 
 Errors from psycopg become :class:`QueueUnavailable` (the server cannot be reached: retry),
 :class:`QueueFailed` (authentication, permission, read-only, missing database or schema: no
@@ -684,13 +685,17 @@ class PostgresQueue(SQLQueue):
         self._start_listener()
 
     def _notified(self, hint: Hint | None) -> None:
-        """A notification arrived (the listener calls this in Trio): mark the waiters it names
-        due, and wake every waiter (the others look again)."""
+        """A notification arrived (the listener calls this in Trio). One naming a queue and spec
+        id marks the waiters serving them due and wakes the waiters, or, if none serves them,
+        nobody (it says nothing about other work); any other wakes every waiter to look again."""
         if hint is not None:
             queue, spec_id = hint
+            named = False
             for waiter in self._waiters:
                 if spec_id in waiter.spec_ids and (waiter.queues is None or queue in waiter.queues):
-                    waiter.due = True
+                    waiter.due = named = True
+            if not named:
+                return
         self._changed()
 
     async def wait_for_work(
@@ -702,15 +707,14 @@ class PostgresQueue(SQLQueue):
         waiter = _Waiter(frozenset(spec_ids), None if queues is None else frozenset(queues))
         self._waiters.add(waiter)
         try:
-            while True:
+            # A mark during the query also moved the generation: the wait below returns at once.
+            while not waiter.due:
                 generation = self._changes.value
                 at, wait, _ = await self._next_due(spec_ids, queues)
-                if waiter.due or (at is not None and wait <= 0):
+                if at is not None and wait <= 0:
                     return
                 with trio.move_on_after(math.inf if at is None else wait):
                     await self._wait_changed(generation, None)
-                if waiter.due:
-                    return
         finally:
             self._waiters.discard(waiter)
 
