@@ -144,15 +144,29 @@ def _notify(dsn: str, channel: str, payload: str) -> None:
         conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
 
-async def _until_listening(dsn: str, schema: str) -> None:
-    """Return once the queue's listener has LISTENed (it does so in a thread of its own)."""
+async def _until_listening(dsn: str, schema: str, count: int = 1) -> None:
+    """Return once *count* connections LISTEN for the queue (the listener connects in a thread;
+    a closed one's server process ends soon after)."""
     query = (
         "SELECT count(*) FROM pg_stat_activity "
         f"WHERE query LIKE 'LISTEN %{schema}%' AND pid <> pg_backend_pid()"
     )
     with trio.fail_after(10):
-        while (await trio.to_thread.run_sync(_sql, dsn, schema, query)) != [(1,)]:  # noqa: ASYNC110
+        while (await trio.to_thread.run_sync(_sql, dsn, schema, query)) != [(count,)]:  # noqa: ASYNC110
             await trio.sleep(0.05)
+
+
+async def test_closing_the_queue_closes_its_listen_connection() -> None:
+    """The listener's connection lives from the first wait until aclose, not beyond."""
+    with pg_schema() as (dsn, schema):
+        queue = await PostgresQueue.connect(dsn, schema=schema, migrate=True)
+        try:
+            with trio.move_on_after(0.1):
+                await queue.wait_for_work(["spec"])  # starts the listener
+            await _until_listening(dsn, schema)
+        finally:
+            await queue.aclose()
+        await _until_listening(dsn, schema, 0)
 
 
 def test_an_enqueue_s_payload_names_queue_and_spec_id() -> None:
