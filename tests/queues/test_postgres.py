@@ -145,8 +145,8 @@ def _notify(dsn: str, channel: str, payload: str) -> None:
 
 
 async def _until_listening(dsn: str, schema: str, count: int = 1) -> None:
-    """Return once *count* connections LISTEN for the queue (the listener connects in a thread;
-    a closed one's server process ends soon after)."""
+    """Return once *count* connections LISTEN for the queue (the listener connects in its own
+    thread; a closed one's server process ends soon after)."""
     query = (
         "SELECT count(*) FROM pg_stat_activity "
         f"WHERE query LIKE 'LISTEN %{schema}%' AND pid <> pg_backend_pid()"

@@ -18,8 +18,7 @@ many status pages are open, claims, renewals and settlements always find a conne
   disagree still agree on leases; pass ``clock=`` to inject one (tests), and its times are sent
   as parameters instead.
 - Wake-ups: a write that makes work due now sends ``NOTIFY`` in its transaction; a dedicated
-  connection ``LISTEN``\\ s, and a Trio task waiting on its socket reads each notification
-  and wakes :meth:`PostgresQueue.wait_for_work` (no thread in between). An
+  connection in a thread ``LISTEN``\\ s and wakes :meth:`PostgresQueue.wait_for_work`. An
   enqueue's notification names the due item's queue and spec id (see :func:`_due_hint`), so a
   waiter serving both returns at once, without asking the database again what is due, and
   one that no waiter serves wakes nobody; every other notification (settlements, fan-in,
@@ -260,102 +259,63 @@ class _Waiter:
 
 @attrs.define(eq=False)
 class _Listener:
-    """``LISTEN`` on a dedicated connection; reconnects when the connection drops.
+    """``LISTEN`` on a dedicated connection in a thread; reconnects when the connection drops.
 
-    A Trio system task waits for the connection's socket to turn readable and reads the
-    notifications itself, calling *wake* with each one's hint (see :func:`_due_hint`), or None
-    when anything may have changed (the connection was just made): no thread sits between the
-    notification and the waiter. Connecting and ``LISTEN`` (blocking) run in a thread."""
+    Each notification calls *wake* in Trio at once (``run_sync_soon``) with its hint (see
+    :func:`_due_hint`), None when anything may have changed (the connection was just made)."""
 
     dsn: str
     schema: str | None
     channel: str
+    token: trio.lowlevel.TrioToken
     wake: Callable[[Hint | None], None]
-    _scope: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
-    _done: trio.Event = attrs.field(init=False, factory=trio.Event)
-    _stopped: threading.Event = attrs.field(init=False, factory=threading.Event)
-    """Set on close: a connection still being made in an abandoned thread closes itself."""
+    stop: threading.Event = attrs.field(factory=threading.Event)
+    thread: threading.Thread | None = None
 
     def start(self) -> None:
-        trio.lowlevel.spawn_system_task(self._run, name="trio_supervise-listen")
+        self.thread = threading.Thread(target=self._run, name="trio_supervise-listen", daemon=True)
+        self.thread.start()
 
-    def _connect(self) -> psycopg.Connection[Row] | None:
+    def _wake(self, hint: Hint | None) -> bool:
+        try:
+            self.token.run_sync_soon(self.wake, hint)
+        except trio.RunFinishedError:
+            return False
+        return True
+
+    def _run(self) -> None:
+        import psycopg
         from psycopg import sql
 
-        conn = open_connection(self.dsn, schema=self.schema)
-        try:
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-        except BaseException:
-            conn.close()
-            raise
-        if self._stopped.is_set():
-            conn.close()
-            return None
-        return conn
-
-    async def _run(self) -> None:
-        try:
-            with self._scope:
-                await self._listen()
-        finally:
-            self._done.set()
-
-    async def _listen(self) -> None:
-        import psycopg
-
         backoff = 0.5
-        while True:
+        while not self.stop.is_set():
             try:
-                conn = await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
-                if conn is None:
-                    return
-                try:
+                with open_connection(self.dsn, schema=self.schema) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     backoff = 0.5
                     # Anything that happened before LISTEN took effect was missed: look again.
-                    self.wake(None)
-                    await self._receive(conn)
-                finally:
-                    conn.close()
-            except Exception as error:
-                text = (
-                    scrub_dsn(str(error), self.dsn)
-                    if isinstance(error, psycopg.Error)
-                    else repr(error)
-                )
+                    if not self._wake(None):
+                        return
+                    while not self.stop.is_set():
+                        for notify in conn.notifies(timeout=0.2):
+                            if not self._wake(_due_hint(notify.payload)):
+                                return
+            except psycopg.Error as error:
+                if self.stop.is_set():
+                    return
                 logger.warning(
                     "queue LISTEN connection to %s failed (%s); reconnecting in %.1fs",
                     redact_dsn(self.dsn),
-                    text,
+                    scrub_dsn(str(error), self.dsn),
                     backoff,
                 )
-                await trio.sleep(backoff)
+                self.stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
 
-    async def _receive(self, conn: psycopg.Connection[Row]) -> None:
-        """Wake for every notification on *conn* until it breaks (raises ``psycopg.Error``)."""
-        import psycopg
-        from psycopg.pq import ConnStatus
-
-        pgconn, encoding = conn.pgconn, conn.info.encoding
-        while True:
-            # Reads what the socket has (never blocking) and parses what libpq holds already,
-            # as it may after LISTEN's reply; raises OperationalError once the server has gone.
-            pgconn.consume_input()
-            while (notify := pgconn.notifies()) is not None:
-                self.wake(_due_hint(notify.extra.decode(encoding, "replace")))
-            if pgconn.status != ConnStatus.OK:
-                raise psycopg.OperationalError("the LISTEN connection was closed")
-            await trio.lowlevel.wait_readable(pgconn.socket)
-
-    @property
-    def finished(self) -> bool:
-        """Its task has ended: closed, or the Trio run it served is over."""
-        return self._done.is_set()
-
-    async def aclose(self) -> None:
-        self._stopped.set()
-        self._scope.cancel()
-        await self._done.wait()
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -759,13 +719,13 @@ class PostgresQueue(SQLQueue):
             self._waiters.discard(waiter)
 
     def _start_listener(self) -> None:
-        if (
-            self._listen
-            and not self._closed
-            and (self._listener is None or self._listener.finished)
-        ):
+        if self._listen and self._listener is None and not self._closed:
             self._listener = _Listener(
-                dsn=self._dsn, schema=self._schema, channel=self.channel, wake=self._notified
+                dsn=self._dsn,
+                schema=self._schema,
+                channel=self.channel,
+                token=trio.lowlevel.current_trio_token(),
+                wake=self._notified,
             )
             self._listener.start()
 
@@ -783,10 +743,10 @@ class PostgresQueue(SQLQueue):
         self._closed = True
         listener, self._listener = self._listener, None
         pools = (self._pool, self._read_pool)
-        if listener is not None:
-            await listener.aclose()
 
         def close() -> None:
+            if listener is not None:
+                listener.close()
             for pool in pools:
                 pool.close()
 
