@@ -183,7 +183,9 @@ def test_an_enqueue_s_payload_names_queue_and_spec_id() -> None:
 
 async def test_an_enqueue_notifies_each_due_queue_and_spec_once() -> None:
     """One enqueue (one batch) sends one notification per (queue, spec id) of its items due now
-    (none for items due later or for an existing key's item) and none for a paused queue."""
+    (none for items due later or for an existing key's item) and none for a paused queue; an
+    item with a concurrency key sends its spec id alone (the waiter looks whether its key is
+    free)."""
     with pg_schema() as (dsn, schema):
         async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
             await queue.pause_queue("held")
@@ -199,17 +201,18 @@ async def test_an_enqueue_notifies_each_due_queue_and_spec_once() -> None:
                         NewItem(spec_id="c", queue="q2", due_at=later),
                         NewItem(spec_id="d", queue="held"),
                         NewItem(spec_id="a", idempotency_key="k"),
+                        NewItem(spec_id="f", queue="q1", concurrency_key="key"),
+                        NewItem(spec_id="f", queue="q1", concurrency_key="key"),
                     ]
                 )
                 await queue.enqueue("e")  # a marker: notifications arrive in commit order
-                payloads = await trio.to_thread.run_sync(_payloads, conn, 3)
+                payloads = await trio.to_thread.run_sync(_payloads, conn, 4)
             finally:
                 await trio.to_thread.run_sync(conn.close)
-        assert [_due_hint(each) for each in payloads] == [
-            ("q1", "a"),
-            ("q2", "b"),
-            ("default", "e"),
-        ]
+        assert sorted(payloads[:3]) == sorted(
+            [_due_payload("q1", "a"), _due_payload("q2", "b"), "f"]
+        )
+        assert _due_hint(payloads[3]) == ("default", "e")
 
 
 async def test_a_notification_naming_a_served_queue_and_spec_ends_the_wait() -> None:

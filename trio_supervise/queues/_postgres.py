@@ -527,19 +527,26 @@ class PostgresQueue(SQLQueue):
     def _notify_enqueued(
         self, conn: psycopg.Connection[Row], done: Sequence[Enqueued], due: Sequence[str]
     ) -> None:
-        # What _write_batch counts as due, by (queue, spec id): see _due_payload.
-        pairs = sorted(
+        # What _write_batch counts as due, by queue: see _due_payload. An item with a concurrency
+        # key sends its spec id alone, as other writes do: its key may be at its limit, which
+        # only the waiter's look at next_due_at can tell.
+        sent = sorted(
             {
-                (item.queue, item.spec_id)
+                (
+                    item.queue,
+                    item.spec_id
+                    if item.concurrency_key is not None
+                    else _due_payload(item.queue, item.spec_id),
+                )
                 for each in done
                 if each.created and (item := each.item).due_at <= item.created_at
             }
         )
-        if pairs:
+        if sent:
             params = {
                 "channel": self.channel,
-                "queues": [queue for queue, _ in pairs],
-                "payloads": [_due_payload(queue, spec_id) for queue, spec_id in pairs],
+                "queues": [queue for queue, _ in sent],
+                "payloads": [payload for _, payload in sent],
             }
             conn.execute(_Q["notify_due"], params)
 
