@@ -530,25 +530,17 @@ class PostgresQueue(SQLQueue):
         # What _write_batch counts as due, by queue: see _due_payload. An item with a concurrency
         # key sends its spec id alone, as other writes do: its key may be at its limit, which
         # only the waiter's look at next_due_at can tell.
-        sent = sorted(
+        payloads = sorted(
             {
-                (
-                    item.queue,
-                    item.spec_id
-                    if item.concurrency_key is not None
-                    else _due_payload(item.queue, item.spec_id),
-                )
+                item.spec_id
+                if item.concurrency_key is not None
+                else _due_payload(item.queue, item.spec_id)
                 for each in done
                 if each.created and (item := each.item).due_at <= item.created_at
             }
         )
-        if sent:
-            params = {
-                "channel": self.channel,
-                "queues": [queue for queue, _ in sent],
-                "payloads": [payload for _, payload in sent],
-            }
-            conn.execute(_Q["notify_due"], params)
+        if payloads:
+            conn.execute(_Q["notify_due"], {"channel": self.channel, "payloads": payloads})
 
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 

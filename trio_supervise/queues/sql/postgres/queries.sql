@@ -425,12 +425,9 @@ LIMIT %(limit)s;
 SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(spec_id);
 
 -- name: notify_due
--- Enqueued items due now: one notification per (queue, payload), the payload naming the queue
--- and spec id (the spec id alone for a keyed item), so a waiter serving them returns at once
--- (see _due_hint); none for a paused queue (its items are not claimable; resume_queue notifies).
-SELECT pg_notify(%(channel)s, n.payload)
-FROM unnest(%(queues)s::text[], %(payloads)s::text[]) AS n(queue, payload)
-WHERE n.queue NOT IN (SELECT queue FROM trio_supervise_paused_queues);
+-- Enqueued items due now: one notification per payload, each naming a queue and spec id (the
+-- spec id alone for a keyed item), so a waiter serving them returns at once (see _due_hint).
+SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS n(payload);
 
 -- name: next_due_at
 -- Also returns how far away that is by the queue's clock, so waits agree with the database.
