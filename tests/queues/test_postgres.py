@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from typing import Any
 
 import pytest
 import trio
@@ -11,6 +12,7 @@ import trio
 from trio_supervise import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from trio_supervise.queues import (
     ItemState,
+    NewItem,
     PostgresQueue,
     SettleKind,
     Settlement,
@@ -19,6 +21,7 @@ from trio_supervise.queues import (
     redact_dsn,
 )
 from trio_supervise.queues import _sql as _queries
+from trio_supervise.queues._postgres import _due_hint, _due_payload
 
 from .conftest import ManualClock, pg_schema, postgres_dsn
 
@@ -115,6 +118,171 @@ async def test_listener_reconnects_after_the_connection_drops(
                     nursery.start_soon(waiter.wait_for_work, ["spec"])
                     await trio.sleep(0.3)
                     await producer.enqueue("spec")
+
+
+def _listen(dsn: str, channel: str) -> Any:
+    """A connection that LISTENs on *channel* (the test's own, beside the queue's listener)."""
+    import psycopg
+    from psycopg import sql
+
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    return conn
+
+
+def _payloads(conn: Any, count: int) -> list[str]:
+    """The payloads of the next *count* notifications on *conn*, in the order sent."""
+    got = [n.payload for n in conn.notifies(timeout=10, stop_after=count)]
+    assert len(got) == count, got
+    return got
+
+
+def _notify(dsn: str, channel: str, payload: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+
+async def _until_listening(dsn: str, schema: str, count: int = 1) -> None:
+    """Return once *count* connections LISTEN for the queue (the listener connects in its own
+    thread; a closed one's server process ends soon after)."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity "
+        f"WHERE query LIKE 'LISTEN %{schema}%' AND pid <> pg_backend_pid()"
+    )
+    with trio.fail_after(10):
+        while (await trio.to_thread.run_sync(_sql, dsn, schema, query)) != [(count,)]:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+
+
+async def test_closing_the_queue_closes_its_listen_connection() -> None:
+    """The listener's connection lives from the first wait until aclose, not beyond."""
+    with pg_schema() as (dsn, schema):
+        queue = await PostgresQueue.connect(dsn, schema=schema, migrate=True)
+        try:
+            with trio.move_on_after(0.1):
+                await queue.wait_for_work(["spec"])  # starts the listener
+            await _until_listening(dsn, schema)
+        finally:
+            await queue.aclose()
+        await _until_listening(dsn, schema, 0)
+
+
+def test_an_enqueue_s_payload_names_queue_and_spec_id() -> None:
+    """The payload of an enqueue's notification reads back as its (queue, spec id); any other
+    payload (a spec id, a queue name, from settlements, resumes or older versions) reads as no
+    hint, and a pair too long for NOTIFY goes as the spec id alone."""
+    for queue, spec_id in [("default", "noop"), ("mail", '["x", "y"]'), ("q\x1f", "sp\u00e9c")]:
+        assert _due_hint(_due_payload(queue, spec_id)) == (queue, spec_id)
+    for payload in ["noop", "mail", "[", "[1, 2]", '["a"]', '["a", "b", "c"]', '{"a": "b"}']:
+        assert _due_hint(payload) is None
+    long = "s" * 7990
+    assert _due_payload("default", long) == long
+
+
+async def test_an_enqueue_notifies_each_due_queue_and_spec_once() -> None:
+    """One enqueue (one batch) sends one notification per (queue, spec id) of its items due now
+    (none for items due later or for an existing key's item); an item with a concurrency key
+    sends its spec id alone (the waiter looks whether its key is free)."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            await queue.enqueue("a", idempotency_key="k")
+            conn = await trio.to_thread.run_sync(_listen, dsn, queue.channel)
+            try:
+                later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+                await queue.enqueue_many(
+                    [
+                        NewItem(spec_id="a", queue="q1"),
+                        NewItem(spec_id="a", queue="q1"),
+                        NewItem(spec_id="b", queue="q2"),
+                        NewItem(spec_id="c", queue="q2", due_at=later),
+                        NewItem(spec_id="a", idempotency_key="k"),
+                        NewItem(spec_id="f", queue="q1", concurrency_key="key"),
+                        NewItem(spec_id="f", queue="q1", concurrency_key="key"),
+                    ]
+                )
+                await queue.enqueue("e")  # a marker: notifications arrive in commit order
+                payloads = await trio.to_thread.run_sync(_payloads, conn, 4)
+            finally:
+                await trio.to_thread.run_sync(conn.close)
+        assert sorted(payloads[:3]) == sorted(
+            [_due_payload("q1", "a"), _due_payload("q2", "b"), "f"]
+        )
+        assert _due_hint(payloads[3]) == ("default", "e")
+
+
+async def test_a_notification_naming_a_served_queue_and_spec_ends_the_wait() -> None:
+    """wait_for_work returns on a notification naming one of its queues and spec ids without
+    looking in the database again (here nothing is stored at all); a notification for another
+    queue or spec id, or one without a hint, makes it look again and keep waiting."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as waiter:
+            with trio.move_on_after(0.1):
+                await waiter.wait_for_work(["spec"])  # starts the listener
+            await _until_listening(dsn, schema)
+            channel = waiter.channel
+            woke = trio.Event()
+
+            async def wait() -> None:
+                await waiter.wait_for_work(["spec", "other"], queues=["mail", "post"])
+                woke.set()
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(wait)
+                    for payload in [
+                        _due_payload("default", "spec"),
+                        _due_payload("mail", "third"),
+                        "spec",
+                        "mail",
+                    ]:
+                        await trio.to_thread.run_sync(_notify, dsn, channel, payload)
+                    await trio.sleep(0.3)
+                    assert not woke.is_set()
+                    await trio.to_thread.run_sync(
+                        _notify, dsn, channel, _due_payload("post", "other")
+                    )
+                    await woke.wait()
+            # Without queues, any queue's notification of a served spec id ends the wait.
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(waiter.wait_for_work, ["spec"])
+                    await trio.sleep(0.1)
+                    await trio.to_thread.run_sync(
+                        _notify, dsn, channel, _due_payload("anything", "spec")
+                    )
+
+
+async def test_a_notification_no_waiter_serves_wakes_nobody() -> None:
+    """A notification naming a queue and spec id that no waiter of this process serves wakes no
+    waiter (none looks in the database for it); one without a hint wakes every waiter, and one
+    naming a served pair marks that waiter due. (The listener's calls, made here by hand.)"""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False
+        ) as queue:
+            returned = trio.Event()
+
+            async def wait() -> None:
+                await queue.wait_for_work(["spec"], queues=["mail"])
+                returned.set()
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(wait)
+                    while not queue._waiters:  # noqa: ASYNC110 - a private set, no event
+                        await trio.sleep(0.01)
+                    generation = queue._changes.value
+                    queue._notified(("default", "spec"))
+                    queue._notified(("mail", "other"))
+                    assert queue._changes.value == generation
+                    queue._notified(None)
+                    assert queue._changes.value == generation + 1
+                    assert not returned.is_set()
+                    queue._notified(("mail", "spec"))
+                    await returned.wait()
+            assert not queue._waiters
 
 
 async def test_claim_is_served_by_the_claim_index() -> None:

@@ -18,9 +18,13 @@ many status pages are open, claims, renewals and settlements always find a conne
   disagree still agree on leases; pass ``clock=`` to inject one (tests), and its times are sent
   as parameters instead.
 - Wake-ups: a write that makes work due now sends ``NOTIFY`` in its transaction; a dedicated
-  connection in a thread ``LISTEN``\\ s and wakes :meth:`PostgresQueue.wait_for_work`. It
-  reconnects when it drops (waking every waiter, since notifications may have been missed);
-  the caller's poll interval is the fallback.
+  connection in a thread ``LISTEN``\\ s and wakes :meth:`PostgresQueue.wait_for_work`. An
+  enqueue's notification names the due item's queue and spec id (see :func:`_due_hint`), so a
+  waiter serving both returns at once, without asking the database again what is due, and
+  one that no waiter serves wakes nobody; every other notification (settlements, fan-in,
+  retries, resumed queues, older versions of this library) makes the waiters look again. The
+  listener reconnects when it drops (waking every waiter, since notifications may have been
+  missed); the caller's poll interval is the fallback.
 
 Errors from psycopg become :class:`QueueUnavailable` (the server cannot be reached: retry),
 :class:`QueueFailed` (authentication, permission, read-only, missing database or schema: no
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import logging
 import math
 import re
@@ -48,7 +53,7 @@ from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
 from ._outbox import psycopg_savepoint
-from ._protocol import MAX_ERRORS, JSONValue, Lease
+from ._protocol import MAX_ERRORS, Enqueued, JSONValue, Lease
 from ._sql import redact_dsn, scrub_dsn
 from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue
 
@@ -85,6 +90,8 @@ _ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT trio_supervise_claim"
 fan-in must run before the claim (see :meth:`PostgresQueue._settle_and_claim_in`)."""
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _CHANNEL = "trio_supervise"
+_MAX_PAYLOAD = 8000
+"""PostgreSQL refuses a ``NOTIFY`` payload of this many bytes or more."""
 T = TypeVar("T")
 Row = dict[str, Any]
 
@@ -218,15 +225,54 @@ def check_schema_name(schema: str | None) -> str | None:
     return schema
 
 
+Hint = tuple[str, str]
+"""A notification's word that work is due now: ``(queue, spec_id)``."""
+
+
+def _due_payload(queue: str, spec_id: str) -> str:
+    """The ``NOTIFY`` payload for an enqueued item due now: its queue and spec id, as a JSON pair
+    (or the spec id alone, as other notifications send it, if the pair would be too long)."""
+    payload = json.dumps([queue, spec_id], ensure_ascii=False, separators=(",", ":"))
+    return payload if len(payload.encode()) < _MAX_PAYLOAD else spec_id
+
+
+def _due_hint(payload: str) -> Hint | None:
+    """The ``(queue, spec_id)`` a :func:`_due_payload` names; None for any other payload (a spec
+    id, a queue name): the waiter then asks the database. A spec id that happens to look like a
+    pair can only make a waiter return early, which :meth:`WorkQueue.wait_for_work` allows."""
+    if not payload.startswith("["):
+        return None
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return None
+    if type(value) is list and len(value) == 2 and all(type(part) is str for part in value):
+        return value[0], value[1]
+    return None
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    """One :meth:`PostgresQueue.wait_for_work` call: what it serves, and whether a notification
+    said such work is due."""
+
+    spec_ids: frozenset[str]
+    queues: frozenset[str] | None
+    due: bool = False
+
+
 @attrs.define(eq=False)
 class _Listener:
-    """``LISTEN`` on a dedicated connection in a thread; reconnects when the connection drops."""
+    """``LISTEN`` on a dedicated connection in a thread; reconnects when the connection drops.
+
+    Each notification calls *wake* in Trio at once (``run_sync_soon``) with its hint (see
+    :func:`_due_hint`), None when anything may have changed (the connection was just made)."""
 
     dsn: str
     schema: str | None
     channel: str
     token: trio.lowlevel.TrioToken
-    wake: Callable[[], None]
+    wake: Callable[[Hint | None], None]
     stop: threading.Event = attrs.field(factory=threading.Event)
     thread: threading.Thread | None = None
 
@@ -234,9 +280,9 @@ class _Listener:
         self.thread = threading.Thread(target=self._run, name="trio_supervise-listen", daemon=True)
         self.thread.start()
 
-    def _wake(self) -> bool:
+    def _wake(self, hint: Hint | None) -> bool:
         try:
-            self.token.run_sync_soon(self.wake)
+            self.token.run_sync_soon(self.wake, hint)
         except trio.RunFinishedError:
             return False
         return True
@@ -252,11 +298,11 @@ class _Listener:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     backoff = 0.5
                     # Anything that happened before LISTEN took effect was missed: look again.
-                    if not self._wake():
+                    if not self._wake(None):
                         return
                     while not self.stop.is_set():
-                        for _ in conn.notifies(timeout=0.2):
-                            if not self._wake():
+                        for notify in conn.notifies(timeout=0.2):
+                            if not self._wake(_due_hint(notify.payload)):
                                 return
             except psycopg.Error as error:
                 if self.stop.is_set():
@@ -293,6 +339,7 @@ class PostgresQueue(SQLQueue):
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
     _listener: _Listener | None = attrs.field(init=False, default=None)
+    _waiters: set[_Waiter] = attrs.field(init=False, factory=set)
     _closed: bool = attrs.field(init=False, default=False)
 
     @classmethod
@@ -480,6 +527,24 @@ class PostgresQueue(SQLQueue):
     def _notify(self, conn: psycopg.Connection[Row], spec_ids: Sequence[str]) -> None:
         if spec_ids:
             conn.execute(_Q["notify"], {"channel": self.channel, "spec_ids": sorted(set(spec_ids))})
+
+    def _notify_enqueued(
+        self, conn: psycopg.Connection[Row], done: Sequence[Enqueued], due: Sequence[str]
+    ) -> None:
+        # What _write_batch counts as due, by queue: see _due_payload. An item with a concurrency
+        # key sends its spec id alone, as other writes do: its key may be at its limit, which
+        # only the waiter's look at next_due_at can tell.
+        payloads = sorted(
+            {
+                item.spec_id
+                if item.concurrency_key is not None
+                else _due_payload(item.queue, item.spec_id)
+                for each in done
+                if each.created and (item := each.item).due_at <= item.created_at
+            }
+        )
+        if payloads:
+            conn.execute(_Q["notify_due"], {"channel": self.channel, "payloads": payloads})
 
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 
@@ -678,6 +743,40 @@ class PostgresQueue(SQLQueue):
     def _before_wait(self) -> None:
         self._start_listener()
 
+    def _notified(self, hint: Hint | None) -> None:
+        """A notification arrived (the listener calls this in Trio). One naming a queue and spec
+        id marks the waiters serving them due and wakes the waiters, or, if none serves them,
+        nobody (it says nothing about other work); any other wakes every waiter to look again."""
+        if hint is not None:
+            queue, spec_id = hint
+            named = False
+            for waiter in self._waiters:
+                if spec_id in waiter.spec_ids and (waiter.queues is None or queue in waiter.queues):
+                    waiter.due = named = True
+            if not named:
+                return
+        self._changed()
+
+    async def wait_for_work(
+        self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
+    ) -> None:
+        # The shared loop (see SQLQueue.wait_for_work), but a notification naming a served queue
+        # and spec id ends the wait at once: the claim that follows is the look it would take.
+        self._before_wait()
+        waiter = _Waiter(frozenset(spec_ids), None if queues is None else frozenset(queues))
+        self._waiters.add(waiter)
+        try:
+            # A mark during the query also moved the generation: the wait below returns at once.
+            while not waiter.due:
+                generation = self._changes.value
+                at, wait, _ = await self._next_due(spec_ids, queues)
+                if at is not None and wait <= 0:
+                    return
+                with trio.move_on_after(math.inf if at is None else wait):
+                    await self._wait_changed(generation, None)
+        finally:
+            self._waiters.discard(waiter)
+
     def _start_listener(self) -> None:
         if self._listen and self._listener is None and not self._closed:
             self._listener = _Listener(
@@ -685,7 +784,7 @@ class PostgresQueue(SQLQueue):
                 schema=self._schema,
                 channel=self.channel,
                 token=trio.lowlevel.current_trio_token(),
-                wake=self._changed,
+                wake=self._notified,
             )
             self._listener.start()
 

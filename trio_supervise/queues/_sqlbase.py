@@ -268,6 +268,11 @@ class SQLQueue(SingleWrites):
     def _notify(self, conn: Any, spec_ids: Sequence[str]) -> None:
         """Tell other processes that work of *spec_ids* became due (in the transaction)."""
 
+    def _notify_enqueued(self, conn: Any, done: Sequence[Enqueued], due: Sequence[str]) -> None:
+        """:meth:`_notify` for an enqueue: *done* as :meth:`_enqueue_rows` returned it, *due*
+        its spec ids due now (PostgreSQL names each due item's queue too, see there)."""
+        self._notify(conn, due)
+
     def _before_wait(self) -> None:
         """Called before every :meth:`wait_for_work` (PostgreSQL starts its listener)."""
 
@@ -363,7 +368,7 @@ class SQLQueue(SingleWrites):
         def run(conn: Any) -> list[Enqueued]:
             with self._transaction(conn):
                 done, due = self._write_batch(conn, batch)
-                self._notify(conn, due)
+                self._notify_enqueued(conn, done, due)
             return done
 
         # Not retried on a dead connection: the commit may have landed (see _run).
@@ -633,7 +638,7 @@ class SQLQueue(SingleWrites):
             return []
         with self._outbox(conn) as conn:
             done, due = self._write_batch(conn, batch)
-            self._notify(conn, due)
+            self._notify_enqueued(conn, done, due)
         return done
 
     async def get(self, item_id: str) -> WorkItem:

@@ -424,6 +424,11 @@ LIMIT %(limit)s;
 -- name: notify
 SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(spec_id);
 
+-- name: notify_due
+-- Enqueued items due now: one notification per payload, each naming a queue and spec id (the
+-- spec id alone for a keyed item), so a waiter serving them returns at once (see _due_hint).
+SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS n(payload);
+
 -- name: next_due_at
 -- Also returns how far away that is by the queue's clock, so waits agree with the database.
 -- A keyed row whose key is at its limit is claimable no sooner than its key frees, with no
