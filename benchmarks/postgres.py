@@ -410,20 +410,18 @@ def p6(config: Config) -> Result:
     poll_interval = 1.0
     with bench_schema(config.dsn, TS_SCHEMA):
         values = latency(config.dsn, TS_SCHEMA, samples, poll_interval)
-        raw = notify_round_trips(config.dsn, samples, TS_SCHEMA)
-    bare = notify_round_trips(config.dsn, samples)
+        # The durable floor: what an enqueue's own commit costs before any wake-up can start.
+        durable = notify_round_trips(config.dsn, samples, TS_SCHEMA)
+    raw = notify_round_trips(config.dsn, samples)
     p50 = statistics.median(values)
     raw_p50 = statistics.median(raw)
-    bare_p50 = statistics.median(bare)
+    durable_p50 = statistics.median(durable)
     return Result(
         id="P6",
         title="PostgreSQL enqueue-to-start latency p50 with NOTIFY",
         ours=p50,
         baseline=raw_p50,
-        baseline_name=(
-            "a raw LISTEN/NOTIFY round trip between two connections, the NOTIFY sent in a "
-            "committed transaction that inserts one queued row, p50"
-        ),
+        baseline_name="a raw LISTEN/NOTIFY round trip between two connections, p50",
         better="lower",
         goal=3.0,
         unit="s",
@@ -433,8 +431,11 @@ def p6(config: Config) -> Result:
             "max": values[-1],
             "raw_p50": raw_p50,
             "raw_p99": _percentile(raw, 0.99),
-            "bare_notify_p50": bare_p50,
-            "ratio_to_bare_notify": p50 / bare_p50,
+            # The same round trip with the NOTIFY sent by a committed transaction that inserts
+            # one queued row: a durable enqueue cannot wake anyone sooner than this.
+            "insert_notify_p50": durable_p50,
+            "insert_notify_ratio": durable_p50 / raw_p50,
+            "ratio_to_insert_notify": p50 / durable_p50,
             "samples": samples,
             "poll_interval": poll_interval,
         },
