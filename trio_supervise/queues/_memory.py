@@ -32,8 +32,8 @@ import datetime as dt
 import heapq
 import itertools
 import types
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Self, SupportsIndex, overload
 
 import attrs
 import trio
@@ -91,6 +91,158 @@ class QueueEvent:
     lease_version: int | None = None
     detail: Mapping[str, Any] = attrs.field(factory=dict)
     applied: bool = True
+
+
+_RawEvent = tuple[Any, ...]
+"""A logged event as :class:`_EventLog` keeps it, one flat tuple: ``(at, op, item_id,
+lease_version, applied, shared, key, value, key, value, ...)``, the detail's items spelled out
+after *shared* (True: the detail is the shared empty one, ``_NO_DETAIL``)."""
+
+
+def _event(raw: _RawEvent) -> QueueEvent:
+    at, op, item_id, version, applied, shared = raw[:6]
+    if shared:
+        detail: Mapping[str, Any] = _NO_DETAIL
+    else:
+        pairs = iter(raw[6:])
+        detail = dict(zip(pairs, pairs, strict=True))
+    return QueueEvent(at, op, item_id, version, detail, applied)
+
+
+def _raw(event: QueueEvent) -> _RawEvent:
+    if not isinstance(event, QueueEvent):
+        raise TypeError(f"MemoryQueue.events holds QueueEvent, not {event!r}")
+    head = (event.at, event.op, event.item_id, event.lease_version, event.applied)
+    if event.detail is _NO_DETAIL:
+        return (*head, True)
+    return (*head, False, *itertools.chain.from_iterable(event.detail.items()))
+
+
+_list: Any = list
+"""``list``, untyped: :class:`_EventLog` stores what its type says it does not."""
+
+
+class _EventLog(list[QueueEvent]):
+    """``MemoryQueue.events``: a list of :class:`QueueEvent` to whoever reads it, stored as
+    flat tuples (see ``_RawEvent``).
+
+    A tuple of atoms (a UTC datetime, strings, numbers; not a dict, even an empty one, and
+    best not another tuple, which the collector may look at after this one) is one the garbage
+    collector stops tracking at its next young collection, where every :class:`QueueEvent`
+    kept is walked by each full collection: with a write logged per claim, settlement and
+    renewal, those walks were about a fifth of a busy memory-queue runner's time, and the
+    collections that landed in renewal rounds made their slow ones (issue 17's P1, P4, P11).
+    Every read builds the events (equal to the ones written, not the same objects); appending
+    or inserting a :class:`QueueEvent` stores its fields. The queue appends with :meth:`log`.
+    """
+
+    __slots__ = ()
+
+    def log(self, raw: _RawEvent) -> None:
+        _list.append(self, raw)
+
+    def append(self, event: QueueEvent) -> None:
+        _list.append(self, _raw(event))
+
+    def extend(self, events: Iterable[QueueEvent]) -> None:
+        _list.extend(self, [_raw(event) for event in events])
+
+    def insert(self, index: SupportsIndex, event: QueueEvent) -> None:
+        _list.insert(self, index, _raw(event))
+
+    def __iadd__(self, events: Iterable[QueueEvent]) -> Self:  # type: ignore[override]
+        self.extend(events)
+        return self
+
+    @overload
+    def __setitem__(self, index: SupportsIndex, event: QueueEvent) -> None: ...
+    @overload
+    def __setitem__(self, index: slice, event: Iterable[QueueEvent]) -> None: ...
+    def __setitem__(self, index: Any, event: Any) -> None:
+        if isinstance(index, slice):
+            _list.__setitem__(self, index, [_raw(each) for each in event])
+        else:
+            _list.__setitem__(self, index, _raw(event))
+
+    @overload
+    def __getitem__(self, index: SupportsIndex) -> QueueEvent: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[QueueEvent]: ...
+    def __getitem__(self, index: Any) -> Any:
+        raw = _list.__getitem__(self, index)
+        if isinstance(index, slice):
+            return [_event(each) for each in raw]
+        return _event(raw)
+
+    def __iter__(self) -> Iterator[QueueEvent]:
+        return map(_event, _list.__iter__(self))
+
+    def __reversed__(self) -> Iterator[QueueEvent]:
+        return map(_event, _list.__reversed__(self))
+
+    def pop(self, index: SupportsIndex = -1) -> QueueEvent:
+        return _event(_list.pop(self, index))
+
+    def copy(self) -> list[QueueEvent]:
+        return list(self)
+
+    def __contains__(self, event: object) -> bool:
+        return any(each == event for each in self)
+
+    def index(self, event: QueueEvent, *args: SupportsIndex) -> int:
+        return list(self).index(event, *args)
+
+    def count(self, event: QueueEvent) -> int:
+        return sum(1 for each in self if each == event)
+
+    def remove(self, event: QueueEvent) -> None:
+        del self[self.index(event)]
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        events = list(self)
+        events.sort(*args, **kwargs)
+        self[:] = events
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == other
+
+    def __ne__(self, other: object) -> bool:
+        return list(self) != other
+
+    def __lt__(self, other: list[QueueEvent]) -> bool:
+        return list(self) < other
+
+    def __le__(self, other: list[QueueEvent]) -> bool:
+        return list(self) <= other
+
+    def __gt__(self, other: list[QueueEvent]) -> bool:
+        return list(self) > other
+
+    def __ge__(self, other: list[QueueEvent]) -> bool:
+        return list(self) >= other
+
+    __hash__ = None
+
+    def __add__(self, other: list[QueueEvent]) -> list[QueueEvent]:  # type: ignore[override]
+        return list(self) + other
+
+    def __radd__(self, other: list[QueueEvent]) -> list[QueueEvent]:
+        return other + list(self)
+
+    def __mul__(self, times: SupportsIndex) -> list[QueueEvent]:
+        return list(self) * times
+
+    __rmul__ = __mul__
+
+    def __imul__(self, times: SupportsIndex) -> Self:
+        _list.__imul__(self, times)
+        return self
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_EventLog, (), None, iter(self))
 
 
 _FINISHED = {
@@ -244,8 +396,15 @@ class MemoryQueue(SingleWrites):
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
-    events: list[QueueEvent] = attrs.field(init=False, factory=list)
+    events: list[QueueEvent] = attrs.field(init=False, factory=_EventLog)
+    _record: Callable[[_RawEvent], None] = attrs.field(init=False, repr=False)
+    """Appends an event to :attr:`events` as a tuple (see :class:`_EventLog`)."""
     closed: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        events = self.events
+        assert isinstance(events, _EventLog)
+        self._record = events.log
 
     @property
     def clock(self) -> Clock:
@@ -308,7 +467,17 @@ class MemoryQueue(SingleWrites):
         **detail: Any,
     ) -> None:
         at = self._now() if at is None else at
-        self.events.append(QueueEvent(at, op, item_id, version, detail, applied))
+        self._record(
+            (
+                at,
+                op,
+                item_id,
+                version,
+                applied,
+                False,
+                *itertools.chain.from_iterable(detail.items()),
+            )
+        )
 
     def _item(self, item_id: str) -> WorkItem:
         try:
@@ -532,8 +701,8 @@ class MemoryQueue(SingleWrites):
         if children or s.wait_for_children:
             self._create_children(s, children, now)
         # As _log, spelled out.
-        self.events.append(
-            QueueEvent(now, op, s.item_id, s.lease_version, {"delay": s.delay, "error": s.error})
+        self._record(
+            (now, op, s.item_id, s.lease_version, True, False, "delay", s.delay, "error", s.error)
         )
 
     def _create_children(self, s: Settlement, children: list[NewItem], now: dt.datetime) -> None:
@@ -951,6 +1120,7 @@ class MemoryQueue(SingleWrites):
             else:
                 window.append((heapq.heappop(source[1])[3], source[0]))
         claimed: list[WorkItem] = []
+        record = self._record
         expires = now + dt.timedelta(seconds=lease)
         ranks: dict[str, int] = {}
         for item, home in window:
@@ -973,9 +1143,7 @@ class MemoryQueue(SingleWrites):
             _set(item, "lease_version", next(self._versions))
             _set(item, "attempt", item.attempt + 1)
             self._store(item)
-            self.events.append(
-                QueueEvent(now, "claim", item.id, item.lease_version, {"worker_id": worker_id})
-            )
+            record((now, "claim", item.id, item.lease_version, True, False, "worker_id", worker_id))
             claimed.append(_copy(item))
         for item in (*expired, *put_back):
             # Not claimed this time (the limit, or its key): back in its heap, still claimable.
@@ -1000,9 +1168,7 @@ class MemoryQueue(SingleWrites):
                 and item.lease_expires_at <= self._now()
             )
         ):
-            self.events.append(
-                QueueEvent(now, "renew", lease.item_id, lease.version, _NO_DETAIL, False)
-            )
+            self._record((now, "renew", lease.item_id, lease.version, False, True))
             return LeaseStatus.LOST
         # In place, nothing pushed when the lease is extended (see the module doc); a shorter
         # lease than the last one needs an entry at its earlier expiry.
@@ -1011,7 +1177,7 @@ class MemoryQueue(SingleWrites):
         _set(item, "lease_expires_at", expires)
         if not extended:
             self._push(self._leased, (item.spec_id, item.queue), expires, item)
-        self.events.append(QueueEvent(now, "renew", lease.item_id, lease.version, _NO_DETAIL))
+        self._record((now, "renew", lease.item_id, lease.version, True, True))
         return LeaseStatus.CANCEL_REQUESTED if item.cancel_requested else LeaseStatus.HELD
 
     async def renew(
