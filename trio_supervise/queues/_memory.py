@@ -369,7 +369,9 @@ class MemoryQueue(SingleWrites):
     """The whole :class:`WorkQueue` protocol in memory; inspectable and resettable.
 
     :ivar events: every write in order (``claim``, ``renew``, ``settle:<kind>``, ...), including
-        refused stale ones (``applied=False``).
+        refused stale ones (``applied=False``). A list of :class:`QueueEvent` to its readers,
+        kept as plain tuples the garbage collector need not walk: each read builds the events
+        anew (equal, not the same objects).
     """
 
     _clock: Clock = attrs.field(factory=TrioClock, alias="clock")
