@@ -139,7 +139,7 @@ class Discard(Exception):
         self.reason = reason
 
 
-@attrs.frozen
+@attrs.frozen(init=False)
 class Reschedule:
     """Evaluated; due again at *at* with *config*, both written in one fenced write.
 
@@ -148,13 +148,24 @@ class Reschedule:
     unstructured back to JSON.
     """
 
-    at: dt.datetime = attrs.field(converter=utc)
+    at: dt.datetime
+    """In UTC (converted)."""
     config: Any
-    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_children, kw_only=True)
+    children: tuple[NewItem, ...] = ()
     """Items created with this outcome, atomically (see :class:`Continue`); not waited for."""
 
+    def __init__(self, at: dt.datetime, config: Any, *, children: Sequence[NewItem] = ()) -> None:
+        # attrs' __init__ with the two converters, spelled out: one is built per evaluation of
+        # a scheduled item, and both converters leave the common values (a UTC datetime, no
+        # children) as they are (issue 17's P4).
+        _SET_AT(self, at if type(at) is dt.datetime and at.tzinfo is dt.UTC else utc(at))
+        _SET_RESCHEDULE_CONFIG(self, config)
+        _SET_RESCHEDULE_CHILDREN(
+            self, children if type(children) is tuple and not children else _children(children)
+        )
 
-@attrs.frozen
+
+@attrs.frozen(init=False)
 class Stop:
     """Finished for good: the item is completed and never claimed again.
 
@@ -163,8 +174,27 @@ class Stop:
     """
 
     result: Any = None
-    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_children, kw_only=True)
+    children: tuple[NewItem, ...] = ()
     """Follow-up items created as this one completes, atomically (see :class:`Continue`)."""
+
+    def __init__(self, result: Any = None, *, children: Sequence[NewItem] = ()) -> None:
+        # As Reschedule's: one per completed evaluation.
+        _SET_RESULT(self, result)
+        _SET_STOP_CHILDREN(
+            self, children if type(children) is tuple and not children else _children(children)
+        )
+
+
+def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+    setter: Callable[[Any, Any], None] = getattr(cls, name).__set__
+    return setter
+
+
+_SET_AT = _slot_setter(Reschedule, "at")
+_SET_RESCHEDULE_CONFIG = _slot_setter(Reschedule, "config")
+_SET_RESCHEDULE_CHILDREN = _slot_setter(Reschedule, "children")
+_SET_RESULT = _slot_setter(Stop, "result")
+_SET_STOP_CHILDREN = _slot_setter(Stop, "children")
 
 
 Outcome: TypeAlias = Continue | Reschedule | Stop

@@ -32,8 +32,8 @@ import datetime as dt
 import heapq
 import itertools
 import types
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Self, SupportsIndex, overload
 
 import attrs
 import trio
@@ -93,6 +93,158 @@ class QueueEvent:
     applied: bool = True
 
 
+_RawEvent = tuple[Any, ...]
+"""A logged event as :class:`_EventLog` keeps it, one flat tuple: ``(at, op, item_id,
+lease_version, applied, shared, key, value, key, value, ...)``, the detail's items spelled out
+after *shared* (True: the detail is the shared empty one, ``_NO_DETAIL``)."""
+
+
+def _event(raw: _RawEvent) -> QueueEvent:
+    at, op, item_id, version, applied, shared = raw[:6]
+    if shared:
+        detail: Mapping[str, Any] = _NO_DETAIL
+    else:
+        pairs = iter(raw[6:])
+        detail = dict(zip(pairs, pairs, strict=True))
+    return QueueEvent(at, op, item_id, version, detail, applied)
+
+
+def _raw(event: QueueEvent) -> _RawEvent:
+    if not isinstance(event, QueueEvent):
+        raise TypeError(f"MemoryQueue.events holds QueueEvent, not {event!r}")
+    head = (event.at, event.op, event.item_id, event.lease_version, event.applied)
+    if event.detail is _NO_DETAIL:
+        return (*head, True)
+    return (*head, False, *itertools.chain.from_iterable(event.detail.items()))
+
+
+_list: Any = list
+"""``list``, untyped: :class:`_EventLog` stores what its type says it does not."""
+
+
+class _EventLog(list[QueueEvent]):
+    """``MemoryQueue.events``: a list of :class:`QueueEvent` to whoever reads it, stored as
+    flat tuples (see ``_RawEvent``).
+
+    A tuple of atoms (a UTC datetime, strings, numbers; not a dict, even an empty one, and
+    best not another tuple, which the collector may look at after this one) is one the garbage
+    collector stops tracking at its next young collection, where every :class:`QueueEvent`
+    kept is walked by each full collection: with a write logged per claim, settlement and
+    renewal, those walks were about a fifth of a busy memory-queue runner's time, and the
+    collections that landed in renewal rounds made their slow ones (issue 17's P1, P4, P11).
+    Every read builds the events (equal to the ones written, not the same objects); appending
+    or inserting a :class:`QueueEvent` stores its fields. The queue appends with :meth:`log`.
+    """
+
+    __slots__ = ()
+
+    def log(self, raw: _RawEvent) -> None:
+        _list.append(self, raw)
+
+    def append(self, event: QueueEvent) -> None:
+        _list.append(self, _raw(event))
+
+    def extend(self, events: Iterable[QueueEvent]) -> None:
+        _list.extend(self, [_raw(event) for event in events])
+
+    def insert(self, index: SupportsIndex, event: QueueEvent) -> None:
+        _list.insert(self, index, _raw(event))
+
+    def __iadd__(self, events: Iterable[QueueEvent]) -> Self:  # type: ignore[override]
+        self.extend(events)
+        return self
+
+    @overload
+    def __setitem__(self, index: SupportsIndex, event: QueueEvent) -> None: ...
+    @overload
+    def __setitem__(self, index: slice, event: Iterable[QueueEvent]) -> None: ...
+    def __setitem__(self, index: Any, event: Any) -> None:
+        if isinstance(index, slice):
+            _list.__setitem__(self, index, [_raw(each) for each in event])
+        else:
+            _list.__setitem__(self, index, _raw(event))
+
+    @overload
+    def __getitem__(self, index: SupportsIndex) -> QueueEvent: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[QueueEvent]: ...
+    def __getitem__(self, index: Any) -> Any:
+        raw = _list.__getitem__(self, index)
+        if isinstance(index, slice):
+            return [_event(each) for each in raw]
+        return _event(raw)
+
+    def __iter__(self) -> Iterator[QueueEvent]:
+        return map(_event, _list.__iter__(self))
+
+    def __reversed__(self) -> Iterator[QueueEvent]:
+        return map(_event, _list.__reversed__(self))
+
+    def pop(self, index: SupportsIndex = -1) -> QueueEvent:
+        return _event(_list.pop(self, index))
+
+    def copy(self) -> list[QueueEvent]:
+        return list(self)
+
+    def __contains__(self, event: object) -> bool:
+        return any(each == event for each in self)
+
+    def index(self, event: QueueEvent, *args: SupportsIndex) -> int:
+        return list(self).index(event, *args)
+
+    def count(self, event: QueueEvent) -> int:
+        return sum(1 for each in self if each == event)
+
+    def remove(self, event: QueueEvent) -> None:
+        del self[self.index(event)]
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        events = list(self)
+        events.sort(*args, **kwargs)
+        self[:] = events
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == other
+
+    def __ne__(self, other: object) -> bool:
+        return list(self) != other
+
+    def __lt__(self, other: list[QueueEvent]) -> bool:
+        return list(self) < other
+
+    def __le__(self, other: list[QueueEvent]) -> bool:
+        return list(self) <= other
+
+    def __gt__(self, other: list[QueueEvent]) -> bool:
+        return list(self) > other
+
+    def __ge__(self, other: list[QueueEvent]) -> bool:
+        return list(self) >= other
+
+    __hash__ = None
+
+    def __add__(self, other: list[QueueEvent]) -> list[QueueEvent]:  # type: ignore[override]
+        return list(self) + other
+
+    def __radd__(self, other: list[QueueEvent]) -> list[QueueEvent]:
+        return other + list(self)
+
+    def __mul__(self, times: SupportsIndex) -> list[QueueEvent]:
+        return list(self) * times
+
+    __rmul__ = __mul__
+
+    def __imul__(self, times: SupportsIndex) -> Self:
+        _list.__imul__(self, times)
+        return self
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_EventLog, (), None, iter(self))
+
+
 _FINISHED = {
     SettleKind.COMPLETE: ItemState.COMPLETED,
     SettleKind.CANCEL: ItemState.CANCELLED,
@@ -109,52 +261,58 @@ _set = object.__setattr__
 _new_object = object.__new__
 
 
-def _copy(item: WorkItem) -> WorkItem:
-    """A copy of *item* (``replace_trusted`` with no changes, a third cheaper: one per claimed
-    item). Every field is copied by name; checked below, at import."""
-    new: WorkItem = _new_object(WorkItem)
-    _set(new, "id", item.id)
-    _set(new, "spec_id", item.spec_id)
-    _set(new, "tenant_id", item.tenant_id)
-    _set(new, "subject_id", item.subject_id)
-    _set(new, "config", item.config)
-    _set(new, "cancel_requested", item.cancel_requested)
-    _set(new, "lease_version", item.lease_version)
-    _set(new, "state", item.state)
-    _set(new, "due_at", item.due_at)
-    _set(new, "error_count", item.error_count)
-    _set(new, "last_error", item.last_error)
-    _set(new, "lease_owner", item.lease_owner)
-    _set(new, "lease_expires_at", item.lease_expires_at)
-    _set(new, "idempotency_key", item.idempotency_key)
-    _set(new, "created_at", item.created_at)
-    _set(new, "updated_at", item.updated_at)
-    _set(new, "attempt", item.attempt)
-    _set(new, "priority", item.priority)
-    _set(new, "queue", item.queue)
-    _set(new, "timeout", item.timeout)
-    _set(new, "result", item.result)
-    _set(new, "errors", item.errors)
-    _set(new, "parent_id", item.parent_id)
-    _set(new, "waiting_children", item.waiting_children)
-    _set(new, "unique_scope", item.unique_scope)
-    _set(new, "unique_until", item.unique_until)
-    _set(new, "released_key", item.released_key)
-    _set(new, "concurrency_key", item.concurrency_key)
-    _set(new, "concurrency_limit", item.concurrency_limit)
-    return new
+def _copier() -> Callable[[WorkItem], WorkItem]:
+    """Build ``_copy``: every :class:`WorkItem` field read and set by its slot's descriptor.
+
+    A slot's own ``__set__`` costs about two thirds of ``object.__setattr__`` by name, and the
+    copy is made per claimed item (a seventh of a no-op item's cost in P1 when it was spelled
+    out by name). Generated from ``attrs.fields``, so a field added to ``WorkItem`` is copied
+    too.
+    """
+    names = [field.name for field in attrs.fields(WorkItem)]
+    setters = {f"_set_{name}": getattr(WorkItem, name).__set__ for name in names}
+    lines = [
+        f"def _copy(item, _new=_new, _cls=_cls, {', '.join(f'{s}={s}' for s in setters)}):",
+        "    new = _new(_cls)",
+        *(f"    _set_{name}(new, item.{name})" for name in names),
+        "    return new",
+    ]
+    namespace: dict[str, Any] = {"_new": _new_object, "_cls": WorkItem, **setters}
+    exec("\n".join(lines), namespace)
+    copy: Callable[[WorkItem], WorkItem] = namespace["_copy"]
+    copy.__doc__ = "A copy of *item* (one per claimed item; see :func:`_copier`)."
+    return copy
+
+
+_copy = _copier()
 
 
 def _check_copy() -> None:
-    # A field added to WorkItem but not to _copy would be left unset: comparing the copy reads
-    # every field, so that fails here, at import, rather than in a queue.
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     probe = WorkItem(id="probe", spec_id="probe", due_at=epoch, created_at=epoch, updated_at=epoch)
-    if _copy(probe) != probe:  # pragma: no cover
+    if _copy(probe) != probe or _copy(probe) is probe:  # pragma: no cover
         raise RuntimeError("_copy does not copy every WorkItem field")
 
 
 _check_copy()
+
+
+def _setter(name: str) -> Callable[[WorkItem, Any], None]:
+    setter: Callable[[WorkItem, Any], None] = getattr(WorkItem, name).__set__
+    return setter
+
+
+# The stored item's hot fields set through their slots (cheaper than ``_set`` by name; see
+# ``_copier``): a claim, a settlement and a renewal set them per item.
+_SET_ATTEMPT = _setter("attempt")
+_SET_CONFIG = _setter("config")
+_SET_DUE_AT = _setter("due_at")
+_SET_ERROR_COUNT = _setter("error_count")
+_SET_LEASE_EXPIRES_AT = _setter("lease_expires_at")
+_SET_LEASE_OWNER = _setter("lease_owner")
+_SET_LEASE_VERSION = _setter("lease_version")
+_SET_STATE = _setter("state")
+_SET_UPDATED_AT = _setter("updated_at")
 
 _SWEEP_MIN = 256
 
@@ -211,7 +369,9 @@ class MemoryQueue(SingleWrites):
     """The whole :class:`WorkQueue` protocol in memory; inspectable and resettable.
 
     :ivar events: every write in order (``claim``, ``renew``, ``settle:<kind>``, ...), including
-        refused stale ones (``applied=False``).
+        refused stale ones (``applied=False``). A list of :class:`QueueEvent` to its readers,
+        kept as plain tuples the garbage collector need not walk: each read builds the events
+        anew (equal, not the same objects).
     """
 
     _clock: Clock = attrs.field(factory=TrioClock, alias="clock")
@@ -244,8 +404,15 @@ class MemoryQueue(SingleWrites):
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
-    events: list[QueueEvent] = attrs.field(init=False, factory=list)
+    events: list[QueueEvent] = attrs.field(init=False, factory=_EventLog)
+    _record: Callable[[_RawEvent], None] = attrs.field(init=False, repr=False)
+    """Appends an event to :attr:`events` as a tuple (see :class:`_EventLog`)."""
     closed: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        events = self.events
+        assert isinstance(events, _EventLog)
+        self._record = events.log
 
     @property
     def clock(self) -> Clock:
@@ -308,7 +475,17 @@ class MemoryQueue(SingleWrites):
         **detail: Any,
     ) -> None:
         at = self._now() if at is None else at
-        self.events.append(QueueEvent(at, op, item_id, version, detail, applied))
+        self._record(
+            (
+                at,
+                op,
+                item_id,
+                version,
+                applied,
+                False,
+                *itertools.chain.from_iterable(detail.items()),
+            )
+        )
 
     def _item(self, item_id: str) -> WorkItem:
         try:
@@ -460,13 +637,13 @@ class MemoryQueue(SingleWrites):
         """``_requeue(item, due_at, now, error_count=0, attempt=0)``, spelled out: an item
         evaluated fine and due again (a continued or rescheduled step) is a settlement's hot
         path too."""
-        _set(item, "updated_at", now)
-        _set(item, "state", ItemState.QUEUED)
-        _set(item, "due_at", due_at)
-        _set(item, "lease_owner", None)
-        _set(item, "lease_expires_at", None)
-        _set(item, "error_count", 0)
-        _set(item, "attempt", 0)
+        _SET_UPDATED_AT(item, now)
+        _SET_STATE(item, ItemState.QUEUED)
+        _SET_DUE_AT(item, due_at)
+        _SET_LEASE_OWNER(item, None)
+        _SET_LEASE_EXPIRES_AT(item, None)
+        _SET_ERROR_COUNT(item, 0)
+        _SET_ATTEMPT(item, 0)
         self._store(item)
 
     def _apply(self, s: Settlement, now: dt.datetime | None = None) -> None:
@@ -496,7 +673,7 @@ class MemoryQueue(SingleWrites):
             case SettleKind.RESCHEDULE:
                 assert s.at is not None
                 config = check_json(s.config)
-                _set(item, "config", config)
+                _SET_CONFIG(item, config)
                 self._requeue_evaluated(item, s.at, now)
             case SettleKind.RETRY:
                 self._requeue(
@@ -523,17 +700,17 @@ class MemoryQueue(SingleWrites):
                     _set(item, "error_count", item.error_count + 1)
                     _set(item, "last_error", s.error)
                     _set(item, "errors", errors)
-                _set(item, "updated_at", now)
-                _set(item, "state", _FINISHED[s.kind])
-                _set(item, "lease_owner", None)
-                _set(item, "lease_expires_at", None)
+                _SET_UPDATED_AT(item, now)
+                _SET_STATE(item, _FINISHED[s.kind])
+                _SET_LEASE_OWNER(item, None)
+                _SET_LEASE_EXPIRES_AT(item, None)
                 self._store(item)
                 self._child_finished(s.item_id, now)
         if children or s.wait_for_children:
             self._create_children(s, children, now)
         # As _log, spelled out.
-        self.events.append(
-            QueueEvent(now, op, s.item_id, s.lease_version, {"delay": s.delay, "error": s.error})
+        self._record(
+            (now, op, s.item_id, s.lease_version, True, False, "delay", s.delay, "error", s.error)
         )
 
     def _create_children(self, s: Settlement, children: list[NewItem], now: dt.datetime) -> None:
@@ -951,6 +1128,7 @@ class MemoryQueue(SingleWrites):
             else:
                 window.append((heapq.heappop(source[1])[3], source[0]))
         claimed: list[WorkItem] = []
+        record = self._record
         expires = now + dt.timedelta(seconds=lease)
         ranks: dict[str, int] = {}
         for item, home in window:
@@ -966,16 +1144,14 @@ class MemoryQueue(SingleWrites):
                         self._push(self._queued, home, item.due_at, item)
                     continue
             # As _put, spelled out: this is the claim's hot path.
-            _set(item, "updated_at", now)
-            _set(item, "state", ItemState.RUNNING)
-            _set(item, "lease_owner", worker_id)
-            _set(item, "lease_expires_at", expires)
-            _set(item, "lease_version", next(self._versions))
-            _set(item, "attempt", item.attempt + 1)
+            _SET_UPDATED_AT(item, now)
+            _SET_STATE(item, ItemState.RUNNING)
+            _SET_LEASE_OWNER(item, worker_id)
+            _SET_LEASE_EXPIRES_AT(item, expires)
+            _SET_LEASE_VERSION(item, next(self._versions))
+            _SET_ATTEMPT(item, item.attempt + 1)
             self._store(item)
-            self.events.append(
-                QueueEvent(now, "claim", item.id, item.lease_version, {"worker_id": worker_id})
-            )
+            record((now, "claim", item.id, item.lease_version, True, False, "worker_id", worker_id))
             claimed.append(_copy(item))
         for item in (*expired, *put_back):
             # Not claimed this time (the limit, or its key): back in its heap, still claimable.
@@ -1000,18 +1176,16 @@ class MemoryQueue(SingleWrites):
                 and item.lease_expires_at <= self._now()
             )
         ):
-            self.events.append(
-                QueueEvent(now, "renew", lease.item_id, lease.version, _NO_DETAIL, False)
-            )
+            self._record((now, "renew", lease.item_id, lease.version, False, True))
             return LeaseStatus.LOST
         # In place, nothing pushed when the lease is extended (see the module doc); a shorter
         # lease than the last one needs an entry at its earlier expiry.
         extended = item.lease_expires_at is not None and expires >= item.lease_expires_at
-        _set(item, "updated_at", now)
-        _set(item, "lease_expires_at", expires)
+        _SET_UPDATED_AT(item, now)
+        _SET_LEASE_EXPIRES_AT(item, expires)
         if not extended:
             self._push(self._leased, (item.spec_id, item.queue), expires, item)
-        self.events.append(QueueEvent(now, "renew", lease.item_id, lease.version, _NO_DETAIL))
+        self._record((now, "renew", lease.item_id, lease.version, True, True))
         return LeaseStatus.CANCEL_REQUESTED if item.cancel_requested else LeaseStatus.HELD
 
     async def renew(

@@ -284,11 +284,15 @@ def _flat_copy(value: JSONValue) -> JSONValue | None:
     if type(value) is not dict or MAX_JSON_DEPTH < 1:
         return None
     for key, inner in value.items():
-        if type(key) is not str or _unstorable(key) is not None:
+        # _unstorable's test, inlined for the common case (ASCII without a NUL): a reschedule
+        # checks its config here twice per evaluation, in the runner and in the queue.
+        if type(key) is not str:
+            return None
+        if (not key.isascii() or "\x00" in key) and _unstorable(key) is not None:
             return None
         kind = type(inner)
         if kind is str:
-            if _unstorable(inner) is not None:
+            if (not inner.isascii() or "\x00" in inner) and _unstorable(inner) is not None:
                 return None
         elif kind is float:
             if not math.isfinite(inner):
