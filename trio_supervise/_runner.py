@@ -660,7 +660,7 @@ class WorkflowRunner(Generic[ContextT]):
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
     """Settle-and-claim calls in flight: the claim loops end once none is (their items go to
-    the evaluators' channel, which closes after the loops)."""
+    the evaluators' pool, which closes after the loops)."""
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry
