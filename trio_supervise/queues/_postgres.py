@@ -55,7 +55,7 @@ from . import _sql
 from ._outbox import psycopg_savepoint
 from ._protocol import MAX_ERRORS, Enqueued, JSONValue, Lease
 from ._sql import redact_dsn, scrub_dsn
-from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue
+from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue, woken_by
 
 if TYPE_CHECKING:
     import psycopg
@@ -703,12 +703,7 @@ class PostgresQueue(SQLQueue):
             claiming = conn.execute(_Q["claim_due"], params)
             rows = settling.fetchall()
             found = claiming.fetchall()
-            due = [
-                row["spec_id"]
-                for row in rows
-                if (row["state"] == "queued" and row["due_now"])
-                or row["concurrency_key"] is not None
-            ]
+            due = woken_by(rows)
             if rows and any(row["parent_id"] is not None for row in rows):
                 # A child finished: its fan-in may make its parent due, and the claim must see
                 # that, as it sees every other effect of the settlement. Undo the claim, count

@@ -84,6 +84,17 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
 
 
+def woken_by(rows: Iterable[Row]) -> list[str]:
+    """The spec ids a settlement's *rows* make worth a look elsewhere: an item due again now, or
+    a concurrency key's slot freed (its blocked items may be due). Other processes' waiters hear
+    of them (NOTIFY) instead of at their next poll."""
+    return [
+        row["spec_id"]
+        for row in rows
+        if (row["state"] == "queued" and row["due_now"]) or row["concurrency_key"] is not None
+    ]
+
+
 def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
     """The stored ``errors`` JSON array (``at`` in microseconds since the epoch) as entries."""
     return tuple(
@@ -987,13 +998,7 @@ class SQLQueue(SingleWrites):
         """Apply *entries* in the transaction the caller holds: the fenced update, children,
         fan-in and the wake-ups; the rows settled."""
         rows = self._settle_rows(conn, entries, now)
-        # Due again, or a concurrency key's slot freed (its blocked items may be due):
-        # other processes' waiters hear of it (NOTIFY) instead of at their next poll.
-        due = [
-            row["spec_id"]
-            for row in rows
-            if (row["state"] == "queued" and row["due_now"]) or row["concurrency_key"] is not None
-        ]
+        due = woken_by(rows)
         if rows and (children or any(row["parent_id"] is not None for row in rows)):
             due.extend(self._children_and_fan_in(conn, entries, rows, now))
         self._notify(conn, due)
@@ -1111,8 +1116,8 @@ class SQLQueue(SingleWrites):
         queue: str = DEFAULT_QUEUE,
     ) -> tuple[list[bool], list[WorkItem]]:
         """:meth:`settle_many` then :meth:`claim_due`, in one call: one thread hop, one
-        transaction (SQLite: one ``BEGIN IMMEDIATE``; PostgreSQL: one statement when the
-        batch has no children and the window no concurrency key).
+        transaction (SQLite: one ``BEGIN IMMEDIATE``; PostgreSQL: one pipelined transaction, one
+        commit, when the batch has no children).
 
         When it raises, nothing was claimed, and the settlements are as after a failed
         :meth:`settle_many`. Once the settlements are written, a claim that fails comes back
