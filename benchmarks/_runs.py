@@ -51,8 +51,14 @@ async def noop_rate(queue: ts.WorkQueue, count: int, concurrency: int) -> float:
         if evaluated >= count:
             done.set()
 
+    # A user who raises the concurrency raises the batches with it: the claim batch to the
+    # concurrency, and the settle batch so that one write takes a whole claim's outcomes.
+    default_settle = ts.RunnerSettings(worker_id="bench").settle_batch
     settings = ts.RunnerSettings(
-        worker_id="bench", concurrency=concurrency, claim_batch=concurrency
+        worker_id="bench",
+        concurrency=concurrency,
+        claim_batch=concurrency,
+        settle_batch=max(default_settle, concurrency),
     )
     gc.collect()
     with wall() as w:
