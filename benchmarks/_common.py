@@ -142,6 +142,42 @@ class wall:
         self.seconds = time.perf_counter() - self._start
 
 
+class machine_cpu:
+    """Cores kept busy (every process: ours, the server, anyone else) over a stretch of wall time,
+    from ``/proc/stat``: ``with machine_cpu() as m: ...; m.cores``. NaN where there is no
+    ``/proc/stat``. A throughput bound by the machine's cores shows here: two processes cannot do
+    more than ``cpus / cores`` times what one did while it kept *cores* busy.
+    """
+
+    cores: float = math.nan
+
+    @staticmethod
+    def _read() -> tuple[float, float] | None:
+        try:
+            with open("/proc/stat") as stat:
+                fields = [int(value) for value in stat.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + fields[4]  # idle and iowait
+        return float(sum(fields) - idle), time.perf_counter()
+
+    def __enter__(self) -> machine_cpu:
+        self._start = self._read()
+        return self
+
+    def stop(self) -> None:
+        """End the stretch here (before cleanup that should not count)."""
+        end = self._read()
+        if self._start is None or end is None or end[1] <= self._start[1]:
+            return
+        ticks = os.sysconf("SC_CLK_TCK")
+        self.cores = (end[0] - self._start[0]) / ticks / (end[1] - self._start[1])
+
+    def __exit__(self, *exc: object) -> None:
+        if math.isnan(self.cores):
+            self.stop()
+
+
 def now() -> float:
     """Wall-clock seconds (monotonic), for latencies measured across tasks and processes."""
     return time.perf_counter()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import os
 import statistics
 import subprocess
@@ -28,6 +29,7 @@ from ._common import (
     NoopDriver,
     Result,
     child_env,
+    machine_cpu,
     noop_step,
     now,
     rate,
@@ -456,8 +458,9 @@ def _percentile(ordered: Sequence[float], fraction: float) -> float:
 # -- P7: two worker processes against one -----------------------------------------------------
 
 
-def processes_rate(dsn: str, schema: str, count: int, processes: int) -> float:
-    """Items per second for *processes* worker processes sharing one queue (each a runner).
+def processes_rate(dsn: str, schema: str, count: int, processes: int) -> tuple[float, float]:
+    """Items per second for *processes* worker processes sharing one queue (each a runner), and
+    the machine's cores kept busy meanwhile (every process, the server's included).
 
     Each worker connects and reports ready; the clock starts when all are told to go and stops
     when the last worker sees nothing left to claim (it reports ``time.perf_counter()``, which is
@@ -481,18 +484,19 @@ def processes_rate(dsn: str, schema: str, count: int, processes: int) -> float:
             line = worker.stdout.readline()
             if line.strip() != "ready":
                 raise RuntimeError(f"worker did not start: {line!r}")
-        start = now()
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
-        ends = []
-        for worker in workers:
-            assert worker.stdout is not None
-            line = worker.stdout.readline().split()
-            if not line or line[0] != "done":
-                raise RuntimeError(f"P7 worker failed: {line!r}")
-            ends.append(float(line[1]))
+        with machine_cpu() as cpu:
+            start = now()
+            for worker in workers:
+                assert worker.stdin is not None
+                worker.stdin.write("go\n")
+                worker.stdin.flush()
+            ends = []
+            for worker in workers:
+                assert worker.stdout is not None
+                line = worker.stdout.readline().split()
+                if not line or line[0] != "done":
+                    raise RuntimeError(f"P7 worker failed: {line!r}")
+                ends.append(float(line[1]))
     finally:
         for worker in workers:
             if worker.stdin is not None and not worker.stdin.closed:
@@ -506,15 +510,16 @@ def processes_rate(dsn: str, schema: str, count: int, processes: int) -> float:
                 worker.wait()
     if completed(dsn, schema) != count:
         raise RuntimeError("P7: not every item completed")
-    return rate(count, max(ends) - start)
+    return rate(count, max(ends) - start), cpu.cores
 
 
 def p7(config: Config) -> Result:
     assert config.dsn is not None
     count = config.size(30_000, 5_000, 200)
     with bench_schema(config.dsn, P7_SCHEMA):
-        one = max(processes_rate(config.dsn, P7_SCHEMA, count, 1) for _ in range(2))
-        two = max(processes_rate(config.dsn, P7_SCHEMA, count, 2) for _ in range(2))
+        one, one_cores = max(processes_rate(config.dsn, P7_SCHEMA, count, 1) for _ in range(2))
+        two, two_cores = max(processes_rate(config.dsn, P7_SCHEMA, count, 2) for _ in range(2))
+    cpus = os.cpu_count() or 1
     return Result(
         id="P7",
         title="two worker processes against one, PostgreSQL",
@@ -524,5 +529,14 @@ def p7(config: Config) -> Result:
         better="higher",
         goal=1.6,
         unit="items/s",
-        detail={"items": count, "cpus": os.cpu_count()},
+        detail={
+            "items": count,
+            "cpus": cpus,
+            # The cores busy during the better run of each (the workers, the server, the rest of
+            # the machine), and what that allows: at the same CPU per item, two workers can do
+            # at most cpus / one_cores times what one did.
+            "one_cores_busy": one_cores,
+            "two_cores_busy": two_cores,
+            "cpu_ceiling": cpus / one_cores if one_cores > 0 else math.nan,
+        },
     )

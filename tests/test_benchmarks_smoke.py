@@ -269,3 +269,20 @@ def test_pgqueuer_gets_every_dsn_as_asyncpg_keywords(dsn: str) -> None:
     assert kwargs.get("database") == params.get("dbname")
     assert kwargs.get("ssl") == params.get("sslmode")
     assert kwargs.get("port") == (int(str(params["port"])) if "port" in params else None)
+
+
+def test_machine_cpu_counts_the_cores_a_busy_loop_keeps_busy() -> None:
+    """P7's ceiling reads the machine's busy cores over a stretch: a thread spinning for 0.3 s
+    keeps at least most of one core busy, and no stretch shows more cores than the machine has."""
+    import os
+    import time
+
+    from benchmarks._common import machine_cpu
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat here")
+    with machine_cpu() as cpu:
+        deadline = time.perf_counter() + 0.3
+        while time.perf_counter() < deadline:
+            pass
+    assert 0.5 <= cpu.cores <= (os.cpu_count() or 1) + 0.1
