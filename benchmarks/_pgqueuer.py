@@ -5,7 +5,8 @@ parent creates and drops it), installs PgQueuer's schema, then for each batch si
 *count* no-op jobs (setup, in batches of 1,000 through PgQueuer's own ``Queries.enqueue``) and
 times one ``QueueManager.run(mode=drain)`` from its start until it returns, with PgQueuer at its
 fastest: the asyncpg driver, uvloop, no ``max_concurrent_tasks`` cap. Prints one line,
-``{"rates": {"64": items/s, ...}}``. A separate process because PgQueuer is asyncio.
+``{"rates": {"64": items/s, ...}, "cores": {"64": cores busy, ...}}`` (the machine's busy
+cores during each drain, see ``machine_cpu``). A separate process because PgQueuer is asyncio.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from ._common import noop_step
+from ._common import machine_cpu, noop_step
 
 ENQUEUE_BATCH = 1000
 
@@ -36,7 +37,7 @@ def asyncpg_params(dsn: str) -> dict[str, Any]:
     return kwargs
 
 
-async def drain(dsn: str, count: int, batch_size: int) -> float:
+async def drain(dsn: str, count: int, batch_size: int) -> tuple[float, float]:
     import asyncpg
     from pgqueuer import QueueManager
     from pgqueuer.db import AsyncpgDriver
@@ -61,19 +62,24 @@ async def drain(dsn: str, count: int, batch_size: int) -> float:
             await noop_step()
             done += 1
 
-        started = time.perf_counter()
-        await manager.run(batch_size=batch_size, mode=QueueExecutionMode.drain)
-        seconds = time.perf_counter() - started
+        with machine_cpu() as cpu:
+            started = time.perf_counter()
+            await manager.run(batch_size=batch_size, mode=QueueExecutionMode.drain)
+            seconds = time.perf_counter() - started
         left = await connection.fetchval("SELECT count(*) FROM pgqueuer")
         if done != count or left != 0:
             raise RuntimeError(f"PgQueuer: {done} of {count} jobs ran, {left} left")
-        return count / seconds
+        return count / seconds, cpu.cores
     finally:
         await connection.close()
 
 
-async def main(dsn: str, count: int, batches: list[int]) -> dict[str, float]:
-    return {str(batch): await drain(dsn, count, batch) for batch in batches}
+async def main(dsn: str, count: int, batches: list[int]) -> dict[str, dict[str, float]]:
+    rates: dict[str, float] = {}
+    cores: dict[str, float] = {}
+    for batch in batches:
+        rates[str(batch)], cores[str(batch)] = await drain(dsn, count, batch)
+    return {"rates": rates, "cores": cores}
 
 
 if __name__ == "__main__":
@@ -81,5 +87,4 @@ if __name__ == "__main__":
 
     dsn, count = sys.argv[1], int(sys.argv[2])
     batches = [int(arg) for arg in sys.argv[3:]]
-    rates = uvloop.run(main(dsn, count, batches))
-    print(json.dumps({"rates": rates}), flush=True)
+    print(json.dumps(uvloop.run(main(dsn, count, batches))), flush=True)

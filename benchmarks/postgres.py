@@ -102,15 +102,26 @@ def completed(dsn: str, schema: str) -> int:
 # -- ours: the runner in this process ---------------------------------------------------------
 
 
-def runner_rate(dsn: str, schema: str, count: int, concurrency: int = CONCURRENCY) -> float:
+def runner_rate(
+    dsn: str,
+    schema: str,
+    count: int,
+    concurrency: int = CONCURRENCY,
+    cores: list[float] | None = None,
+) -> float:
     """Items per second through one runner on PostgreSQL (no-op driver, *concurrency* at once,
-    claimed in batches of as many)."""
+    claimed in batches of as many). The machine's busy cores during the drain are appended to
+    *cores* if given."""
     fill(dsn, schema, count)
 
     async def main() -> float:
         queue = await PostgresQueue.connect(dsn, schema=schema)
         try:
-            return await noop_rate(queue, count, concurrency)
+            with machine_cpu() as cpu:
+                drained = await noop_rate(queue, count, concurrency)
+            if cores is not None:
+                cores.append(cpu.cores)
+            return drained
         finally:
             await queue.aclose()
 
@@ -264,12 +275,15 @@ def p2(config: Config) -> list[Result]:
 # -- P8: PgQueuer -----------------------------------------------------------------------------
 
 
-def pgqueuer_rates(dsn: str, count: int, batches: Sequence[int]) -> dict[int, float]:
+def pgqueuer_rates(dsn: str, count: int, batches: Sequence[int]) -> dict[int, tuple[float, float]]:
     """Jobs per second for one PgQueuer worker process (``benchmarks._pgqueuer``) per batch size,
-    in a database of its own on the same server."""
+    in a database of its own on the same server, each with the machine's busy cores meanwhile."""
     with own_database(dsn, PGQUEUER_DB) as database_dsn:
-        rates = run_json("benchmarks._pgqueuer", database_dsn, count, *batches)["rates"]
-    return {int(batch): float(value) for batch, value in rates.items()}
+        out = run_json("benchmarks._pgqueuer", database_dsn, count, *batches)
+    return {
+        int(batch): (float(value), float(out["cores"][batch]))
+        for batch, value in out["rates"].items()
+    }
 
 
 def p8(config: Config) -> list[Result]:
@@ -285,12 +299,21 @@ def p8(config: Config) -> list[Result]:
     # our runner's concurrency and claim batch (both documented settings a user would raise).
     ours: dict[int, list[float]] = {batch: [] for batch in PGQUEUER_BATCHES}
     theirs: dict[int, list[float]] = {batch: [] for batch in PGQUEUER_BATCHES}
+    # The machine's busy cores during each run: under the machine's core count, a side waited
+    # on round trips rather than on the CPU.
+    our_cores: dict[int, list[float]] = {batch: [] for batch in PGQUEUER_BATCHES}
+    their_cores: dict[int, list[float]] = {batch: [] for batch in PGQUEUER_BATCHES}
     with bench_schema(config.dsn, TS_SCHEMA):
         for _ in range(config.size(2, 1, 1)):
             for batch in PGQUEUER_BATCHES:
-                ours[batch].append(runner_rate(config.dsn, TS_SCHEMA, count, batch))
-            for batch, value in pgqueuer_rates(config.dsn, count, PGQUEUER_BATCHES).items():
+                ours[batch].append(
+                    runner_rate(config.dsn, TS_SCHEMA, count, batch, our_cores[batch])
+                )
+            for batch, (value, cores) in pgqueuer_rates(
+                config.dsn, count, PGQUEUER_BATCHES
+            ).items():
                 theirs[batch].append(value)
+                their_cores[batch].append(cores)
     our_best = {batch: max(values) for batch, values in ours.items()}
     our_batch = max(our_best, key=lambda batch: our_best[batch])
     best = {batch: max(values) for batch, values in theirs.items()}
@@ -313,6 +336,9 @@ def p8(config: Config) -> list[Result]:
             "ours_batch": our_batch,
             "pgqueuer_runs": {str(batch): values for batch, values in theirs.items()},
             "pgqueuer_batch": best_batch,
+            "ours_cores_busy": {str(batch): values for batch, values in our_cores.items()},
+            "pgqueuer_cores_busy": {str(batch): values for batch, values in their_cores.items()},
+            "cpus": os.cpu_count(),
         },
     )
     return [result]
