@@ -747,15 +747,17 @@ class PostgresQueue(SQLQueue):
 
     @staticmethod
     def _settle_params(entries: Sequence[SettleEntry], now: Any) -> dict[str, Any]:
+        # A column of NULLs (most batches: no reschedule time, config, error or result) goes as
+        # an empty array, which unnest pads with NULLs: nothing to dump (see the query).
         return {
             "ids": [s.item_id for _, s, _ in entries],
             "versions": [s.lease_version for _, s, _ in entries],
             "kinds": [str(s.kind) for _, s, _ in entries],
             "delays_us": [values["delay_us"] for _, _, values in entries],
-            "ats": [values["at"] for _, _, values in entries],
-            "configs": [values["config"] for _, _, values in entries],
-            "errors": [s.error for _, s, _ in entries],
-            "results": [values["result"] for _, _, values in entries],
+            "ats": _nulls_empty([values["at"] for _, _, values in entries]),
+            "configs": _nulls_empty([values["config"] for _, _, values in entries]),
+            "errors": _nulls_empty([s.error for _, s, _ in entries]),
+            "results": _nulls_empty([values["result"] for _, _, values in entries]),
             "now": now,
             "max_errors": MAX_ERRORS,
         }
@@ -918,6 +920,11 @@ def _columns(cur: psycopg.Cursor[Any]) -> tuple[str, ...]:
     result = cur.pgresult
     assert result is not None
     return tuple(result.fname(n).decode() for n in range(result.nfields))  # type: ignore[union-attr]
+
+
+def _nulls_empty(values: list[T]) -> list[T]:
+    """*values*, or an empty list if every one is None (``unnest`` pads it back with NULLs)."""
+    return values if values.count(None) != len(values) else []
 
 
 def _claim_order(item: WorkItem) -> tuple[int, dt.datetime, str]:
