@@ -777,7 +777,7 @@ class PostgresQueue(SQLQueue):
         now: Any,
         children: bool,
         params: dict[str, Any],
-    ) -> tuple[set[int], list[Row]]:
+    ) -> tuple[set[int], list[Any]]:
         if children:
             # Children are written entry by entry, reading as they go: the general way.
             return super()._settle_and_claim_in(conn, entries, now, children, params)
@@ -922,7 +922,7 @@ def _columns(cur: psycopg.Cursor[Any]) -> tuple[str, ...]:
     return tuple(result.fname(n).decode() for n in range(result.nfields))  # type: ignore[union-attr]
 
 
-def _nulls_empty(values: list[T]) -> list[T]:
+def _nulls_empty(values: list[Any]) -> list[Any]:
     """*values*, or an empty list if every one is None (``unnest`` pads it back with NULLs)."""
     return values if values.count(None) != len(values) else []
 

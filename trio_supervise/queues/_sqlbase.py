@@ -74,7 +74,14 @@ from ._protocol import (
     unstorable_outcome,
 )
 
-__all__ = ["NEW_ROW_COLUMNS", "EnqueueBatch", "SQLQueue", "SettleEntry", "stored_config", "stored_errors"]
+__all__ = [
+    "NEW_ROW_COLUMNS",
+    "EnqueueBatch",
+    "SQLQueue",
+    "SettleEntry",
+    "stored_config",
+    "stored_errors",
+]
 
 T = TypeVar("T")
 Row = Any
@@ -111,7 +118,7 @@ def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
 def stored_config(value: str) -> JSONValue:
     """A config (or result) stored as JSON text, as a value. The empty config is the common one:
     a new dict each time, as ``json.loads`` would give, without the parse."""
-    return {} if value == "{}" else json.loads(value)  # type: ignore[no-any-return]
+    return {} if value == "{}" else json.loads(value)
 
 
 def stored_errors(value: str) -> tuple[ErrorEntry, ...]:

@@ -53,7 +53,7 @@ from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
 from ._outbox import sqlite_savepoint
-from ._protocol import MAX_ERRORS, ItemState, JSONValue, Lease, WorkItem
+from ._protocol import MAX_ERRORS, ItemState, Lease, WorkItem
 from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue
 from ._sqlbase import stored_config as _config
 from ._sqlbase import stored_errors as _errors
