@@ -197,14 +197,14 @@ WITH live AS MATERIALIZED (
     updated_at = coalesce(%(now)s::timestamptz, now())
     FROM head
     WHERE i.id = head.id AND head.concurrency_key IS NULL
-    -- The item's fields (see the claim decoder in _postgres.py), the JSON as its text: the
-    -- decoder reads the common '{}' and '[]' without a JSON parse.
-    RETURNING i.id, i.spec_id, i.tenant_id, i.subject_id, i.config::text AS config, i.cancel_requested,
-        i.lease_version, i.state, i.due_at, i.error_count, i.last_error, i.lease_owner,
-        i.lease_expires_at, i.idempotency_key, i.created_at, i.updated_at, i.attempt, i.priority,
-        i.queue, i.timeout, i.result::text AS result, i.errors::text AS errors, i.parent_id,
-        i.waiting_children, i.unique_scope, i.unique_until, i.released_key, i.concurrency_key,
-        i.concurrency_limit
+    -- The item's fields (see _item_decoder in _postgres.py; a field added to WorkItem is added
+    -- here and in claim_keyed), the JSON as its text: '{}' and '[]' are read without a parse.
+    RETURNING i.id, i.spec_id, i.tenant_id, i.subject_id, i.config::text AS config,
+        i.cancel_requested, i.lease_version, i.state, i.due_at, i.error_count, i.last_error,
+        i.lease_owner, i.lease_expires_at, i.idempotency_key, i.created_at, i.updated_at,
+        i.attempt, i.priority, i.queue, i.timeout, i.result::text AS result,
+        i.errors::text AS errors, i.parent_id, i.waiting_children, i.unique_scope,
+        i.unique_until, i.released_key, i.concurrency_key, i.concurrency_limit
 )
 SELECT claimed.*,
     (SELECT count(*) FROM head WHERE head.concurrency_key IS NOT NULL) AS keyed
@@ -296,12 +296,12 @@ FROM ranked
 WHERE i.id = ranked.id
   AND (ranked.concurrency_key IS NULL OR ranked.rank <= ranked.concurrency_limit - ranked.live)
 -- The same columns as claim_due's.
-RETURNING i.id, i.spec_id, i.tenant_id, i.subject_id, i.config::text AS config, i.cancel_requested,
-    i.lease_version, i.state, i.due_at, i.error_count, i.last_error, i.lease_owner,
-    i.lease_expires_at, i.idempotency_key, i.created_at, i.updated_at, i.attempt, i.priority,
-    i.queue, i.timeout, i.result::text AS result, i.errors::text AS errors, i.parent_id,
-    i.waiting_children, i.unique_scope, i.unique_until, i.released_key, i.concurrency_key,
-    i.concurrency_limit;
+RETURNING i.id, i.spec_id, i.tenant_id, i.subject_id, i.config::text AS config,
+    i.cancel_requested, i.lease_version, i.state, i.due_at, i.error_count, i.last_error,
+    i.lease_owner, i.lease_expires_at, i.idempotency_key, i.created_at, i.updated_at,
+    i.attempt, i.priority, i.queue, i.timeout, i.result::text AS result,
+    i.errors::text AS errors, i.parent_id, i.waiting_children, i.unique_scope,
+    i.unique_until, i.released_key, i.concurrency_key, i.concurrency_limit;
 
 -- name: renew_many
 -- Fenced on (id, version, owner) and the running state; rows that come back are renewed.
