@@ -149,6 +149,89 @@ async def test_claim_orders_by_due_time_then_id(queue: WorkQueue) -> None:
     assert await queue.claim_due(["spec"], "w", 30, 10) == []
 
 
+async def test_a_claimed_item_is_the_stored_item(queue: WorkQueue, clock: ManualClock) -> None:
+    """A claim returns every field as stored (the same item a read returns after it), however
+    it is claimed: a plain claim, a settle-and-claim, the keyed path; with a rich config, an
+    error history, a result, a uniqueness period and a timeout (the claims' decoders read
+    their rows their own way)."""
+    config = {"a": [1, 2.5, None, True, {"deep": ["ü", "\u2603", 10**15]}], "b": "", "c": {}}
+    await queue.enqueue(
+        "spec",
+        item_id="rich",
+        config=config,
+        tenant_id="t",
+        subject_id="s",
+        idempotency_key="k",
+        unique=dt.timedelta(hours=1),
+        priority=-2,
+        queue="named",
+        evaluation_timeout=2.5,
+    )
+    await queue.enqueue("spec", item_id="keyed", concurrency_key="ck", concurrency_limit=2)
+    await queue.enqueue("spec", item_id="empty", config=[])
+    await queue.enqueue("spec", item_id="list", config=["x", {}])
+    [claimed] = await queue.claim_due(["spec"], "w1", 30, 5, queue="named")
+    assert claimed == await queue.get("rich")
+    assert (claimed.config, claimed.timeout, claimed.priority) == (config, 2.5, -2)
+    assert claimed.unique_until == START + dt.timedelta(hours=1)
+    assert claimed.lease_expires_at == START + 30 * S
+    # An error history and a result, then claimed again (a retried completed item keeps it).
+    await queue.settle_many(
+        [
+            Settlement(
+                item_id="rich",
+                lease_version=claimed.lease_version,
+                kind=SettleKind.RETRY,
+                error="boom\nline 2",
+            )
+        ]
+    )
+    [again] = await queue.claim_due(["spec"], "w2", 30, 5, queue="named")
+    assert again == await queue.get("rich")
+    assert (again.error_count, again.last_error) == (1, "boom\nline 2")
+    assert [e.error for e in again.errors] == ["boom\nline 2"]
+    await queue.settle_many(
+        [
+            Settlement(
+                item_id="rich",
+                lease_version=again.lease_version,
+                kind=SettleKind.COMPLETE,
+                result={"r": [1, "ü"]},
+            )
+        ]
+    )
+    clock.advance(1)
+    await queue.retry("rich")
+    # The default queue's items, through settle_and_claim and the keyed path.
+    _, claimed_named = await queue.settle_and_claim([], ["spec"], "w3", 30, 5, queue="named")
+    assert claimed_named == [await queue.get("rich")]
+    assert claimed_named[0].result == {"r": [1, "ü"]}
+    assert len(claimed_named[0].errors) == 1
+    first = await queue.claim_due(["spec"], "w4", 30, 1)
+    [settled], rest = await queue.settle_and_claim(
+        [
+            Settlement(
+                item_id=first[0].id,
+                lease_version=first[0].lease_version,
+                kind=SettleKind.RELEASE,
+            )
+        ],
+        ["spec"],
+        "w4",
+        30,
+        5,
+    )
+    assert settled
+    claimed_all = first[1:] + rest
+    assert sorted(item.id for item in claimed_all) == ["empty", "keyed", "list"]
+    for item in claimed_all:
+        assert item == await queue.get(item.id)
+    by_id = {item.id: item for item in claimed_all}
+    assert by_id["empty"].config == []
+    assert by_id["list"].config == ["x", {}]
+    assert (by_id["keyed"].concurrency_key, by_id["keyed"].concurrency_limit) == ("ck", 2)
+
+
 async def test_claim_waits_for_due_time(queue: WorkQueue, clock: ManualClock) -> None:
     """An item is claimable from its due time on, and not a microsecond before."""
     await queue.enqueue("spec", due_at=START + 10 * S)

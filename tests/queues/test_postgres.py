@@ -371,6 +371,31 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
+async def test_the_pool_s_sessions_are_utc_and_claimed_times_too() -> None:
+    """The queue's connections run in UTC, so psycopg loads every time as ``datetime.UTC``
+    (which needs no conversion); a session in another zone still reads the same instants,
+    converted to UTC."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, pool_size=1, listen=False
+        ) as queue:
+            rows = await queue._run(lambda conn: conn.execute("SHOW TimeZone").fetchall())
+            assert rows == [{"TimeZone": "UTC"}]
+            for item_id in ("a", "b"):
+                await queue.enqueue("spec", item_id=item_id, idempotency_key=item_id, unique=60)
+            [claimed] = await queue.claim_due(["spec"], "w", 30, 1)
+            times = [claimed.due_at, claimed.created_at, claimed.updated_at]
+            times += [claimed.lease_expires_at, claimed.unique_until]
+            assert all(t is not None and t.tzinfo is dt.UTC for t in times)
+            # A session in another zone (one the pool did not set up, say): the same instants.
+            await queue._run(lambda conn: conn.execute("SET TimeZone TO 'Asia/Kolkata'"))
+            [other] = await queue.claim_due(["spec"], "w", 30, 1)
+            assert other == await queue.get("b")
+            times = [other.due_at, other.created_at, other.updated_at]
+            times += [other.lease_expires_at, other.unique_until]
+            assert all(t is not None and t.tzinfo is dt.UTC for t in times)
+
+
 async def migrate_schema(dsn: str, schema: str) -> None:
     async with await PostgresQueue.connect(dsn, schema=schema, migrate=True):
         pass

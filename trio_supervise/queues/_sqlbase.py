@@ -74,7 +74,14 @@ from ._protocol import (
     unstorable_outcome,
 )
 
-__all__ = ["NEW_ROW_COLUMNS", "EnqueueBatch", "SQLQueue", "SettleEntry"]
+__all__ = [
+    "NEW_ROW_COLUMNS",
+    "EnqueueBatch",
+    "SQLQueue",
+    "SettleEntry",
+    "stored_config",
+    "stored_errors",
+]
 
 T = TypeVar("T")
 Row = Any
@@ -106,6 +113,17 @@ def _error_entries(stored: Any) -> tuple[ErrorEntry, ...]:
         )
         for each in stored
     )
+
+
+def stored_config(value: str) -> JSONValue:
+    """A config (or result) stored as JSON text, as a value. The empty config is the common one:
+    a new dict each time, as ``json.loads`` would give, without the parse."""
+    return {} if value == "{}" else json.loads(value)
+
+
+def stored_errors(value: str) -> tuple[ErrorEntry, ...]:
+    """An error history stored as JSON text, as entries (no error yet is the common one)."""
+    return () if value == "[]" else _error_entries(json.loads(value))
 
 
 _STATES = {str(state): state for state in ItemState}

@@ -53,8 +53,10 @@ from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
 from ._outbox import sqlite_savepoint
-from ._protocol import MAX_ERRORS, ItemState, JSONValue, Lease, WorkItem
-from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue, _error_entries
+from ._protocol import MAX_ERRORS, ItemState, Lease, WorkItem
+from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue
+from ._sqlbase import stored_config as _config
+from ._sqlbase import stored_errors as _errors
 
 __all__ = ["DEFAULT_SQLITE_PATH", "DEFAULT_WATCH_INTERVAL", "SQLiteQueue"]
 
@@ -157,16 +159,6 @@ def _from_us(value: int) -> dt.datetime:
 
 _MIN_US = -(2**63)
 """Before every stored time: the cursor of a first page."""
-
-
-def _config(value: str) -> JSONValue:
-    # The empty config is the common one: a new dict each time, as json.loads would give.
-    return {} if value == "{}" else json.loads(value)
-
-
-def _errors(value: str) -> tuple[Any, ...]:
-    # No error yet is the common history.
-    return () if value == "[]" else _error_entries(json.loads(value))
 
 
 _STATES = {str(state): state for state in ItemState}

@@ -197,7 +197,14 @@ WITH live AS MATERIALIZED (
     updated_at = coalesce(%(now)s::timestamptz, now())
     FROM head
     WHERE i.id = head.id AND head.concurrency_key IS NULL
-    RETURNING i.*
+    -- The item's fields (see _item_decoder in _postgres.py; a field added to WorkItem is added
+    -- here and in claim_keyed), the JSON as its text: '{}' and '[]' are read without a parse.
+    RETURNING i.id, i.spec_id, i.tenant_id, i.subject_id, i.config::text AS config,
+        i.cancel_requested, i.lease_version, i.state, i.due_at, i.error_count, i.last_error,
+        i.lease_owner, i.lease_expires_at, i.idempotency_key, i.created_at, i.updated_at,
+        i.attempt, i.priority, i.queue, i.timeout, i.result::text AS result,
+        i.errors::text AS errors, i.parent_id, i.waiting_children, i.unique_scope,
+        i.unique_until, i.released_key, i.concurrency_key, i.concurrency_limit
 )
 SELECT claimed.*,
     (SELECT count(*) FROM head WHERE head.concurrency_key IS NOT NULL) AS keyed
@@ -288,7 +295,13 @@ UPDATE trio_supervise_items AS i SET
 FROM ranked
 WHERE i.id = ranked.id
   AND (ranked.concurrency_key IS NULL OR ranked.rank <= ranked.concurrency_limit - ranked.live)
-RETURNING i.*;
+-- The same columns as claim_due's.
+RETURNING i.id, i.spec_id, i.tenant_id, i.subject_id, i.config::text AS config,
+    i.cancel_requested, i.lease_version, i.state, i.due_at, i.error_count, i.last_error,
+    i.lease_owner, i.lease_expires_at, i.idempotency_key, i.created_at, i.updated_at,
+    i.attempt, i.priority, i.queue, i.timeout, i.result::text AS result,
+    i.errors::text AS errors, i.parent_id, i.waiting_children, i.unique_scope,
+    i.unique_until, i.released_key, i.concurrency_key, i.concurrency_limit;
 
 -- name: renew_many
 -- Fenced on (id, version, owner) and the running state; rows that come back are renewed.
@@ -298,7 +311,7 @@ UPDATE trio_supervise_items AS i SET
     lease_expires_at = coalesce(%(now)s::timestamptz, now())
         + %(lease_us)s::bigint * interval '1 microsecond',
     updated_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(ids)s::text[], %(versions)s::bigint[], %(owners)s::text[]) AS l(id, version, owner)
+FROM unnest(%(ids)b::text[], %(versions)b::bigint[], %(owners)b::text[]) AS l(id, version, owner)
 WHERE i.id = l.id AND i.lease_version = l.version AND i.lease_owner = l.owner
   AND i.state = 'running'
   AND (i.concurrency_key IS NULL OR i.lease_expires_at > coalesce(%(now)s::timestamptz, now()))
@@ -364,9 +377,11 @@ UPDATE trio_supervise_items AS i SET
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
+-- The arrays travel in binary (as text, quoting the strings costs the client twice as much);
+-- an array whose values are all NULL comes empty, and unnest pads it with NULLs.
 FROM unnest(
-    %(ids)s::text[], %(versions)s::bigint[], %(kinds)s::text[], %(delays_us)s::bigint[],
-    %(ats)s::timestamptz[], %(configs)s::text[], %(errors)s::text[], %(results)s::text[]
+    %(ids)b::text[], %(versions)b::bigint[], %(kinds)b::text[], %(delays_us)b::bigint[],
+    %(ats)b::timestamptz[], %(configs)b::text[], %(errors)b::text[], %(results)b::text[]
 ) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, result, ord)
 WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
 RETURNING s.ord, i.spec_id, i.state, i.parent_id, i.concurrency_key,
