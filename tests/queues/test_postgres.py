@@ -361,6 +361,43 @@ async def test_claim_does_not_walk_running_rows() -> None:
         assert [row[0] for row in leased] == ["i000150"] + [f"i{n:06}" for n in range(301, 310)]
 
 
+async def test_next_due_at_reads_a_few_rows_however_many_are_queued() -> None:
+    """Without live keyed leases, next_due_at finds the earliest queued row by walking the state
+    index in due_at order, and the earliest lease among the running rows: no plan node reads
+    every queued row (it did, and a runner waiting on a long queue paid for it on each wait)."""
+    import re
+
+    with pg_schema() as (dsn, schema):
+        await migrate_schema(dsn, schema)
+        fill = (
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_expires_at, "
+            "lease_owner, created_at, updated_at) SELECT 'i' || g, 's', "
+            "CASE WHEN g <= 20 THEN 'running' ELSE 'queued' END, "
+            "now() + g * interval '1 second', "
+            "CASE WHEN g <= 20 THEN now() + interval '1 hour' END, "
+            "CASE WHEN g <= 20 THEN 'other' END, now(), now() "
+            "FROM generate_series(1, 5000) AS g; ANALYZE trio_supervise_items"
+        )
+        await trio.to_thread.run_sync(_sql, dsn, schema, fill)
+        text = (
+            _queries.load_queries("postgres")["next_due_at"]
+            .replace("%(spec_ids)s", "'{s}'")
+            .replace("%(queues)s", "NULL")
+            .replace("%(now)s", "NULL")
+        )
+        plan = await trio.to_thread.run_sync(
+            _sql, dsn, schema, f"EXPLAIN (ANALYZE, TIMING off) {text}"
+        )
+        lines = "\n".join(str(row[0]) for row in plan)
+        assert max(int(n) for n in re.findall(r"actual rows=(\d+)", lines)) <= 20, lines
+        async with await PostgresQueue.connect(dsn, schema=schema) as queue:
+            due = await queue.next_due_at(["s"])
+            [[expected]] = await trio.to_thread.run_sync(
+                _sql, dsn, schema, "SELECT due_at FROM trio_supervise_items WHERE id = 'i21'"
+            )
+        assert due == expected
+
+
 async def test_keyed_claims_stay_on_the_claim_index_and_cheap_to_plan() -> None:
     """On 100k rows, a fifth of them keyed (some running), every claim statement walks the claim
     index in order (the only sort is the keyed path's row_number over its few window rows), and

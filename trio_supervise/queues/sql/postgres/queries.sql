@@ -511,7 +511,25 @@ WITH blocked AS MATERIALIZED (
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
 ), t AS MATERIALIZED (  -- computed once, though read twice below
-    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM blocked) THEN (SELECT min(base) FROM due) ELSE (
+    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM blocked) THEN least(
+        -- The plain minimum without reading every queued row: the earliest queued row, the
+        -- first of a walk of the state index in due_at order, and the earliest lease among
+        -- the running rows (the in-flight ones, few). least() skips a NULL.
+        (
+            SELECT due_at FROM trio_supervise_items
+            WHERE state = 'queued' AND spec_id = ANY(%(spec_ids)s::text[])
+              AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+              AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+            ORDER BY due_at
+            LIMIT 1
+        ),
+        (
+            SELECT min(lease_expires_at) FROM trio_supervise_items
+            WHERE state = 'running' AND spec_id = ANY(%(spec_ids)s::text[])
+              AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+              AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+        )
+    ) ELSE (
         SELECT min(greatest(c.base, b.until))
         FROM (
             SELECT min(base) AS base, concurrency_key, concurrency_limit FROM due
