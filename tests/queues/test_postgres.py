@@ -287,7 +287,9 @@ async def test_a_notification_no_waiter_serves_wakes_nobody() -> None:
 
 async def test_claim_is_served_by_the_claim_index() -> None:
     """On 100k rows over priorities and queues, the claim walks the partial
-    (queue, priority, due_at, id) index in order: no sort, no scan of other queues."""
+    (queue, priority, due_at, id) index of queued rows in order (no sort below its limit, no
+    scan of other queues), and finds expired leases in a range of the lease index: the running
+    rows with live leases are in neither walk, so no claim visits them."""
     with pg_schema() as (dsn, schema):
         await migrate_schema(dsn, schema)
         fill = (
@@ -310,9 +312,90 @@ async def test_claim_is_served_by_the_claim_index() -> None:
             .replace("%(lease_us)s", "1000000")
         )
         plan = await trio.to_thread.run_sync(_sql, dsn, schema, f"EXPLAIN {claim}")
-        text = "\n".join(str(row[0]) for row in plan)
+        lines = [str(row[0]) for row in plan]
+        text = "\n".join(lines)
         assert "trio_supervise_items_claim_idx" in text
-        assert "Sort" not in text
+        assert "trio_supervise_items_lease_idx" in text
+        assert "Seq Scan" not in text
+        _assert_walk_in_order(lines, "items_claim_idx", "claim_due")
+
+
+async def test_claim_does_not_walk_running_rows() -> None:
+    """Running rows with live leases sit before every queued row in (priority, due_at, id)
+    order; a claim reaches the queued rows without visiting them (no row filtered out of
+    either walk), and an expired lease among them is still rescued in order."""
+    with pg_schema() as (dsn, schema):
+        await migrate_schema(dsn, schema)
+        fill = (
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_expires_at, "
+            "lease_owner, created_at, updated_at) SELECT 'i' || lpad(g::text, 6, '0'), 's', "
+            "CASE WHEN g <= 300 THEN 'running' ELSE 'queued' END, "
+            "now() - interval '1 day' + g * interval '1 second', "
+            "CASE WHEN g = 150 THEN now() - interval '1 second' "
+            "WHEN g <= 300 THEN now() + interval '1 hour' END, "
+            "CASE WHEN g <= 300 THEN 'other' END, now(), now() "
+            "FROM generate_series(1, 5000) AS g; ANALYZE trio_supervise_items"
+        )
+        await trio.to_thread.run_sync(_sql, dsn, schema, fill)
+        claim = (
+            _queries.load_queries("postgres")["claim_due"]
+            .replace("%(queue)s", "'default'")
+            .replace("%(spec_ids)s", "'{s}'")
+            .replace("%(now)s", "NULL")
+            .replace("%(limit)s", "10")
+            .replace("%(worker_id)s", "'w'")
+            .replace("%(lease_us)s", "1000000")
+        )
+        plan = await trio.to_thread.run_sync(
+            _sql, dsn, schema, f"EXPLAIN (ANALYZE, TIMING off) {claim}"
+        )
+        text = "\n".join(str(row[0]) for row in plan)
+        assert "trio_supervise_items_claim_idx" in text, text
+        assert "Rows Removed by Filter" not in text.split("CTE claimed")[0], text
+        leased = await trio.to_thread.run_sync(
+            _sql,
+            dsn,
+            schema,
+            "SELECT id FROM trio_supervise_items WHERE lease_owner = 'w' ORDER BY id",
+        )
+        assert [row[0] for row in leased] == ["i000150"] + [f"i{n:06}" for n in range(301, 310)]
+
+
+async def test_next_due_at_reads_a_few_rows_however_many_are_queued() -> None:
+    """Without live keyed leases, next_due_at finds the earliest queued row by walking the state
+    index in due_at order, and the earliest lease among the running rows: no plan node reads
+    every queued row (it did, and a runner waiting on a long queue paid for it on each wait)."""
+    import re
+
+    with pg_schema() as (dsn, schema):
+        await migrate_schema(dsn, schema)
+        fill = (
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_expires_at, "
+            "lease_owner, created_at, updated_at) SELECT 'i' || g, 's', "
+            "CASE WHEN g <= 20 THEN 'running' ELSE 'queued' END, "
+            "now() + g * interval '1 second', "
+            "CASE WHEN g <= 20 THEN now() + interval '1 hour' END, "
+            "CASE WHEN g <= 20 THEN 'other' END, now(), now() "
+            "FROM generate_series(1, 5000) AS g; ANALYZE trio_supervise_items"
+        )
+        await trio.to_thread.run_sync(_sql, dsn, schema, fill)
+        text = (
+            _queries.load_queries("postgres")["next_due_at"]
+            .replace("%(spec_ids)s", "'{s}'")
+            .replace("%(queues)s", "NULL")
+            .replace("%(now)s", "NULL")
+        )
+        plan = await trio.to_thread.run_sync(
+            _sql, dsn, schema, f"EXPLAIN (ANALYZE, TIMING off) {text}"
+        )
+        lines = "\n".join(str(row[0]) for row in plan)
+        assert max(int(n) for n in re.findall(r"actual rows=(\d+)", lines)) <= 20, lines
+        async with await PostgresQueue.connect(dsn, schema=schema) as queue:
+            due = await queue.next_due_at(["s"])
+            [[expected]] = await trio.to_thread.run_sync(
+                _sql, dsn, schema, "SELECT due_at FROM trio_supervise_items WHERE id = 'i21'"
+            )
+        assert due == expected
 
 
 async def test_keyed_claims_stay_on_the_claim_index_and_cheap_to_plan() -> None:
@@ -352,19 +435,23 @@ async def test_keyed_claims_stay_on_the_claim_index_and_cheap_to_plan() -> None:
             lines = [str(row[0]) for row in plan]
             assert not any("JIT" in line for line in lines), (name, lines)
             if name != "next_due_at":
-                # No Sort between the walk and its Limit: its ancestors (the lines above it, each
-                # less indented) up to the Limit. Above it, a sort of `limit` rows is fine.
-                at = next(n for n, line in enumerate(lines) if "items_claim_idx" in line)
-                depth, between = _indent(lines[at]), []
-                for line in reversed(lines[:at]):
-                    if _indent(line) < depth:
-                        depth = _indent(line)
-                        if line.strip().startswith("->  Limit"):
-                            break
-                        between.append(line.strip())
-                else:
-                    raise AssertionError(f"{name}: the claim index walk has no Limit above it")
-                assert not any(line.startswith("->  Sort") for line in between), (name, between)
+                _assert_walk_in_order(lines, "items_claim_idx", name)
+
+
+def _assert_walk_in_order(lines: list[str], index: str, name: str) -> None:
+    """No Sort between the walk of *index* and its Limit: its ancestors (the lines above it,
+    each less indented) up to the Limit. Above it, a sort of `limit` rows is fine."""
+    at = next(n for n, line in enumerate(lines) if index in line)
+    depth, between = _indent(lines[at]), []
+    for line in reversed(lines[:at]):
+        if _indent(line) < depth:
+            depth = _indent(line)
+            if line.strip().startswith("->  Limit"):
+                break
+            between.append(line.strip())
+    else:
+        raise AssertionError(f"{name}: the {index} walk has no Limit above it")
+    assert not any(line.startswith("->  Sort") for line in between), (name, between)
 
 
 def _indent(line: str) -> int:

@@ -173,12 +173,12 @@ WITH live AS MATERIALIZED (
     WHERE state = 'running' AND concurrency_key IS NOT NULL
       AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
     GROUP BY concurrency_key
-), head AS (
-    SELECT c.id, c.concurrency_key FROM trio_supervise_items AS c
-    WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
+), queued AS (
+    -- The window's queued rows: a walk of the claim index (queued rows only) in order.
+    SELECT c.id, c.concurrency_key, c.priority, c.due_at FROM trio_supervise_items AS c
+    WHERE c.queue = %(queue)s AND c.state = 'queued'
       AND c.spec_id = ANY(%(spec_ids)s::text[])
-      AND CASE WHEN c.state = 'queued' THEN c.due_at ELSE c.lease_expires_at END
-          <= coalesce(%(now)s::timestamptz, now())
+      AND c.due_at <= coalesce(%(now)s::timestamptz, now())
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
@@ -186,6 +186,28 @@ WITH live AS MATERIALIZED (
     ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), expired AS (
+    -- The window's running rows whose lease has expired: a range of the lease index (none,
+    -- mostly: one probe), sorted.
+    SELECT c.id, c.concurrency_key, c.priority, c.due_at FROM trio_supervise_items AS c
+    WHERE c.queue = %(queue)s AND c.state = 'running'
+      AND c.spec_id = ANY(%(spec_ids)s::text[])
+      AND c.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+      AND NOT EXISTS (
+          SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
+      )
+      AND (c.concurrency_key IS NULL OR coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit)
+    ORDER BY c.priority, c.due_at, c.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), head AS (
+    -- The first rows of both in (priority, due_at, id) order. A row of either left out is
+    -- locked until the statement ends, never leased.
+    SELECT id, concurrency_key FROM (
+        SELECT * FROM queued UNION ALL SELECT * FROM expired
+    ) AS w
+    ORDER BY priority, due_at, id
+    LIMIT %(limit)s
 ), claimed AS (
     UPDATE trio_supervise_items AS i SET
     state = 'running',
@@ -226,17 +248,33 @@ WITH live AS MATERIALIZED (
 )
 SELECT k.key FROM (
     SELECT DISTINCT head.concurrency_key AS key FROM (
-        SELECT c.concurrency_key FROM trio_supervise_items AS c
-        WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
-          AND c.spec_id = ANY(%(spec_ids)s::text[])
-          AND CASE WHEN c.state = 'queued' THEN c.due_at ELSE c.lease_expires_at END
-              <= coalesce(%(now)s::timestamptz, now())
-          AND NOT EXISTS (
-              SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
-          )
-          AND c.concurrency_key IS NOT NULL
-          AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
-        ORDER BY c.priority, c.due_at, c.id
+        SELECT w.concurrency_key FROM (
+            (
+                SELECT c.concurrency_key, c.priority, c.due_at, c.id FROM trio_supervise_items AS c
+                WHERE c.queue = %(queue)s AND c.state = 'queued'
+                  AND c.spec_id = ANY(%(spec_ids)s::text[])
+                  AND c.due_at <= coalesce(%(now)s::timestamptz, now())
+                  AND c.concurrency_key IS NOT NULL
+                  AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
+                ORDER BY c.priority, c.due_at, c.id
+                LIMIT %(limit)s
+            )
+            UNION ALL
+            (
+                SELECT c.concurrency_key, c.priority, c.due_at, c.id FROM trio_supervise_items AS c
+                WHERE c.queue = %(queue)s AND c.state = 'running'
+                  AND c.spec_id = ANY(%(spec_ids)s::text[])
+                  AND c.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+                  AND c.concurrency_key IS NOT NULL
+                  AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
+                ORDER BY c.priority, c.due_at, c.id
+                LIMIT %(limit)s
+            )
+        ) AS w
+        WHERE NOT EXISTS (
+            SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
+        )
+        ORDER BY w.priority, w.due_at, w.id
         LIMIT %(limit)s
     ) AS head
 ) AS k
@@ -260,14 +298,15 @@ WITH live AS MATERIALIZED (
     WHERE state = 'running' AND concurrency_key IS NOT NULL
       AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
     GROUP BY concurrency_key
-), head AS (
+), queued AS (
+    -- claim_due's window, as there: queued rows from the claim index, expired ones from the
+    -- lease index, the first of both.
     SELECT c.id, c.priority, c.due_at, c.concurrency_key, c.concurrency_limit,
         CASE WHEN c.concurrency_key IS NULL THEN 0 ELSE coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) END AS live
     FROM trio_supervise_items AS c
-    WHERE c.queue = %(queue)s AND c.state IN ('queued', 'running')
+    WHERE c.queue = %(queue)s AND c.state = 'queued'
       AND c.spec_id = ANY(%(spec_ids)s::text[])
-      AND CASE WHEN c.state = 'queued' THEN c.due_at ELSE c.lease_expires_at END
-          <= coalesce(%(now)s::timestamptz, now())
+      AND c.due_at <= coalesce(%(now)s::timestamptz, now())
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
@@ -278,6 +317,27 @@ WITH live AS MATERIALIZED (
     ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT c.id, c.priority, c.due_at, c.concurrency_key, c.concurrency_limit,
+        CASE WHEN c.concurrency_key IS NULL THEN 0 ELSE coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) END AS live
+    FROM trio_supervise_items AS c
+    WHERE c.queue = %(queue)s AND c.state = 'running'
+      AND c.spec_id = ANY(%(spec_ids)s::text[])
+      AND c.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+      AND NOT EXISTS (
+          SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
+      )
+      AND (c.concurrency_key IS NULL OR (
+          c.concurrency_key = ANY(%(keys)s::text[])
+          AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
+      ))
+    ORDER BY c.priority, c.due_at, c.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), head AS (
+    SELECT * FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) AS w
+    ORDER BY priority, due_at, id
+    LIMIT %(limit)s
 ), ranked AS (
     SELECT head.*, row_number() OVER (
         PARTITION BY head.concurrency_key ORDER BY head.priority, head.due_at, head.id
@@ -466,7 +526,25 @@ WITH blocked AS MATERIALIZED (
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
 ), t AS MATERIALIZED (  -- computed once, though read twice below
-    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM blocked) THEN (SELECT min(base) FROM due) ELSE (
+    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM blocked) THEN least(
+        -- The plain minimum without reading every queued row: the earliest queued row, the
+        -- first of a walk of the state index in due_at order, and the earliest lease among
+        -- the running rows (the in-flight ones, few). least() skips a NULL.
+        (
+            SELECT due_at FROM trio_supervise_items
+            WHERE state = 'queued' AND spec_id = ANY(%(spec_ids)s::text[])
+              AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+              AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+            ORDER BY due_at
+            LIMIT 1
+        ),
+        (
+            SELECT min(lease_expires_at) FROM trio_supervise_items
+            WHERE state = 'running' AND spec_id = ANY(%(spec_ids)s::text[])
+              AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+              AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+        )
+    ) ELSE (
         SELECT min(greatest(c.base, b.until))
         FROM (
             SELECT min(base) AS base, concurrency_key, concurrency_limit FROM due

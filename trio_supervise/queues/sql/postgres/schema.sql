@@ -38,11 +38,17 @@ CREATE TABLE trio_supervise_items (
         CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
 
--- Serves claims: one queue's claimable items in (priority, due_at, id) order; lower priority
--- numbers first.
+-- Serves claims: one queue's queued items in (priority, due_at, id) order; lower priority
+-- numbers first. Running items are not in it: they would sit at its head (the oldest due_at),
+-- and every claim would visit each of them before the first claimable one.
 CREATE INDEX trio_supervise_items_claim_idx
     ON trio_supervise_items (queue, priority, due_at, id)
-    WHERE state IN ('queued', 'running');
+    WHERE state = 'queued';
+
+-- Serves the rescue of expired leases by claims: one queue's running items by lease expiry.
+CREATE INDEX trio_supervise_items_lease_idx
+    ON trio_supervise_items (queue, lease_expires_at)
+    WHERE state = 'running';
 
 -- Serves the concurrency-key check: the running items of one key.
 CREATE INDEX trio_supervise_items_key_idx
