@@ -212,6 +212,96 @@ async def test_an_enqueue_notifies_each_due_queue_and_spec_once() -> None:
         assert _due_hint(payloads[3]) == ("default", "e")
 
 
+async def test_an_enqueue_s_notification_is_written_as_the_payload_function_writes_it() -> None:
+    """The insert statement writes each due item's notification itself, byte for byte as
+    _due_payload does (JSON escapes, non-ASCII text, and the spec id alone once the pair would
+    be 8000 bytes or more), for generated and explicit ids alike."""
+    pair = len(_due_payload("q", ""))  # the pair's bytes around a spec id of plain ASCII
+    cases = [
+        ("default", "noop"),
+        ("q\x1f\n\t", 'sp\u00e9c "quoted" \\ back\x7f\u2028'),
+        ("mail", '["x", "y"]'),
+        ("q", "s" * (7999 - pair)),  # 7999 bytes: still the pair
+        ("q", "s" * (8000 - pair)),  # 8000 bytes: the spec id alone
+    ]
+    assert len(_due_payload(*cases[-2]).encode()) == 7999
+    assert _due_payload(*cases[-1]) == cases[-1][1]
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False
+        ) as queue:
+            conn = await trio.to_thread.run_sync(_listen, dsn, queue.channel)
+            try:
+                for n, (name, spec_id) in enumerate(cases):
+                    await queue.enqueue(spec_id, queue=name, item_id=f"id-{n}" if n % 2 else None)
+                payloads = await trio.to_thread.run_sync(_payloads, conn, len(cases))
+            finally:
+                await trio.to_thread.run_sync(conn.close)
+        assert payloads == [_due_payload(name, spec_id) for name, spec_id in cases]
+
+
+def _round_trips(queue: PostgresQueue, call: Any) -> int:
+    """How often the server answered the queue's (one) connection during *call()*: its round
+    trips, read from libpq's trace of the messages."""
+    import os
+    import tempfile
+
+    import psycopg
+
+    fd, path = tempfile.mkstemp()
+    try:
+        with queue._pool.connection() as conn:
+            conn.pgconn.trace(fd)
+            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            call()
+        finally:
+            with queue._pool.connection() as conn:
+                conn.pgconn.untrace()
+        count, last = 0, ""
+        with open(path) as trace:
+            for line in trace:
+                side = line[:2]
+                if side == "B\t" and last == "F\t":
+                    count += 1
+                if side in ("F\t", "B\t"):
+                    last = side
+        return count
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+async def test_an_enqueue_takes_few_round_trips() -> None:
+    """An enqueue without a key, with an explicit id or not, is one statement in autocommit
+    (the insert returns its created_at and sends its NOTIFY): one round trip. One with a key is
+    a transaction: BEGIN, the release of lapsed keys, the look at the holders, the insert (if
+    the key is free), COMMIT."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False, pool_size=1
+        ) as queue:
+            token = trio.lowlevel.current_trio_token()
+
+            def enqueue(**kwargs: Any) -> Any:
+                return lambda: trio.from_thread.run(
+                    lambda: queue.enqueue("spec", **kwargs), trio_token=token
+                )
+
+            def trips(**kwargs: Any) -> int:
+                return _round_trips(queue, enqueue(**kwargs))
+
+            for n in range(6):  # past psycopg's threshold for preparing a statement
+                await queue.enqueue("spec", item_id=f"warm-{n}", idempotency_key=f"warm-{n}")
+            found = {
+                "plain": await trio.to_thread.run_sync(lambda: trips()),
+                "id": await trio.to_thread.run_sync(lambda: trips(item_id="x")),
+                "key": await trio.to_thread.run_sync(lambda: trips(idempotency_key="k")),
+                "key again": await trio.to_thread.run_sync(lambda: trips(idempotency_key="k")),
+            }
+            assert found == {"plain": 1, "id": 1, "key": 5, "key again": 4}
+
+
 async def test_a_notification_naming_a_served_queue_and_spec_ends_the_wait() -> None:
     """wait_for_work returns on a notification naming one of its queues and spec ids without
     looking in the database again (here nothing is stored at all); a notification for another
