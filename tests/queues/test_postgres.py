@@ -302,6 +302,42 @@ async def test_an_enqueue_takes_few_round_trips() -> None:
             assert found == {"plain": 1, "id": 1, "key": 5, "key again": 4}
 
 
+async def test_a_failed_keyed_enqueue_leaves_its_connection_clean() -> None:
+    """A keyed enqueue whose insert fails (its explicit id exists) raises DuplicateItem naming
+    it, writes and announces nothing, and leaves the one connection of the pool idle: the next
+    enqueue on it (its marker the first notification to arrive) and reads work as before."""
+    from trio_supervise import DuplicateItem
+
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False, pool_size=1
+        ) as queue:
+            await queue.enqueue("spec", item_id="taken")
+            conn = await trio.to_thread.run_sync(_listen, dsn, queue.channel)
+            try:
+                with pytest.raises(DuplicateItem, match="taken"):
+                    await queue.enqueue_many(
+                        [
+                            NewItem(spec_id="a", idempotency_key="k1", item_id="fresh"),
+                            NewItem(spec_id="b", idempotency_key="k2", item_id="taken"),
+                        ]
+                    )
+                marker = await queue.enqueue("marker", idempotency_key="k1")
+                [payload] = await trio.to_thread.run_sync(_payloads, conn, 1)
+            finally:
+                await trio.to_thread.run_sync(conn.close)
+            assert _due_hint(payload) == ("default", "marker")
+            assert sorted(item.id for item in await queue.list_items()) == sorted(
+                ["taken", marker.id]
+            )
+
+            def status() -> object:
+                with queue._pool.connection() as pooled:
+                    return pooled.info.transaction_status
+
+            assert await trio.to_thread.run_sync(status) == 0  # IDLE
+
+
 async def test_a_notification_naming_a_served_queue_and_spec_ends_the_wait() -> None:
     """wait_for_work returns on a notification naming one of its queues and spec ids without
     looking in the database again (here nothing is stored at all); a notification for another
