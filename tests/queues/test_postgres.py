@@ -52,6 +52,26 @@ async def test_database_clock_is_the_default() -> None:
             assert await queue.claim_due(["spec"], "w2", 60, 1) == []
 
 
+async def test_an_enqueue_returns_the_times_the_database_stored() -> None:
+    """With the database's clock, what every enqueue shape returns (created_at, due_at and the
+    rest) is the item as stored: one statement's now() for a batch, read back with its insert."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+            items = [
+                await queue.enqueue("spec"),
+                await queue.enqueue("spec", item_id="explicit"),
+                await queue.enqueue("spec", idempotency_key="k", due_at=later),
+            ]
+            done = await queue.enqueue_many(
+                [NewItem(spec_id="a"), NewItem(spec_id="b", idempotency_key="k2")]
+            )
+            items += [each.item for each in done]
+            assert len({each.item.created_at for each in done}) == 1
+            for item in items:
+                assert await queue.get(item.id) == item
+
+
 async def test_database_clock_lease_expiry_and_due_times() -> None:
     """In database-clock mode a short lease expires by the database's clock."""
     with pg_schema() as (dsn, schema):
