@@ -198,6 +198,34 @@ async def test_an_error_leaves_the_transaction_usable(
     assert app.orders_stored() == [1, 2]
 
 
+async def test_a_duplicate_is_named_even_when_written_in_the_same_transaction(
+    outbox: tuple[SQLiteQueue | PostgresQueue, App],
+) -> None:
+    """The id an enqueue_many_on batch repeats is named in its DuplicateItem, also when that item
+    was enqueued earlier in the same, uncommitted transaction; nothing of the batch is written
+    and the transaction goes on (the insert is tried first, the id looked up after it failed)."""
+    queue, app = outbox
+
+    def place_order() -> None:
+        with app.connection() as conn:
+            queue.enqueue_on(conn, "ship", item_id="first")
+            with pytest.raises(DuplicateItem) as raised:
+                queue.enqueue_many_on(
+                    conn,
+                    [
+                        NewItem(spec_id="ship", item_id="fresh"),
+                        NewItem(spec_id="ship", item_id="first"),
+                    ],
+                )
+            assert raised.value.item_id == "first"
+            app.insert_order(conn, 1)
+            conn.commit()
+
+    await in_thread(place_order)
+    assert [item.id for item in await queue.list_items()] == ["first"]
+    assert app.orders_stored() == [1]
+
+
 def search_path(conn: Any) -> str | None:
     """PostgreSQL's search_path on *conn* (None on SQLite): the queue's schema must not stay."""
     if isinstance(conn, sqlite3.Connection):

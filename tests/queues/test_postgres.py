@@ -52,6 +52,26 @@ async def test_database_clock_is_the_default() -> None:
             assert await queue.claim_due(["spec"], "w2", 60, 1) == []
 
 
+async def test_an_enqueue_returns_the_times_the_database_stored() -> None:
+    """With the database's clock, what every enqueue shape returns (created_at, due_at and the
+    rest) is the item as stored: one statement's now() for a batch, read back with its insert."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+            items = [
+                await queue.enqueue("spec"),
+                await queue.enqueue("spec", item_id="explicit"),
+                await queue.enqueue("spec", idempotency_key="k", due_at=later),
+            ]
+            done = await queue.enqueue_many(
+                [NewItem(spec_id="a"), NewItem(spec_id="b", idempotency_key="k2")]
+            )
+            items += [each.item for each in done]
+            assert len({each.item.created_at for each in done}) == 1
+            for item in items:
+                assert await queue.get(item.id) == item
+
+
 async def test_database_clock_lease_expiry_and_due_times() -> None:
     """In database-clock mode a short lease expires by the database's clock."""
     with pg_schema() as (dsn, schema):
@@ -210,6 +230,132 @@ async def test_an_enqueue_notifies_each_due_queue_and_spec_once() -> None:
             [_due_payload("q1", "a"), _due_payload("q2", "b"), "f"]
         )
         assert _due_hint(payloads[3]) == ("default", "e")
+
+
+async def test_an_enqueue_s_notification_is_written_as_the_payload_function_writes_it() -> None:
+    """The insert statement writes each due item's notification itself, byte for byte as
+    _due_payload does (JSON escapes, non-ASCII text, and the spec id alone once the pair would
+    be 8000 bytes or more), for generated and explicit ids alike."""
+    pair = len(_due_payload("q", ""))  # the pair's bytes around a spec id of plain ASCII
+    cases = [
+        ("default", "noop"),
+        ("q\x1f\n\t", 'sp\u00e9c "quoted" \\ back\x7f\u2028'),
+        ("mail", '["x", "y"]'),
+        ("q", "s" * (7999 - pair)),  # 7999 bytes: still the pair
+        ("q", "s" * (8000 - pair)),  # 8000 bytes: the spec id alone
+    ]
+    assert len(_due_payload(*cases[-2]).encode()) == 7999
+    assert _due_payload(*cases[-1]) == cases[-1][1]
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False
+        ) as queue:
+            conn = await trio.to_thread.run_sync(_listen, dsn, queue.channel)
+            try:
+                for n, (name, spec_id) in enumerate(cases):
+                    await queue.enqueue(spec_id, queue=name, item_id=f"id-{n}" if n % 2 else None)
+                payloads = await trio.to_thread.run_sync(_payloads, conn, len(cases))
+            finally:
+                await trio.to_thread.run_sync(conn.close)
+        assert payloads == [_due_payload(name, spec_id) for name, spec_id in cases]
+
+
+def _round_trips(queue: PostgresQueue, call: Any) -> int:
+    """How often the server answered the queue's (one) connection during *call()*: its round
+    trips, read from libpq's trace of the messages."""
+    import os
+    import tempfile
+
+    import psycopg
+
+    fd, path = tempfile.mkstemp()
+    try:
+        with queue._pool.connection() as conn:
+            conn.pgconn.trace(fd)
+            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            call()
+        finally:
+            with queue._pool.connection() as conn:
+                conn.pgconn.untrace()
+        count, last = 0, ""
+        with open(path) as trace:
+            for line in trace:
+                side = line[:2]
+                if side == "B\t" and last == "F\t":
+                    count += 1
+                if side in ("F\t", "B\t"):
+                    last = side
+        return count
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+async def test_an_enqueue_takes_few_round_trips() -> None:
+    """An enqueue without a key, with an explicit id or not, is one statement in autocommit
+    (the insert returns its created_at and sends its NOTIFY): one round trip. One with a key is
+    a transaction: BEGIN, the release of lapsed keys, the look at the holders, the insert (if
+    the key is free), COMMIT."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False, pool_size=1
+        ) as queue:
+            token = trio.lowlevel.current_trio_token()
+
+            def enqueue(**kwargs: Any) -> Any:
+                return lambda: trio.from_thread.run(
+                    lambda: queue.enqueue("spec", **kwargs), trio_token=token
+                )
+
+            def trips(**kwargs: Any) -> int:
+                return _round_trips(queue, enqueue(**kwargs))
+
+            for n in range(6):  # past psycopg's threshold for preparing a statement
+                await queue.enqueue("spec", item_id=f"warm-{n}", idempotency_key=f"warm-{n}")
+            found = {
+                "plain": await trio.to_thread.run_sync(lambda: trips()),
+                "id": await trio.to_thread.run_sync(lambda: trips(item_id="x")),
+                "key": await trio.to_thread.run_sync(lambda: trips(idempotency_key="k")),
+                "key again": await trio.to_thread.run_sync(lambda: trips(idempotency_key="k")),
+            }
+            assert found == {"plain": 1, "id": 1, "key": 5, "key again": 4}
+
+
+async def test_a_failed_keyed_enqueue_leaves_its_connection_clean() -> None:
+    """A keyed enqueue whose insert fails (its explicit id exists) raises DuplicateItem naming
+    it, writes and announces nothing, and leaves the one connection of the pool idle: the next
+    enqueue on it (its marker the first notification to arrive) and reads work as before."""
+    from trio_supervise import DuplicateItem
+
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False, pool_size=1
+        ) as queue:
+            await queue.enqueue("spec", item_id="taken")
+            conn = await trio.to_thread.run_sync(_listen, dsn, queue.channel)
+            try:
+                with pytest.raises(DuplicateItem, match="taken"):
+                    await queue.enqueue_many(
+                        [
+                            NewItem(spec_id="a", idempotency_key="k1", item_id="fresh"),
+                            NewItem(spec_id="b", idempotency_key="k2", item_id="taken"),
+                        ]
+                    )
+                marker = await queue.enqueue("marker", idempotency_key="k1")
+                [payload] = await trio.to_thread.run_sync(_payloads, conn, 1)
+            finally:
+                await trio.to_thread.run_sync(conn.close)
+            assert _due_hint(payload) == ("default", "marker")
+            assert sorted(item.id for item in await queue.list_items()) == sorted(
+                ["taken", marker.id]
+            )
+
+            def status() -> object:
+                with queue._pool.connection() as pooled:
+                    return pooled.info.transaction_status
+
+            assert await trio.to_thread.run_sync(status) == 0  # IDLE
 
 
 async def test_a_notification_naming_a_served_queue_and_spec_ends_the_wait() -> None:

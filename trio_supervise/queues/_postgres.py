@@ -54,7 +54,7 @@ from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
 from ._outbox import psycopg_savepoint
-from ._protocol import MAX_ERRORS, Enqueued, ItemState, JSONValue, Lease, WorkItem
+from ._protocol import MAX_ERRORS, ItemState, JSONValue, Lease, WorkItem
 from ._sql import redact_dsn, scrub_dsn
 from ._sqlbase import (
     NEW_ROW_COLUMNS,
@@ -309,7 +309,10 @@ Hint = tuple[str, str]
 
 def _due_payload(queue: str, spec_id: str) -> str:
     """The ``NOTIFY`` payload for an enqueued item due now: its queue and spec id, as a JSON pair
-    (or the spec id alone, as other notifications send it, if the pair would be too long)."""
+    (or the spec id alone, as other notifications send it, if the pair would be too long).
+
+    The enqueue statement writes it in SQL (``enqueue_many`` in ``queries.sql``), byte for byte
+    as this does: this is the format's definition for readers and tests."""
     payload = json.dumps([queue, spec_id], ensure_ascii=False, separators=(",", ":"))
     return payload if len(payload.encode()) < _MAX_PAYLOAD else spec_id
 
@@ -607,24 +610,6 @@ class PostgresQueue(SQLQueue):
         if spec_ids:
             conn.execute(_Q["notify"], {"channel": self.channel, "spec_ids": sorted(set(spec_ids))})
 
-    def _notify_enqueued(
-        self, conn: psycopg.Connection[Row], done: Sequence[Enqueued], due: Sequence[str]
-    ) -> None:
-        # What _write_batch counts as due, by queue: see _due_payload. An item with a concurrency
-        # key sends its spec id alone, as other writes do: its key may be at its limit, which
-        # only the waiter's look at next_due_at can tell.
-        payloads = sorted(
-            {
-                item.spec_id
-                if item.concurrency_key is not None
-                else _due_payload(item.queue, item.spec_id)
-                for each in done
-                if each.created and (item := each.item).due_at <= item.created_at
-            }
-        )
-        if payloads:
-            conn.execute(_Q["notify_due"], {"channel": self.channel, "payloads": payloads})
-
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 
     _queries: ClassVar[Mapping[str, str]] = _Q
@@ -682,10 +667,12 @@ class PostgresQueue(SQLQueue):
         now: dt.datetime | None,
         *,
         keyed: bool,
-    ) -> int:
+        notify: bool,
+    ) -> tuple[int, dt.datetime]:
         # One array per column (the rows transposed), but a column with one value in every
-        # row goes as an empty array and that value (see the query); ids always whole.
-        arrays: dict[str, Any] = {"now": now}
+        # row goes as an empty array and that value (see the query); ids always whole. The
+        # statement returns the stored now() and sends the wake-ups itself: one round trip.
+        arrays: dict[str, Any] = {"now": now, "channel": self.channel if notify else None}
         columns = zip(*rows, strict=True)
         arrays[_ARRAYS[0]] = list(next(columns))
         for name, array, column in zip(NEW_ROW_COLUMNS[1:], _ARRAYS[1:], columns, strict=True):
@@ -695,14 +682,9 @@ class PostgresQueue(SQLQueue):
             else:
                 arrays[name], arrays[array] = None, list(column)
         query = _Q["enqueue_many"] if keyed else _ENQUEUE_UNKEYED
-        return cur.execute(query, arrays).rowcount
-
-    def _statement_now(self, cur: psycopg.Cursor[Row], now: dt.datetime | None) -> dt.datetime:
-        if now is not None:
-            return now
-        row = cur.execute(_Q["statement_now"]).fetchone()
+        row = cur.execute(query, arrays).fetchone()
         assert row is not None
-        return utc(row["now"])
+        return row["inserted"], utc(row["now"])
 
     # The claims return WorkItems, decoded in the thread (see _claimed and _item_decoder).
 

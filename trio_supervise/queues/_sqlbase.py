@@ -35,7 +35,7 @@ import contextlib
 import datetime as dt
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 import attrs
 import trio
@@ -180,6 +180,16 @@ _ID = NEW_ROW_COLUMNS.index("id")
 _KEY = NEW_ROW_COLUMNS.index("idempotency_key")
 
 
+class _IdTaken(Exception):
+    """An insert of a batch with explicit ids broke a uniqueness (see
+    :meth:`SQLQueue._write_batch`): *ids* the batch's explicit ids, *error* the driver's."""
+
+    def __init__(self, ids: Sequence[str], error: Exception) -> None:
+        super().__init__(ids, error)
+        self.ids = list(ids)
+        self.error = error
+
+
 _MAX_KEY_ROUNDS = 5
 """How often one enqueue looks again for a key's holder that changed under it (each round
 needs another transaction to take or release the key in between)."""
@@ -282,25 +292,19 @@ class SQLQueue(SingleWrites):
         raise NotImplementedError  # pragma: no cover
 
     def _insert_rows(
-        self, cur: Any, rows: Sequence[tuple[Any, ...]], now: Any, *, keyed: bool
-    ) -> int:
+        self, cur: Any, rows: Sequence[tuple[Any, ...]], now: Any, *, keyed: bool, notify: bool
+    ) -> tuple[int, dt.datetime]:
         """Insert the items of *rows* (:data:`NEW_ROW_COLUMNS`, created at *now*; ``ON
         CONFLICT (idempotency_key) DO NOTHING`` if any is *keyed*; without keys no conflict is
-        possible, and the plain insert is faster); how many rows were inserted."""
-        raise NotImplementedError  # pragma: no cover
-
-    def _statement_now(self, cur: Any, now: Any) -> dt.datetime:
-        """What "now" the statements of the transaction on *cur* use, as a datetime (PostgreSQL
-        asks the database when it keeps the time)."""
+        possible, and the plain insert is faster); how many rows were inserted, and the
+        ``created_at`` stored in them (PostgreSQL: the database's ``now()`` when it keeps the
+        time). With *notify*, tell other processes of the inserted items due now, in the
+        transaction (PostgreSQL: ``NOTIFY`` in the same statement, one per queue and spec id,
+        see ``enqueue_many`` in its ``queries.sql``; SQLite's waiters look for commits)."""
         raise NotImplementedError  # pragma: no cover
 
     def _notify(self, conn: Any, spec_ids: Sequence[str]) -> None:
         """Tell other processes that work of *spec_ids* became due (in the transaction)."""
-
-    def _notify_enqueued(self, conn: Any, done: Sequence[Enqueued], due: Sequence[str]) -> None:
-        """:meth:`_notify` for an enqueue: *done* as :meth:`_enqueue_rows` returned it, *due*
-        its spec ids due now (PostgreSQL names each due item's queue too, see there)."""
-        self._notify(conn, due)
 
     def _before_wait(self) -> None:
         """Called before every :meth:`wait_for_work` (PostgreSQL starts its listener)."""
@@ -393,11 +397,18 @@ class SQLQueue(SingleWrites):
         if not batch.entries:
             await trio.lowlevel.checkpoint()
             return []
+        # A batch without keys is one statement (the insert, which also returns the stored
+        # time and, on PostgreSQL, notifies): in PostgreSQL's autocommit its own transaction,
+        # one round trip. A keyed batch looks up its keys' holders first, in a transaction.
+        keyed = any(row[_KEY] is not None for row in batch.rows)
+        write = self._transaction if keyed else self._write
 
         def run(conn: Any) -> list[Enqueued]:
-            with self._transaction(conn):
-                done, due = self._write_batch(conn, batch)
-                self._notify_enqueued(conn, done, due)
+            try:
+                with write(conn):
+                    done, _ = self._write_batch(conn, batch, notify=True)
+            except _IdTaken as taken:
+                self._raise_taken(conn, taken)
             return done
 
         # Not retried on a dead connection: the commit may have landed (see _run).
@@ -481,10 +492,19 @@ class SQLQueue(SingleWrites):
           and find its item). At ``SERIALIZABLE`` or ``REPEATABLE READ`` a concurrent one may
           fail with a serialization error instead, to be retried by the caller.
         """
-        return self._write_batch(conn, self._prepare(entries))
+        return self._write_batch(conn, self._prepare(entries), notify=False, check_ids=True)
 
-    def _write_batch(self, conn: Any, batch: EnqueueBatch) -> tuple[list[Enqueued], list[str]]:
-        """Write a prepared batch on *conn* (see :meth:`_enqueue_rows`)."""
+    def _write_batch(
+        self, conn: Any, batch: EnqueueBatch, *, notify: bool, check_ids: bool = False
+    ) -> tuple[list[Enqueued], list[str]]:
+        """Write a prepared batch on *conn* (see :meth:`_enqueue_rows`); with *notify*, the
+        insert itself tells other processes of the items due now (:meth:`_insert_rows`).
+
+        With *check_ids*, explicit ids are looked up before the insert, so that one that
+        exists raises :class:`DuplicateItem` naming it. Without, the insert is tried at once
+        (one statement fewer) and a uniqueness it breaks raises :class:`_IdTaken`: the caller
+        rolls back (a failed statement aborts a PostgreSQL transaction) and then asks
+        :meth:`_raise_taken` which id exists."""
         queries, rows, now = self._queries, batch.rows, batch.now
         cur = self._cursor(conn)
         found: dict[int, Row] = {}
@@ -497,7 +517,7 @@ class SQLQueue(SingleWrites):
         twice = repeated_id(explicit)
         if twice is not None:
             raise DuplicateItem(twice)
-        if explicit:
+        if explicit and check_ids:
             taken = {
                 row["id"]
                 for row in cur.execute(
@@ -508,22 +528,29 @@ class SQLQueue(SingleWrites):
                 if item_id in taken:
                     raise DuplicateItem(item_id)
         written: set[int] = set()
+        created_at: dt.datetime | None = None
         for _ in range(_MAX_KEY_ROUNDS):
             if not pending:
                 break
             try:
-                inserted = self._insert_rows(
+                inserted, stored_at = self._insert_rows(
                     cur,
                     rows if len(pending) == len(rows) else [rows[pos] for pos in pending],
                     now,
                     keyed=keyed,
+                    notify=notify,
                 )
             except Exception as error:
-                if self._is_duplicate(error) and explicit:  # taken since the check above
+                if self._is_duplicate(error) and explicit:
+                    if not check_ids:
+                        raise _IdTaken(explicit, error) from error
+                    # Taken since the check above.
                     raise DuplicateItem(
                         explicit[0] if len(explicit) == 1 else ", ".join(explicit)
                     ) from error
                 raise
+            if created_at is None:
+                created_at = stored_at
             if inserted == len(pending):
                 written.update(pending)
                 pending = []
@@ -540,7 +567,6 @@ class SQLQueue(SingleWrites):
             key = rows[pending[0]][_KEY]
             raise QueueError(f"the holder of idempotency key {key!r} kept changing; try again")
         due: set[str] = set()
-        created_at = self._statement_now(cur, now) if written else None
         entries = batch.entries
         sent_done: list[Enqueued] = []
         """One per sent entry, in the order of ``sent``."""
@@ -564,6 +590,21 @@ class SQLQueue(SingleWrites):
             else:
                 results.append(Enqueued(item=by_sent[first].item, created=False))
         return results, sorted(due)
+
+    def _raise_taken(self, conn: Any, taken: _IdTaken) -> NoReturn:
+        """Raise what *taken* means, asked on *conn* once the failed insert is rolled back:
+        :class:`DuplicateItem` for the first of its explicit ids that exists, else the
+        driver's error itself (the insert broke another rule)."""
+        existing = {
+            row["id"]
+            for row in self._cursor(conn).execute(
+                self._queries["existing_ids"], {"ids": self._ids(taken.ids)}
+            )
+        }
+        for item_id in taken.ids:
+            if item_id in existing:
+                raise DuplicateItem(item_id) from taken.error
+        raise taken.error
 
     def _take_keys(
         self,
@@ -665,9 +706,13 @@ class SQLQueue(SingleWrites):
         batch = self._prepare(entries)
         if not batch.entries:
             return []
-        with self._outbox(conn) as conn:
-            done, due = self._write_batch(conn, batch)
-            self._notify_enqueued(conn, done, due)
+        try:
+            with self._outbox(conn) as inner:
+                done, _ = self._write_batch(inner, batch, notify=True)
+        except _IdTaken as taken:
+            # That savepoint is rolled back: ask in another which explicit id exists.
+            with self._outbox(conn) as inner:
+                self._raise_taken(inner, taken)
         return done
 
     async def get(self, item_id: str) -> WorkItem:

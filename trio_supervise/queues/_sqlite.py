@@ -648,8 +648,14 @@ class SQLiteQueue(SQLQueue):
         return cur
 
     def _insert_rows(
-        self, cur: sqlite3.Cursor, rows: Sequence[tuple[Any, ...]], now: int, *, keyed: bool
-    ) -> int:
+        self,
+        cur: sqlite3.Cursor,
+        rows: Sequence[tuple[Any, ...]],
+        now: int,
+        *,
+        keyed: bool,
+        notify: bool,
+    ) -> tuple[int, dt.datetime]:
         columns = list(zip(*rows, strict=True))
         params: dict[str, Any] = {"now": now}
         varying = [True]  # the id
@@ -666,17 +672,14 @@ class SQLiteQueue(SQLQueue):
                 _Q["enqueue"] if keyed else _ENQUEUE_UNKEYED,
                 [dict(zip(NEW_ROW_COLUMNS, row, strict=True), now=now) for row in rows],
             )
-            return cur.rowcount
+            return cur.rowcount, _from_us(now)
         # One statement reading one JSON array: SQLite's fastest multi-row form. The strings
         # go as UTF-8 (every text is checked free of NULs and lone surrogates).
         picked = [column for column, flag in zip(columns, varying, strict=True) if flag]
         values = picked[0] if len(picked) == 1 else list(zip(*picked, strict=True))
         params["rows"] = json.dumps(values, ensure_ascii=False)
         cur.execute(_enqueue_rows_query(tuple(varying), keyed), params)
-        return cur.rowcount
-
-    def _statement_now(self, cur: sqlite3.Cursor, now: int) -> dt.datetime:
-        return _from_us(now)
+        return cur.rowcount, _from_us(now)
 
     def _renew_rows(
         self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int

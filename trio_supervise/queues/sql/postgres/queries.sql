@@ -25,51 +25,73 @@ SELECT pg_advisory_xact_lock(
 );
 
 -- name: enqueue_many
--- One statement for a whole batch: one array per column, one row per entry. An entry whose
--- idempotency key another item holds is skipped (DO NOTHING). Nothing is returned: the queue
--- knows what it wrote (the ids, and now() from statement_now). The text arrays
--- travel in psycopg's binary format: as text, quoting 10,000 strings takes four times as long.
+-- One statement for a whole batch, and for a batch without keys the whole enqueue: in
+-- autocommit it is its own transaction, one round trip. One array per column, one row per
+-- entry. An entry whose idempotency key another item holds is skipped (DO NOTHING). It returns
+-- one row: how many items it inserted and the now() it stored as their created_at (the queue
+-- knows the rest of what it wrote). Given a channel, it also sends, in the same statement
+-- (delivered at commit only), one notification per (queue, spec id) of the inserted items due
+-- now: the pair as a JSON array, exactly as _due_payload in _postgres.py writes it (to_json
+-- escapes as Python's json.dumps(ensure_ascii=False) does), or the spec id alone for an item
+-- with a concurrency key (its key may be at its limit) or a pair too long for NOTIFY.
+-- The text arrays travel in psycopg's binary format: as text, quoting 10,000 strings takes
+-- four times as long.
 -- A column with one value in every row (most of a batch: the same spec, no key, no
 -- timeout, ...) comes as an empty array and that value as a scalar of the column's name:
 -- unnest pads the shorter arrays with NULLs (ids is always whole) and coalesce fills them in;
 -- a column sent whole comes with a NULL scalar. Each array costs about as much to send and
 -- unpack as the ids.
-INSERT INTO trio_supervise_items AS i (
-    id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
-    created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit
+WITH inserted AS (
+    INSERT INTO trio_supervise_items AS i (
+        id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
+        created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
+        concurrency_key, concurrency_limit
+    )
+    SELECT n.id,
+        coalesce(n.spec_id, %(spec_id)s::text),
+        coalesce(n.tenant_id, %(tenant_id)s::text),
+        coalesce(n.subject_id, %(subject_id)s::text),
+        coalesce(n.config, %(config)s::text)::jsonb,
+        'queued',
+        coalesce(n.due_at, %(due_at)s::timestamptz, %(now)s::timestamptz, now()),
+        coalesce(n.idempotency_key, %(idempotency_key)s::text),
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+        coalesce(n.priority, %(priority)s::int),
+        coalesce(n.queue, %(queue)s::text),
+        coalesce(n.timeout, %(timeout)s::float8),
+        coalesce(n.unique_scope, %(unique_scope)s::text),
+        coalesce(%(now)s::timestamptz, now())
+            + coalesce(n.period_us, %(period_us)s::bigint) * interval '1 microsecond',
+        coalesce(n.concurrency_key, %(concurrency_key)s::text),
+        coalesce(n.concurrency_limit, %(concurrency_limit)s::int)
+    FROM unnest(
+        %(ids)b::text[], %(spec_ids)b::text[], %(tenant_ids)b::text[], %(subject_ids)b::text[],
+        %(configs)b::text[], %(due_ats)s::timestamptz[], %(keys)b::text[], %(priorities)s::int[],
+        %(queues)b::text[], %(timeouts)s::float8[], %(scopes)b::text[], %(periods_us)s::bigint[],
+        %(concurrency_keys)b::text[], %(concurrency_limits)s::int[]
+    ) AS n(
+        id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
+        timeout, unique_scope, period_us, concurrency_key, concurrency_limit
+    )
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING i.queue, i.spec_id, i.concurrency_key IS NULL AS hinted,
+        i.due_at <= i.created_at AS due
+), woken AS (
+    SELECT DISTINCT queue, spec_id, hinted FROM inserted
+    WHERE due AND %(channel)s::text IS NOT NULL
 )
-SELECT n.id,
-    coalesce(n.spec_id, %(spec_id)s::text),
-    coalesce(n.tenant_id, %(tenant_id)s::text),
-    coalesce(n.subject_id, %(subject_id)s::text),
-    coalesce(n.config, %(config)s::text)::jsonb,
-    'queued',
-    coalesce(n.due_at, %(due_at)s::timestamptz, %(now)s::timestamptz, now()),
-    coalesce(n.idempotency_key, %(idempotency_key)s::text),
-    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-    coalesce(n.priority, %(priority)s::int),
-    coalesce(n.queue, %(queue)s::text),
-    coalesce(n.timeout, %(timeout)s::float8),
-    coalesce(n.unique_scope, %(unique_scope)s::text),
-    coalesce(%(now)s::timestamptz, now())
-        + coalesce(n.period_us, %(period_us)s::bigint) * interval '1 microsecond',
-    coalesce(n.concurrency_key, %(concurrency_key)s::text),
-    coalesce(n.concurrency_limit, %(concurrency_limit)s::int)
-FROM unnest(
-    %(ids)b::text[], %(spec_ids)b::text[], %(tenant_ids)b::text[], %(subject_ids)b::text[],
-    %(configs)b::text[], %(due_ats)s::timestamptz[], %(keys)b::text[], %(priorities)s::int[],
-    %(queues)b::text[], %(timeouts)s::float8[], %(scopes)b::text[], %(periods_us)s::bigint[],
-    %(concurrency_keys)b::text[], %(concurrency_limits)s::int[]
-) AS n(
-    id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
-    timeout, unique_scope, period_us, concurrency_key, concurrency_limit
-)
-ON CONFLICT (idempotency_key) DO NOTHING;
-
--- name: statement_now
--- The transaction's now(): what the enqueue above stored as created_at.
-SELECT now() AS now;
+SELECT (SELECT count(*) FROM inserted) AS inserted,
+    coalesce(%(now)s::timestamptz, now()) AS now,
+    (
+        SELECT count(pg_notify(%(channel)s::text, CASE
+            WHEN woken.hinted AND octet_length(pair.payload) < 8000 THEN pair.payload
+            ELSE woken.spec_id
+        END))
+        FROM woken, LATERAL (
+            SELECT '[' || to_json(woken.queue)::text || ',' || to_json(woken.spec_id)::text || ']'
+                AS payload
+        ) AS pair
+    ) AS notified;
 
 -- name: release_keys
 -- A key whose holder's scope has lapsed ('unfinished': the holder finished; 'period': past
@@ -498,11 +520,6 @@ LIMIT %(limit)s;
 
 -- name: notify
 SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(spec_id);
-
--- name: notify_due
--- Enqueued items due now: one notification per payload, each naming a queue and spec id (the
--- spec id alone for a keyed item), so a waiter serving them returns at once (see _due_hint).
-SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS n(payload);
 
 -- name: next_due_at
 -- Also returns how far away that is by the queue's clock, so waits agree with the database.
