@@ -507,6 +507,43 @@ async def test_claim_does_not_walk_running_rows() -> None:
         assert [row[0] for row in leased] == ["i000150"] + [f"i{n:06}" for n in range(301, 310)]
 
 
+async def test_only_items_holding_a_key_are_in_the_key_index() -> None:
+    """Items without an idempotency key (most of them) are not in the key's unique index, so a
+    claim or settlement of one writes no entry there; a held key is still unique, found through
+    the index."""
+    with pg_schema() as (dsn, schema):
+        await migrate_schema(dsn, schema)
+        fill = (
+            "INSERT INTO trio_supervise_items (id, spec_id, due_at, idempotency_key, created_at, "
+            "updated_at) SELECT 'i' || g, 's', now(), CASE WHEN g <= 3 THEN 'k' || g END, "
+            "now(), now() FROM generate_series(1, 2000) AS g; ANALYZE trio_supervise_items"
+        )
+        await trio.to_thread.run_sync(_sql, dsn, schema, fill)
+        [(tuples,)] = await trio.to_thread.run_sync(
+            _sql,
+            dsn,
+            schema,
+            "SELECT reltuples FROM pg_class "
+            "WHERE oid = 'trio_supervise_items_idempotency_key_idx'::regclass",
+        )
+        assert tuples == 3
+        plan = await trio.to_thread.run_sync(
+            _sql,
+            dsn,
+            schema,
+            "EXPLAIN SELECT * FROM trio_supervise_items WHERE idempotency_key = ANY('{k1,k2}')",
+        )
+        assert "trio_supervise_items_idempotency_key_idx" in "\n".join(str(r[0]) for r in plan)
+        queue = await PostgresQueue.connect(dsn, schema=schema)
+        try:
+            again = await queue.enqueue("s", idempotency_key="k1")
+            assert again.id == "i1"
+            fresh = await queue.enqueue("s", idempotency_key="k9")
+            assert (await queue.get_by_key("k9")).id == fresh.id
+        finally:
+            await queue.aclose()
+
+
 async def test_next_due_at_reads_a_few_rows_however_many_are_queued() -> None:
     """Without live keyed leases, next_due_at finds the earliest queued row by walking the state
     index in due_at order, and the earliest lease among the running rows: no plan node reads

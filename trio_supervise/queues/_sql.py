@@ -74,16 +74,21 @@ def load_queries(backend: Backend) -> Mapping[str, str]:
     return queries
 
 
-_CONFLICT_CLAUSE = "ON CONFLICT (idempotency_key) DO NOTHING"
+# PostgreSQL's names the partial index's predicate (the key's unique index holds keyed items
+# only); SQLite's is the plain clause.
+_CONFLICT_CLAUSE = re.compile(
+    r"ON CONFLICT \(idempotency_key\)(?: WHERE idempotency_key IS NOT NULL)? DO NOTHING"
+)
 
 
 def without_conflict_clause(query: str) -> str:
-    """The enqueue *query* without its ``ON CONFLICT (idempotency_key) DO NOTHING``: for a batch
-    with no key, which cannot conflict on it, and whose insert is faster without the clause
-    (a third faster on SQLite)."""
-    if query.count(_CONFLICT_CLAUSE) != 1:  # pragma: no cover - the .sql file was changed
-        raise RuntimeError(f"the enqueue query must hold {_CONFLICT_CLAUSE!r} once")
-    return query.replace(_CONFLICT_CLAUSE, "")
+    """The enqueue *query* without its ``ON CONFLICT (idempotency_key) ... DO NOTHING``: for a
+    batch with no key, which cannot conflict on it, and whose insert is faster without the
+    clause (a third faster on SQLite)."""
+    stripped, count = _CONFLICT_CLAUSE.subn("", query)
+    if count != 1:  # pragma: no cover - the .sql file was changed
+        raise RuntimeError(f"the enqueue query must hold {_CONFLICT_CLAUSE.pattern!r} once")
+    return stripped
 
 
 @functools.cache

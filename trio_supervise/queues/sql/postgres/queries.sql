@@ -73,7 +73,7 @@ WITH inserted AS (
         id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
         timeout, unique_scope, period_us, concurrency_key, concurrency_limit
     )
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING i.queue, i.spec_id, i.concurrency_key IS NULL AS hinted,
         i.due_at <= i.created_at AS due
 ), woken AS (

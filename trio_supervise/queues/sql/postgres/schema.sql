@@ -17,7 +17,7 @@ CREATE TABLE trio_supervise_items (
     cancel_requested boolean     NOT NULL DEFAULT false,
     error_count      integer     NOT NULL DEFAULT 0,
     last_error       text,
-    idempotency_key  text        UNIQUE,
+    idempotency_key  text,
     created_at       timestamptz NOT NULL,
     updated_at       timestamptz NOT NULL,
     attempt          integer     NOT NULL DEFAULT 0,
@@ -37,6 +37,12 @@ CREATE TABLE trio_supervise_items (
     CONSTRAINT trio_supervise_items_lease_check
         CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
+
+-- Serves uniqueness of held keys and lookups by key: only items that hold a key are in it (a
+-- UNIQUE column would index a NULL for every item, written again by every claim and settlement).
+CREATE UNIQUE INDEX trio_supervise_items_idempotency_key_idx
+    ON trio_supervise_items (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
 
 -- Serves claims: one queue's queued items in (priority, due_at, id) order; lower priority
 -- numbers first. Running items are not in it: they would sit at its head (the oldest due_at),
