@@ -661,6 +661,10 @@ class WorkflowRunner(Generic[ContextT]):
     )
     """Settle-and-claim calls in flight: the claim loops end once none is (their items go to
     the evaluators' pool, which closes after the loops)."""
+    _time: Callable[[], float] = attrs.field(init=False, default=trio.current_time, repr=False)
+    """``trio.current_time``, as the running clock's own ``current_time`` during :meth:`run`
+    (the same value: Trio's is that call behind two more frames and its KeyboardInterrupt
+    protection, and an evaluation reads the time twice; issue 17's P4, under ``MockClock``)."""
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry
@@ -713,6 +717,7 @@ class WorkflowRunner(Generic[ContextT]):
         if self._running:
             raise RuntimeError("this runner is running already")
         self._running = True
+        self._time = trio.lowlevel.current_clock().current_time
         self._state = RunnerState.IDLE
         self._claim_failures = 0
         failed = False
@@ -769,6 +774,7 @@ class WorkflowRunner(Generic[ContextT]):
                 busy.value = 0
             self._state = RunnerState.FAILED if failed else RunnerState.STOPPED
             self._running = False
+            self._time = trio.current_time  # not this run's clock once it returns
             self._emit(RunnerEventKind.STOPPED, detail=str(self._state))
 
     async def _claim_loops(self, pool: _Pool, evaluate: _Evaluate) -> Exception | None:
@@ -1179,7 +1185,7 @@ class WorkflowRunner(Generic[ContextT]):
         started = entry.evaluating_since
         if started is not None:
             entry.evaluating_since = None
-            self._metrics.observe_evaluation(entry.item.spec_id, trio.current_time() - started)
+            self._metrics.observe_evaluation(entry.item.spec_id, self._time() - started)
 
     async def _evaluate(
         self, entry: _InFlight, context: ContextT
@@ -1205,7 +1211,7 @@ class WorkflowRunner(Generic[ContextT]):
             self._record_error(item.id, item.spec_id, str(settlement.error))
             log_dead(logger, settings.worker_id, item, str(settlement.error))
         elif entry.reason is None:
-            entry.evaluating_since = trio.current_time()
+            entry.evaluating_since = self._time()
             try:
                 settlement = await evaluate_item(
                     self._registry.for_spec(item.spec_id),
