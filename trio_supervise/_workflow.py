@@ -851,9 +851,10 @@ def _plain_settlement(
     result: JSONValue = None,
 ) -> Settlement:
     """``Settlement(...)`` for an outcome without children or error, its values checked
-    already (*at* in UTC, *config* and *result* JSON): the one built per evaluation, without
-    the converters and checks that have nothing to do here. A delay out of range goes the
-    checked way, which refuses it."""
+    already (*at* in UTC, *config* and *result* :func:`check_json`'s own copies): the one
+    built per evaluation, without the converters and checks that have nothing to do here, and
+    marked so (``_checked``) that the queue does not check and copy *config* and *result*
+    again. A delay out of range goes the checked way, which refuses it."""
     if not 0.0 <= delay <= MAX_DELAY:
         return Settlement(item_id=item_id, lease_version=version, kind=kind, delay=delay)
     settlement: Settlement = object.__new__(Settlement)
@@ -867,6 +868,7 @@ def _plain_settlement(
     _set(settlement, "error", None)
     _set(settlement, "children", ())
     _set(settlement, "wait_for_children", False)
+    _set(settlement, "_checked", True)
     return settlement
 
 
@@ -874,7 +876,8 @@ def _check_plain_settlement() -> None:
     # A field added to Settlement but not to _plain_settlement would be left unset: comparing
     # reads every field, so that fails here, at import.
     probe = Settlement(item_id="probe", lease_version=1, kind=SettleKind.COMPLETE)
-    if _plain_settlement("probe", 1, SettleKind.COMPLETE) != probe:  # pragma: no cover
+    plain = _plain_settlement("probe", 1, SettleKind.COMPLETE)
+    if plain != probe or not plain._checked or probe._checked:  # pragma: no cover
         raise RuntimeError("_plain_settlement does not set every Settlement field")
 
 

@@ -672,7 +672,8 @@ class MemoryQueue(SingleWrites):
                 )
             case SettleKind.RESCHEDULE:
                 assert s.at is not None
-                config = check_json(s.config)
+                # The runner's settlements carry their config checked and copied already.
+                config = s.config if s._checked else check_json(s.config)
                 _SET_CONFIG(item, config)
                 self._requeue_evaluated(item, s.at, now)
             case SettleKind.RETRY:
@@ -690,11 +691,9 @@ class MemoryQueue(SingleWrites):
                     # As the SQL backends: a completion stores its result, None included (a
                     # retried item completed again without one keeps none of its old one).
                     result = s.result
-                    _set(
-                        item,
-                        "result",
-                        None if result is None else check_json(result, what="result"),
-                    )
+                    if result is not None and not s._checked:
+                        result = check_json(result, what="result")
+                    _set(item, "result", result)
                 elif s.kind is SettleKind.DEAD:
                     errors = _with_error(item, now, s.error)
                     _set(item, "error_count", item.error_count + 1)

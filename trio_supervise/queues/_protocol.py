@@ -1122,6 +1122,11 @@ class Settlement:
     child makes the whole entry :func:`unstorable_outcome`)."""
     wait_for_children: bool = False
     """``continue`` only: the parent waits, not due, until every child created has finished."""
+    _checked: bool = attrs.field(init=False, default=False, eq=False, repr=False)
+    """Internal, never set by ``__init__`` nor kept by ``attrs.evolve``: ``config`` and
+    ``result`` are :func:`check_json`'s copies made for this settlement alone (the runner's
+    settlement of a driver's outcome), so a backend may store them without checking and
+    copying them again. Not compared: equal settlements are equal however they were built."""
 
     def __attrs_post_init__(self) -> None:
         if self.children or self.wait_for_children:
