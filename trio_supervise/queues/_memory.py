@@ -644,7 +644,17 @@ class MemoryQueue(SingleWrites):
         _SET_LEASE_EXPIRES_AT(item, None)
         _SET_ERROR_COUNT(item, 0)
         _SET_ATTEMPT(item, 0)
-        self._store(item)
+        key = item.concurrency_key
+        if key is None:
+            # As _store for an unkeyed queued item stored already (it changed in place).
+            self._push(
+                self._queued,
+                (item.spec_id, item.queue, item.priority, None, item.concurrency_limit),
+                due_at,
+                item,
+            )
+        else:
+            self._store(item)
 
     def _apply(self, s: Settlement, now: dt.datetime | None = None) -> None:
         op = _SETTLE_OPS[s.kind]
@@ -658,33 +668,18 @@ class MemoryQueue(SingleWrites):
                 for index, child in enumerate(s.children)
             ]
             if s.children
-            else []
+            else ()
         )
+        # The most common kinds first: a case is a comparison.
         match s.kind:
-            case SettleKind.CONTINUE:
-                self._requeue_evaluated(item, now + dt.timedelta(seconds=s.delay), now)
-            case SettleKind.RELEASE:
-                self._requeue(
-                    item,
-                    now + dt.timedelta(seconds=s.delay),
-                    now,
-                    attempt=max(item.attempt - 1, 0),
-                )
             case SettleKind.RESCHEDULE:
                 assert s.at is not None
                 # The runner's settlements carry their config checked and copied already.
                 config = s.config if s._checked else check_json(s.config)
                 _SET_CONFIG(item, config)
                 self._requeue_evaluated(item, s.at, now)
-            case SettleKind.RETRY:
-                self._requeue(
-                    item,
-                    now + dt.timedelta(seconds=s.delay),
-                    now,
-                    error_count=item.error_count + 1,
-                    last_error=s.error,
-                    errors=_with_error(item, now, s.error),
-                )
+            case SettleKind.CONTINUE:
+                self._requeue_evaluated(item, now + dt.timedelta(seconds=s.delay), now)
             case SettleKind.COMPLETE | SettleKind.CANCEL | SettleKind.DEAD:
                 # As _put, spelled out: a completion is the settlement's hot path.
                 if s.kind is SettleKind.COMPLETE:
@@ -705,6 +700,22 @@ class MemoryQueue(SingleWrites):
                 _SET_LEASE_EXPIRES_AT(item, None)
                 self._store(item)
                 self._child_finished(s.item_id, now)
+            case SettleKind.RETRY:
+                self._requeue(
+                    item,
+                    now + dt.timedelta(seconds=s.delay),
+                    now,
+                    error_count=item.error_count + 1,
+                    last_error=s.error,
+                    errors=_with_error(item, now, s.error),
+                )
+            case SettleKind.RELEASE:
+                self._requeue(
+                    item,
+                    now + dt.timedelta(seconds=s.delay),
+                    now,
+                    attempt=max(item.attempt - 1, 0),
+                )
         if children or s.wait_for_children:
             self._create_children(s, children, now)
         # As _log, spelled out.
@@ -712,7 +723,9 @@ class MemoryQueue(SingleWrites):
             (now, op, s.item_id, s.lease_version, True, False, "delay", s.delay, "error", s.error)
         )
 
-    def _create_children(self, s: Settlement, children: list[NewItem], now: dt.datetime) -> None:
+    def _create_children(
+        self, s: Settlement, children: Sequence[NewItem], now: dt.datetime
+    ) -> None:
         """Write *s*'s checked children (a repeated or existing id, a held key: skipped), then
         the wait."""
         created = 0
