@@ -837,9 +837,6 @@ def outcome_settlement(
     )
 
 
-_set = object.__setattr__
-
-
 def _plain_settlement(
     item_id: str,
     version: int,
@@ -857,19 +854,34 @@ def _plain_settlement(
     again. A delay out of range goes the checked way, which refuses it."""
     if not 0.0 <= delay <= MAX_DELAY:
         return Settlement(item_id=item_id, lease_version=version, kind=kind, delay=delay)
-    settlement: Settlement = object.__new__(Settlement)
-    _set(settlement, "item_id", item_id)
-    _set(settlement, "lease_version", version)
-    _set(settlement, "kind", kind)
-    _set(settlement, "delay", delay)
-    _set(settlement, "at", at)
-    _set(settlement, "config", config)
-    _set(settlement, "result", result)
-    _set(settlement, "error", None)
-    _set(settlement, "children", ())
-    _set(settlement, "wait_for_children", False)
-    _set(settlement, "_checked", True)
+    settlement: Settlement = _new_settlement(Settlement)
+    # Through the slots' own setters: half the cost of object.__setattr__ by name (issue 17).
+    _S_ITEM_ID(settlement, item_id)
+    _S_LEASE_VERSION(settlement, version)
+    _S_KIND(settlement, kind)
+    _S_DELAY(settlement, delay)
+    _S_AT(settlement, at)
+    _S_CONFIG(settlement, config)
+    _S_RESULT(settlement, result)
+    _S_ERROR(settlement, None)
+    _S_CHILDREN(settlement, ())
+    _S_WAIT_FOR_CHILDREN(settlement, False)
+    _S_CHECKED(settlement, True)
     return settlement
+
+
+_new_settlement = object.__new__
+_S_ITEM_ID = _slot_setter(Settlement, "item_id")
+_S_LEASE_VERSION = _slot_setter(Settlement, "lease_version")
+_S_KIND = _slot_setter(Settlement, "kind")
+_S_DELAY = _slot_setter(Settlement, "delay")
+_S_AT = _slot_setter(Settlement, "at")
+_S_CONFIG = _slot_setter(Settlement, "config")
+_S_RESULT = _slot_setter(Settlement, "result")
+_S_ERROR = _slot_setter(Settlement, "error")
+_S_CHILDREN = _slot_setter(Settlement, "children")
+_S_WAIT_FOR_CHILDREN = _slot_setter(Settlement, "wait_for_children")
+_S_CHECKED = _slot_setter(Settlement, "_checked")
 
 
 def _check_plain_settlement() -> None:
