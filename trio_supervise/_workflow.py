@@ -43,6 +43,7 @@ from .queues._protocol import (
     check_priority,
     check_queue_name,
     check_timeout,
+    flat_json_copy,
     validate_spec_id,
 )
 
@@ -139,6 +140,10 @@ class Discard(Exception):
         self.reason = reason
 
 
+_DATETIME = dt.datetime
+_UTC = dt.UTC
+
+
 @attrs.frozen(init=False)
 class Reschedule:
     """Evaluated; due again at *at* with *config*, both written in one fenced write.
@@ -158,7 +163,7 @@ class Reschedule:
         # attrs' __init__ with the two converters, spelled out: one is built per evaluation of
         # a scheduled item, and both converters leave the common values (a UTC datetime, no
         # children) as they are (issue 17's P4).
-        _SET_AT(self, at if type(at) is dt.datetime and at.tzinfo is dt.UTC else utc(at))
+        _SET_AT(self, at if type(at) is _DATETIME and at.tzinfo is _UTC else utc(at))
         _SET_RESCHEDULE_CONFIG(self, config)
         _SET_RESCHEDULE_CHILDREN(
             self, children if type(children) is tuple and not children else _children(children)
@@ -803,7 +808,12 @@ def outcome_settlement(
         config = outcome.config
         if type(config) is not dict and attrs.has(type(config)):
             config = unstructure(config)
-        config = check_json(config, what=f"rescheduled config for spec '{item.spec_id}'")
+        # The common flat config without check_json's message built per evaluation (the
+        # same result: flat_json_copy is check_json's own first step).
+        checked = flat_json_copy(config)
+        if checked is None:
+            checked = check_json(config, what=f"rescheduled config for spec '{item.spec_id}'")
+        config = checked
         if not outcome.children:
             # outcome.at is UTC already (Reschedule converts it).
             return _plain_settlement(

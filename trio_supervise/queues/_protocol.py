@@ -277,7 +277,7 @@ def _check_tree(value: JSONValue, what: str) -> None:
                 raise ConfigError(f"{what} must not contain {problem} in its strings")
 
 
-def _flat_copy(value: JSONValue) -> JSONValue | None:
+def flat_json_copy(value: JSONValue) -> JSONValue | None:
     """What :func:`check_json` returns for a flat dict of plain scalars (the common config, a
     rescheduled step's counter), without the JSON round trip; None for anything else, and for
     anything :func:`check_json` would refuse or change (it then decides, and words the error)."""
@@ -309,7 +309,7 @@ def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
     :data:`MAX_JSON_DEPTH`, and strings holding a NUL or a lone surrogate (PostgreSQL cannot
     store either, SQLite's text cannot hold a surrogate).
     """
-    flat = _flat_copy(value)
+    flat = flat_json_copy(value)
     if flat is not None:
         return flat
     from .._errors import ConfigError
