@@ -285,7 +285,8 @@ def flat_json_copy(value: JSONValue) -> JSONValue | None:
         return None
     for key, inner in value.items():
         # _unstorable's test, inlined for the common case (ASCII without a NUL): a reschedule
-        # checks its config here twice per evaluation, in the runner and in the queue.
+        # checks its config here once per evaluation, in the runner (which marks its
+        # settlement so that the memory queue need not check it again).
         if type(key) is not str:
             return None
         if (not key.isascii() or "\x00" in key) and _unstorable(key) is not None:
