@@ -1162,7 +1162,12 @@ class MemoryQueue(SingleWrites):
             _SET_LEASE_EXPIRES_AT(item, expires)
             _SET_LEASE_VERSION(item, next(self._versions))
             _SET_ATTEMPT(item, item.attempt + 1)
-            self._store(item)
+            if ckey is None:
+                # As _store for an unkeyed running item: stored already (a live heap entry's
+                # item is the stored one, changed in place), so only its lease entry is new.
+                self._push(self._leased, (item.spec_id, item.queue), expires, item)
+            else:
+                self._store(item)
             record((now, "claim", item.id, item.lease_version, True, False, "worker_id", worker_id))
             claimed.append(_copy(item))
         for item in (*expired, *put_back):
