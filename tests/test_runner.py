@@ -886,6 +886,26 @@ async def test_metrics_and_events_record_an_item_s_life(
     assert global_value is None
 
 
+def test_evaluation_durations_follow_each_run_s_own_clock() -> None:
+    """A runner run again under another ``trio.run`` times its evaluations by that run's clock
+    (it reads the running clock directly, never one from an earlier run)."""
+    queue = ts.MemoryQueue()
+    runner = make_runner(queue)
+
+    async def once(item_id: str, sleep: float) -> None:
+        await queue.enqueue("job", item_id=item_id, config={"sleep": sleep})
+        with trio.move_on_after(sleep + 1):  # cancelled, not shut down: it may run again
+            await runner.run()
+
+    trio.run(once, "first", 2, clock=trio.testing.MockClock(autojump_threshold=0))
+    later = trio.testing.MockClock(autojump_threshold=0)
+    later.jump(1000)
+    trio.run(once, "second", 3, clock=later)
+    assert queue.items["second"].state is ts.ItemState.COMPLETED
+    assert sample(runner, "trio_supervise_evaluation_seconds_count") == 2
+    assert sample(runner, "trio_supervise_evaluation_seconds_sum") == 5.0
+
+
 async def test_a_broken_event_callback_does_not_stop_the_runner(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:

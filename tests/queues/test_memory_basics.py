@@ -5,11 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import gc
 
+import attrs
 import pytest
 import trio
 
-from trio_supervise import ItemState, LeaseLost, MemoryQueue
-from trio_supervise.queues import QueueEvent
+from trio_supervise import ItemState, LeaseLost, MemoryQueue, Reschedule, Stop
+from trio_supervise._workflow import outcome_settlement
+from trio_supervise.queues import QueueEvent, SettleKind, Settlement, WorkItem
 
 
 async def test_claim_follows_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
@@ -70,3 +72,96 @@ async def test_events_read_as_written(autojump_clock: trio.testing.MockClock) ->
     # Kept as tuples of atoms, which the garbage collector stops tracking (issue 17).
     gc.collect()
     assert not any(gc.is_tracked(raw) for raw in list.__iter__(events))
+
+
+async def _claimed(queue: MemoryQueue, *item_ids: str) -> list[WorkItem]:
+    for item_id in item_ids:
+        await queue.enqueue("spec", item_id=item_id, config={"n": 0})
+    return await queue.claim_due(["spec"], "w", 30, len(item_ids))
+
+
+def _settled(outcome: object, item: WorkItem) -> Settlement:
+    """The settlement a runner writes for a driver's *outcome*."""
+    return outcome_settlement(outcome, item, driver_name="d", requeue_delay=1.0)
+
+
+async def test_a_runner_s_settlement_equals_one_built_by_hand(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The mark that lets the queue skip checking a runner's config again is no part of a
+    settlement's value: equal, same hash and repr, not kept by ``attrs.evolve``, not set by
+    the constructor."""
+    rescheduled, completed = await _claimed(MemoryQueue(), "a", "b")
+    at = dt.datetime(2031, 1, 1, tzinfo=dt.UTC)
+    runner_s = _settled(Reschedule(at, {"n": 1}), rescheduled)
+    by_hand = Settlement(
+        item_id="a",
+        lease_version=rescheduled.lease_version,
+        kind=SettleKind.RESCHEDULE,
+        at=at,
+        config={"n": 1},
+    )
+    assert runner_s == by_hand
+    assert repr(runner_s) == repr(by_hand)
+    assert runner_s._checked
+    assert not by_hand._checked
+    assert not attrs.evolve(runner_s)._checked
+    stop = _settled(Stop(), completed)
+    assert stop._checked
+    assert hash(stop) == hash(
+        Settlement(item_id="b", lease_version=completed.lease_version, kind=SettleKind.COMPLETE)
+    )
+
+
+async def test_a_changed_copy_of_a_runner_s_settlement_is_checked_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A settlement evolved from a runner's (a wrapper changing its config or result) is
+    checked by the queue like any other: an unstorable value makes the entry dead, saying why."""
+    queue = MemoryQueue()
+    config, result = await _claimed(queue, "config", "result")
+    at = dt.datetime(2031, 1, 1, tzinfo=dt.UTC)
+    changed = [
+        attrs.evolve(_settled(Reschedule(at, {"n": 1}), config), config={"x": "\udcff"}),
+        attrs.evolve(_settled(Stop({"ok": True}), result), result={"x": "\x00"}),
+    ]
+    assert await queue.settle_many(changed) == [True, True]
+    got = queue.items
+    assert got["config"].state is ItemState.DEAD
+    assert got["config"].last_error is not None
+    assert got["config"].last_error.startswith("the reschedule outcome could not be stored")
+    assert got["config"].config == {"n": 0}
+    assert got["result"].state is ItemState.DEAD
+    assert got["result"].last_error is not None
+    assert got["result"].last_error.startswith("the complete outcome could not be stored")
+
+
+async def test_a_stored_config_or_result_is_the_queue_s_own(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """What a driver returned, or a caller settled with, can change afterwards without changing
+    what the queue stored: the runner's settlement holds its own copy, a hand-built one is
+    copied by the queue."""
+    queue = MemoryQueue()
+    items = {item.id: item for item in await _claimed(queue, "runner", "done", "by-hand")}
+    at = dt.datetime(2031, 1, 1, tzinfo=dt.UTC)
+    config, result, by_hand = {"n": 1}, {"r": [1]}, {"n": 2}
+    assert await queue.settle_many(
+        [
+            _settled(Reschedule(at, config), items["runner"]),
+            _settled(Stop(result), items["done"]),
+            Settlement(
+                item_id="by-hand",
+                lease_version=items["by-hand"].lease_version,
+                kind=SettleKind.RESCHEDULE,
+                at=at,
+                config=by_hand,
+            ),
+        ]
+    ) == [True, True, True]
+    config["n"] = result["r"][0] = by_hand["n"] = 99
+    got = queue.items
+    assert got["runner"].config == {"n": 1}
+    assert got["runner"].state is ItemState.QUEUED
+    assert got["done"].result == {"r": [1]}
+    assert got["by-hand"].config == {"n": 2}

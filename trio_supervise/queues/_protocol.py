@@ -277,7 +277,7 @@ def _check_tree(value: JSONValue, what: str) -> None:
                 raise ConfigError(f"{what} must not contain {problem} in its strings")
 
 
-def _flat_copy(value: JSONValue) -> JSONValue | None:
+def flat_json_copy(value: JSONValue) -> JSONValue | None:
     """What :func:`check_json` returns for a flat dict of plain scalars (the common config, a
     rescheduled step's counter), without the JSON round trip; None for anything else, and for
     anything :func:`check_json` would refuse or change (it then decides, and words the error)."""
@@ -285,7 +285,8 @@ def _flat_copy(value: JSONValue) -> JSONValue | None:
         return None
     for key, inner in value.items():
         # _unstorable's test, inlined for the common case (ASCII without a NUL): a reschedule
-        # checks its config here twice per evaluation, in the runner and in the queue.
+        # checks its config here once per evaluation, in the runner (which marks its
+        # settlement so that the memory queue need not check it again).
         if type(key) is not str:
             return None
         if (not key.isascii() or "\x00" in key) and _unstorable(key) is not None:
@@ -309,7 +310,7 @@ def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
     :data:`MAX_JSON_DEPTH`, and strings holding a NUL or a lone surrogate (PostgreSQL cannot
     store either, SQLite's text cannot hold a surrogate).
     """
-    flat = _flat_copy(value)
+    flat = flat_json_copy(value)
     if flat is not None:
         return flat
     from .._errors import ConfigError
@@ -1122,6 +1123,11 @@ class Settlement:
     child makes the whole entry :func:`unstorable_outcome`)."""
     wait_for_children: bool = False
     """``continue`` only: the parent waits, not due, until every child created has finished."""
+    _checked: bool = attrs.field(init=False, default=False, eq=False, repr=False)
+    """Internal, never set by ``__init__`` nor kept by ``attrs.evolve``: ``config`` and
+    ``result`` are :func:`check_json`'s copies made for this settlement alone (the runner's
+    settlement of a driver's outcome), so a backend may store them without checking and
+    copying them again. Not compared: equal settlements are equal however they were built."""
 
     def __attrs_post_init__(self) -> None:
         if self.children or self.wait_for_children:
