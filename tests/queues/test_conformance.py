@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import attrs
 import pytest
@@ -147,6 +148,49 @@ async def test_claim_orders_by_due_time_then_id(queue: WorkQueue) -> None:
     rest = await queue.claim_due(["spec"], "w", 30, 10)
     assert [i.id for i in rest] == ["a", "c"]
     assert await queue.claim_due(["spec"], "w", 30, 10) == []
+
+
+async def test_changing_a_returned_item_in_place_changes_nothing_stored(queue: WorkQueue) -> None:
+    """Every item a queue hands out (enqueue's, a claim's, a settle-and-claim's, a read's, a
+    listing's) holds its own config and result: a driver or caller that changes them in place
+    (a nested list, a key added) changes nothing stored, as a durable backend, which decodes
+    each row afresh, never could. Nor does changing the config given to enqueue after the call."""
+    config: dict[str, Any] = {"steps": [1, {"n": 2}], "flat": "x"}
+    [done] = await queue.enqueue_many([NewItem(spec_id="spec", item_id="a", config=config)])
+    config["steps"].append("caller")
+    config["new"] = True
+    assert done.item is not None
+    done.item.config["steps"][1]["n"] = "enqueue"  # type: ignore[index]
+    original = {"steps": [1, {"n": 2}], "flat": "x"}
+    [claimed] = await queue.claim_due(["spec"], "w", 30, 1)
+    assert claimed.config == original
+    claimed.config["steps"].append("driver")  # type: ignore[index,union-attr]
+    claimed.config["flat"] = "driver"  # type: ignore[index]
+    assert (await queue.get("a")).config == original
+    read = await queue.get("a")
+    read.config["steps"][1]["n"] = "reader"  # type: ignore[index]
+    [listed] = await queue.list_items(spec_ids=["spec"])
+    listed.config.clear()  # type: ignore[union-attr]
+    assert (await queue.get("a")).config == original
+    await queue.settle_many(
+        [
+            Settlement(
+                item_id="a",
+                lease_version=claimed.lease_version,
+                kind=SettleKind.COMPLETE,
+                result={"sent": [1]},
+            )
+        ]
+    )
+    finished = await queue.get("a")
+    finished.result["sent"].append(2)  # type: ignore[index,union-attr]
+    assert (await queue.get("a")).result == {"sent": [1]}
+    await queue.retry("a")
+    _, [again] = await queue.settle_and_claim([], ["spec"], "w", 30, 1)
+    again.config["steps"].append("again")  # type: ignore[index,union-attr]
+    again.result["sent"].append("again")  # type: ignore[index,union-attr]
+    stored = await queue.get("a")
+    assert (stored.config, stored.result) == (original, {"sent": [1]})
 
 
 async def test_a_claimed_item_is_the_stored_item(queue: WorkQueue, clock: ManualClock) -> None:

@@ -66,6 +66,7 @@ from ._protocol import (
     check_json,
     check_prune,
     check_queue_name,
+    copy_json,
     created_item,
     new_item_ids,
     plan_batch,
@@ -282,13 +283,28 @@ def _copier() -> Callable[[WorkItem], WorkItem]:
     """
     names = [field.name for field in attrs.fields(WorkItem)]
     setters = {f"_set_{name}": getattr(WorkItem, name).__set__ for name in names}
+    # The JSON fields are the stored item's own dicts and lists: each copy gets its own, so a
+    # driver or caller changing them in place changes nothing stored (every other field is
+    # immutable: strings, numbers, datetimes, the error history's tuple of frozen entries).
+    json_fields = {"config", "result"}
     lines = [
-        f"def _copy(item, _new=_new, _cls=_cls, {', '.join(f'{s}={s}' for s in setters)}):",
+        f"def _copy(item, _new=_new, _cls=_cls, _json=_json, "
+        f"{', '.join(f'{s}={s}' for s in setters)}):",
         "    new = _new(_cls)",
-        *(f"    _set_{name}(new, item.{name})" for name in names),
+        *(
+            f"    _set_{name}(new, _json(item.{name}))"
+            if name in json_fields
+            else f"    _set_{name}(new, item.{name})"
+            for name in names
+        ),
         "    return new",
     ]
-    namespace: dict[str, Any] = {"_new": _new_object, "_cls": WorkItem, **setters}
+    namespace: dict[str, Any] = {
+        "_new": _new_object,
+        "_cls": WorkItem,
+        "_json": copy_json,
+        **setters,
+    }
     exec("\n".join(lines), namespace)
     copy: Callable[[WorkItem], WorkItem] = namespace["_copy"]
     copy.__doc__ = "A copy of *item* (one per claimed item; see :func:`_copier`)."

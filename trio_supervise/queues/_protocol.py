@@ -303,6 +303,24 @@ def flat_json_copy(value: JSONValue) -> JSONValue | None:
     return dict(value)
 
 
+def copy_json(value: JSONValue) -> JSONValue:
+    """A deep copy of a checked JSON tree (what :func:`check_json` returned): every dict and list
+    new, the scalars shared (immutable). For the memory queue, which stores its items' configs
+    and results and must hand out copies a caller can change in place, as a durable backend's
+    freshly decoded rows are; a flat dict (the common config) costs one ``dict.copy``."""
+    kind = type(value)
+    if kind is dict:
+        assert isinstance(value, dict)
+        for inner in value.values():
+            if type(inner) is dict or type(inner) is list:
+                return {key: copy_json(inner) for key, inner in value.items()}
+        return value.copy()
+    if kind is list:
+        assert isinstance(value, list)
+        return [copy_json(inner) for inner in value]
+    return value
+
+
 def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
     """Return a deep copy of *value* through JSON, or raise :class:`ConfigError` naming *what*.
 
