@@ -193,6 +193,45 @@ async def test_changing_a_returned_item_in_place_changes_nothing_stored(queue: W
     assert (stored.config, stored.result) == (original, {"sent": [1]})
 
 
+async def test_a_runner_s_settlement_is_stored_as_is_and_a_changed_copy_checked_again(
+    queue: WorkQueue,
+) -> None:
+    """A runner's own settlement (its config and result checked and copied once, by the runner)
+    is stored as given on every backend; one evolved from it (a wrapper changing the config or
+    result) is checked like any hand-built one: an unstorable value makes that entry dead,
+    saying why, and the batch goes on."""
+    from trio_supervise import Reschedule, Stop
+    from trio_supervise._workflow import outcome_settlement
+
+    for item_id in ("kept", "done", "bad-config", "bad-result"):
+        await queue.enqueue("spec", item_id=item_id, config={"n": 0})
+    items = {item.id: item for item in await queue.claim_due(["spec"], "w", 30, 4)}
+    at = START + dt.timedelta(days=1)
+
+    def settled(outcome: object, item_id: str) -> Settlement:
+        return outcome_settlement(outcome, items[item_id], driver_name="d", requeue_delay=1.0)
+
+    batch = [
+        settled(Reschedule(at, {"n": 1, "deep": [{"x": "ü"}]}), "kept"),
+        settled(Stop({"sent": [1, 2]}), "done"),
+        attrs.evolve(settled(Reschedule(at, {"n": 1}), "bad-config"), config={"x": "\udcff"}),
+        attrs.evolve(settled(Stop({"ok": True}), "bad-result"), result={"x": "\x00"}),
+    ]
+    assert await queue.settle_many(batch) == [True, True, True, True]
+    kept = await queue.get("kept")
+    assert (kept.state, kept.config, kept.due_at) == (
+        ItemState.QUEUED,
+        {"n": 1, "deep": [{"x": "ü"}]},
+        at,
+    )
+    assert (await queue.get("done")).result == {"sent": [1, 2]}
+    for item_id, kind in (("bad-config", "reschedule"), ("bad-result", "complete")):
+        bad = await queue.get(item_id)
+        assert bad.state is ItemState.DEAD, item_id
+        assert bad.last_error is not None
+        assert bad.last_error.startswith(f"the {kind} outcome could not be stored"), bad.last_error
+
+
 async def test_a_claimed_item_is_the_stored_item(queue: WorkQueue, clock: ManualClock) -> None:
     """A claim returns every field as stored (the same item a read returns after it), however
     it is claimed: a plain claim, a settle-and-claim, the keyed path; with a rich config, an

@@ -949,11 +949,15 @@ class SQLQueue(SingleWrites):
                 # No delay is the common one (a completion): 0 without the checks' arithmetic.
                 "delay_us": 0 if s.delay == 0 else _sql.duration_us("delay", s.delay),
                 "at": None if s.at is None else self._time(s.at),
+                # A runner's own settlement carries check_json's copies already (``_checked``,
+                # see _workflow._plain_settlement): dumped without checking them again.
                 "config": (
-                    json.dumps(check_json(s.config)) if s.kind is SettleKind.RESCHEDULE else None
+                    json.dumps(s.config if s._checked else check_json(s.config))
+                    if s.kind is SettleKind.RESCHEDULE
+                    else None
                 ),
                 "result": (
-                    json.dumps(check_json(s.result, what="result"))
+                    json.dumps(s.result if s._checked else check_json(s.result, what="result"))
                     if s.kind is SettleKind.COMPLETE and s.result is not None
                     else None
                 ),
