@@ -321,9 +321,11 @@ async def test_sqlite_older_version_with_items_migrates_losing_nothing(
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 4, 5])
 async def test_postgres_older_version_with_items_migrates_losing_nothing(version: int) -> None:
-    """A version-1 or -2 schema with items in every state migrates to the latest; all claimable."""
+    """A schema of an older version with items in every state, two of them holding keys,
+    migrates to the latest (the claim, lease and key indexes rebuilt on the way): nothing
+    lost, the claimable items claimed, the keys still unique and found."""
     import psycopg
 
     with pg_schema() as (dsn, schema):
@@ -339,8 +341,25 @@ async def test_postgres_older_version_with_items_migrates_losing_nothing(version
                     "now(), now())",
                     (item_id, state, due, expires and "old", expires, errors),
                 )
+            conn.execute(
+                "UPDATE trio_supervise_items SET idempotency_key = 'key-' || id "
+                "WHERE id IN ('queued', 'completed')"
+            )
         clock = ManualClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
         async with await PostgresQueue.connect(
             dsn, schema=schema, migrate=True, clock=clock
         ) as queue:
             await _check_upgraded(queue)
+            for holder in ("queued", "completed"):
+                again = await queue.enqueue("spec", idempotency_key=f"key-{holder}")
+                assert again.id == holder
+                assert (await queue.get_by_key(f"key-{holder}")).id == holder
+        twin = (
+            "INSERT INTO trio_supervise_items (id, spec_id, due_at, idempotency_key, "
+            "created_at, updated_at) VALUES ('twin', 'spec', now(), 'key-queued', now(), now())"
+        )
+        with (
+            psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn,
+            pytest.raises(psycopg.errors.UniqueViolation),
+        ):
+            conn.execute(twin)
