@@ -252,8 +252,24 @@ def run_r8(store: Store, directory: Path, *, tag: str, items: int, limit: float)
         _wait(fleet, lambda: _claims_in(fleet.directory_logs / "w1.0.log") >= items, 20.0)
         release.touch()
         timed_out, _ = _wait(fleet, lambda: _completed(store) >= items, limit)
-        # The blocked worker answers again once its loop runs: read what it shows.
+        # The blocked worker answers again once its loop runs; its outcomes are refused when
+        # its write answers, which may be after that: read what it shows once its refusals are
+        # counted (or after 10 s, when the figures below say what is missing).
         _wait(fleet, lambda: fleet.fetch(blocker, "/healthz") is not None, 10.0)
+        _wait(
+            fleet,
+            lambda: (
+                (
+                    _metric(
+                        _text(fleet, blocker, "/metrics"),
+                        "trio_supervise_settlements_refused_total",
+                    )
+                    or 0
+                )
+                >= items
+            ),
+            10.0,
+        )
         metrics = _text(fleet, blocker, "/metrics")
         page = _text(fleet, blocker, "/")
         seconds = time.perf_counter() - began
