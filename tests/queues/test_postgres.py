@@ -37,6 +37,27 @@ def _sql(dsn: str, schema: str, query: str, options: str = "") -> list[tuple[obj
         return cursor.fetchall() if cursor.description else []
 
 
+_LITERALS = {
+    "queue": "'default'",
+    "spec_ids": "'{s}'",
+    "queues": "NULL",
+    "keys": "'{k1,k2}'",
+    "now": "NULL",
+    "limit": "10",
+    "worker_id": "'w'",
+    "lease_us": "1000000",
+}
+
+
+def _literal_query(name: str, **values: str) -> str:
+    """The named PostgreSQL query with its parameters written in as SQL literals (the defaults
+    above, *values* overriding), for EXPLAIN: one claim window of 10 in the default queue."""
+    text = _queries.load_queries("postgres")[name]
+    for key, literal in {**_LITERALS, **values}.items():
+        text = text.replace(f"%({key})s", literal)
+    return text
+
+
 async def test_database_clock_is_the_default() -> None:
     """Without an injected clock, due times and leases come from the database's now()."""
     with pg_schema() as (dsn, schema):
@@ -448,15 +469,7 @@ async def test_claim_is_served_by_the_claim_index() -> None:
             "FROM generate_series(1, 100000) AS g; ANALYZE trio_supervise_items"
         )
         await trio.to_thread.run_sync(_sql, dsn, schema, fill)
-        claim = (
-            _queries.load_queries("postgres")["claim_due"]
-            .replace("%(queue)s", "'default'")
-            .replace("%(spec_ids)s", "'{s1,s2}'")
-            .replace("%(now)s", "NULL")
-            .replace("%(limit)s", "10")
-            .replace("%(worker_id)s", "'w'")
-            .replace("%(lease_us)s", "1000000")
-        )
+        claim = _literal_query("claim_due", spec_ids="'{s1,s2}'")
         plan = await trio.to_thread.run_sync(_sql, dsn, schema, f"EXPLAIN {claim}")
         lines = [str(row[0]) for row in plan]
         text = "\n".join(lines)
@@ -483,15 +496,7 @@ async def test_claim_does_not_walk_running_rows() -> None:
             "FROM generate_series(1, 5000) AS g; ANALYZE trio_supervise_items"
         )
         await trio.to_thread.run_sync(_sql, dsn, schema, fill)
-        claim = (
-            _queries.load_queries("postgres")["claim_due"]
-            .replace("%(queue)s", "'default'")
-            .replace("%(spec_ids)s", "'{s}'")
-            .replace("%(now)s", "NULL")
-            .replace("%(limit)s", "10")
-            .replace("%(worker_id)s", "'w'")
-            .replace("%(lease_us)s", "1000000")
-        )
+        claim = _literal_query("claim_due")
         plan = await trio.to_thread.run_sync(
             _sql, dsn, schema, f"EXPLAIN (ANALYZE, TIMING off) {claim}"
         )
@@ -562,12 +567,7 @@ async def test_next_due_at_reads_a_few_rows_however_many_are_queued() -> None:
             "FROM generate_series(1, 5000) AS g; ANALYZE trio_supervise_items"
         )
         await trio.to_thread.run_sync(_sql, dsn, schema, fill)
-        text = (
-            _queries.load_queries("postgres")["next_due_at"]
-            .replace("%(spec_ids)s", "'{s}'")
-            .replace("%(queues)s", "NULL")
-            .replace("%(now)s", "NULL")
-        )
+        text = _literal_query("next_due_at")
         plan = await trio.to_thread.run_sync(
             _sql, dsn, schema, f"EXPLAIN (ANALYZE, TIMING off) {text}"
         )
@@ -599,19 +599,8 @@ async def test_keyed_claims_stay_on_the_claim_index_and_cheap_to_plan() -> None:
             "FROM generate_series(1, 100000) AS g; ANALYZE trio_supervise_items"
         )
         await trio.to_thread.run_sync(_sql, dsn, schema, fill)
-        queries = _queries.load_queries("postgres")
         for name in ("claim_due", "claim_keys", "claim_keyed", "next_due_at"):
-            text = (
-                queries[name]
-                .replace("%(queue)s", "'default'")
-                .replace("%(spec_ids)s", "'{s1,s2}'")
-                .replace("%(queues)s", "NULL")
-                .replace("%(keys)s", "'{k1,k2}'")
-                .replace("%(now)s", "NULL")
-                .replace("%(limit)s", "10")
-                .replace("%(worker_id)s", "'w'")
-                .replace("%(lease_us)s", "1000000")
-            )
+            text = _literal_query(name, spec_ids="'{s1,s2}'")
             plan = await trio.to_thread.run_sync(
                 _sql, dsn, schema, f"EXPLAIN {text}", "-c jit=on -c jit_above_cost=100000"
             )
