@@ -1055,7 +1055,10 @@ class QueueMachine(RuleBasedStateMachine):
 
         async def call() -> list[WorkItem]:
             return await self.queue.list_items(
-                states=states, spec_ids=specs, limit=limit, after=after and after.id
+                states=states,
+                spec_ids=specs,
+                limit=limit,
+                after=None if after is None else after.id,
             )
 
         expected = sorted(
@@ -1152,7 +1155,11 @@ def machine_for(backend: str, tmp_path: Path) -> Iterator[type[QueueMachine]]:
 
             schema_cm = pg_schema()
             dsn, schema = schema_cm.__enter__()
-            cleanup.append(lambda: schema_cm.__exit__(None, None, None))
+
+            def leave_schema() -> None:
+                schema_cm.__exit__(None, None, None)
+
+            cleanup.append(leave_schema)
 
             async def connect() -> PostgresQueue:
                 return await PostgresQueue.connect(
@@ -1174,7 +1181,7 @@ def machine_for(backend: str, tmp_path: Path) -> Iterator[type[QueueMachine]]:
             pass
 
         Bound.queue, Bound.clock, Bound.portal = queue, clock, portal
-        Bound.reset = staticmethod(reset)  # type: ignore[method-assign]
+        Bound.reset = staticmethod(reset)
         yield Bound
     finally:
         for step in cleanup:
