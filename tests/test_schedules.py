@@ -96,6 +96,9 @@ async def start_scheduler(
         ({"max_catch_up": 0}, "max_catch_up must be 1..10000"),
         ({"config": {"when": dt.date(2030, 1, 1)}}, "schedule 'daily' config is not JSON"),
         ({"name": " "}, "schedule name must be a non-empty string"),
+        # Each fire's item id and key is "schedule:<name>:<time>", so the name is bounded.
+        ({"name": "n" * 201}, "schedule name must be a non-empty string of at most 200 characters"),
+        ({"spec_id": "s" * 201}, "spec_id must be a non-empty string of at most 200 characters"),
     ],
 )
 def test_a_bad_field_is_refused_by_name(changes: dict[str, Any], message: str) -> None:

@@ -333,6 +333,7 @@ def test_a_refused_driver_registers_nothing() -> None:
         (Driver(spec_ids=()), "driver 'driver' owns no spec ids"),
         (Driver(spec_ids=("a", "a")), "spec 'a' is listed twice by 'driver'"),
         (Driver(spec_ids=("",)), "spec_id must be a non-empty string"),
+        (Driver(spec_ids=("s" * 201,)), "spec_id must be a non-empty string of at most 200"),
         (Driver(name=""), "driver name must be a non-empty string"),
     ],
 )

@@ -39,7 +39,13 @@ from ._clock import Clock, TrioClock, utc
 from ._errors import DuplicateItem, ItemNotFound, QueueUnavailable
 from ._policy import RestartPolicy
 from .queues import WorkQueue
-from .queues._protocol import JSONValue, check_json, validate_spec_id
+from .queues._protocol import (
+    MAX_NAME_LENGTH,
+    JSONValue,
+    check_json,
+    shown_value,
+    validate_spec_id,
+)
 
 __all__ = ["MissedFires", "SCAN_LIMIT", "Schedule", "Scheduler", "check_schedules"]
 
@@ -111,8 +117,13 @@ class Schedule:
 
     def __attrs_post_init__(self) -> None:
         name: object = self.name  # each field checked as whatever it was given
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"schedule name must be a non-empty string, got {name!r}")
+        if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_LENGTH:
+            # Each fire's item id and key is "schedule:<name>:<time>": a name within the limit
+            # keeps them within MAX_ID_LENGTH.
+            raise ValueError(
+                f"schedule name must be a non-empty string of at most {MAX_NAME_LENGTH} "
+                f"characters, got {shown_value(name)}"
+            )
         if not self.name.isprintable():
             raise ValueError(f"schedule name must be printable text, got {self.name!r}")
         where = f"schedule {self.name!r}"

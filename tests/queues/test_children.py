@@ -19,7 +19,7 @@ from trio_supervise.queues import (
     WorkItem,
     WorkQueue,
 )
-from trio_supervise.queues._protocol import check_child, child_item_id
+from trio_supervise.queues._protocol import MAX_ID_LENGTH, check_child, child_item_id
 
 from .conftest import START, ManualClock
 
@@ -266,6 +266,29 @@ async def test_an_unstorable_child_makes_the_parent_dead_and_creates_nothing(
     assert "children[1]" in dead.last_error
     assert await queue.list_children(first.id) == []
     assert len(await queue.list_children(second.id)) == 1
+
+
+async def test_a_default_child_id_past_the_limit_makes_the_parent_dead(queue: WorkQueue) -> None:
+    """A child's default id is its parent's plus a suffix: from a parent id near the limit it
+    is too long, and the parent's outcome fails alone (dead, naming the child and the rule) on
+    every backend, rather than being written again and again."""
+    parent_id = "p" * (MAX_ID_LENGTH - 2)
+    await queue.enqueue("parent", item_id=parent_id)
+    [parent] = await claim(queue)
+    settlement = Settlement(
+        item_id=parent.id,
+        lease_version=parent.lease_version,
+        kind=SettleKind.CONTINUE,
+        children=[NewItem(spec_id="child")],
+    )
+    assert await queue.settle_many([settlement]) == [True]
+    dead = await queue.get(parent_id)
+    assert dead.state is ItemState.DEAD
+    assert dead.last_error is not None
+    assert f"children[0]: item_id must be a non-empty string of at most {MAX_ID_LENGTH}" in (
+        dead.last_error
+    )
+    assert await queue.list_children(parent_id) == []
 
 
 async def test_a_nested_fan_in(queue: WorkQueue) -> None:

@@ -32,7 +32,12 @@ from trio_supervise.queues import (
     WorkItem,
     WorkQueue,
 )
-from trio_supervise.queues._protocol import MAX_JSON_DEPTH, storable_text
+from trio_supervise.queues._protocol import (
+    MAX_ID_LENGTH,
+    MAX_JSON_DEPTH,
+    MAX_NAME_LENGTH,
+    storable_text,
+)
 
 from .conftest import START, ManualClock
 
@@ -85,6 +90,60 @@ async def test_enqueue_refuses_bad_arguments(queue: WorkQueue) -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         await queue.enqueue("spec", due_at=dt.datetime(2030, 1, 1))
     assert await queue.counts() == {}
+
+
+WIDE = "\U0001f600"  # four bytes in UTF-8: the widest character an index entry holds
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("item_id", "i" * (MAX_ID_LENGTH + 1)),
+        ("idempotency_key", "k" * (MAX_ID_LENGTH + 1)),
+        ("idempotency_key", ""),
+        ("spec_id", "s" * (MAX_NAME_LENGTH + 1)),
+        ("queue", "q" * (MAX_NAME_LENGTH + 1)),
+        ("concurrency_key", "c" * (MAX_NAME_LENGTH + 1)),
+    ],
+)
+async def test_identifiers_past_their_limit_are_refused_alike(
+    queue: WorkQueue, field: str, value: str
+) -> None:
+    """An empty or over-long identifier is refused up front with the field and the limit named,
+    the same on every backend (PostgreSQL used to refuse a long id or key alone, when writing
+    its index entry, with an opaque error); nothing is written, alone or in a batch."""
+    limit = MAX_ID_LENGTH if field in ("item_id", "idempotency_key") else MAX_NAME_LENGTH
+    fields: dict[str, Any] = {"spec_id": "spec", field: value}
+    rule = f"{field} must be a non-empty string of at most {limit} characters"
+    with pytest.raises(ValueError, match=rule):
+        await queue.enqueue(fields.pop("spec_id"), **fields)
+    entry = NewItem(**{"spec_id": "spec", field: value})
+    with pytest.raises(ValueError, match=f"^entry 1: {rule}"):
+        await queue.enqueue_many([NewItem(spec_id="spec"), entry])
+    assert await queue.counts() == {}
+
+
+async def test_identifiers_at_their_limit_are_stored_on_every_backend(queue: WorkQueue) -> None:
+    """The longest id, key, spec id, queue name and concurrency key, in four-byte characters,
+    fit every backend's indexes: stored, found by id and key, claimed and settled."""
+    item_id, key = WIDE * MAX_ID_LENGTH, WIDE * (MAX_ID_LENGTH - 1) + "k"
+    spec, name = WIDE * MAX_NAME_LENGTH, WIDE * (MAX_NAME_LENGTH - 1) + "q"
+    item = await queue.enqueue(
+        spec,
+        item_id=item_id,
+        idempotency_key=key,
+        queue=name,
+        concurrency_key=WIDE * MAX_NAME_LENGTH,
+    )
+    assert (await queue.get(item_id)).idempotency_key == key
+    assert (await queue.enqueue(spec, idempotency_key=key, queue=name)).id == item.id
+    [claimed] = await queue.claim_due([spec], "w1", 30, 1, queue=name)
+    assert claimed.id == item_id
+    done = Settlement(
+        item_id=item_id, lease_version=claimed.lease_version, kind=SettleKind.COMPLETE
+    )
+    assert await queue.settle_many([done]) == [True]
+    assert (await queue.get(item_id)).state is ItemState.COMPLETED
 
 
 async def test_idempotent_enqueue(queue: WorkQueue, clock: ManualClock) -> None:

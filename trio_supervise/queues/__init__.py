@@ -10,7 +10,9 @@ from ._postgres import PostgresQueue as PostgresQueue
 from ._protocol import DEFAULT_CONCURRENCY_LIMIT as DEFAULT_CONCURRENCY_LIMIT
 from ._protocol import DEFAULT_QUEUE as DEFAULT_QUEUE
 from ._protocol import MAX_ERRORS as MAX_ERRORS
+from ._protocol import MAX_ID_LENGTH as MAX_ID_LENGTH
 from ._protocol import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from ._protocol import MAX_NAME_LENGTH as MAX_NAME_LENGTH
 from ._protocol import MAX_PRIORITY as MAX_PRIORITY
 from ._protocol import MIN_PRIORITY as MIN_PRIORITY
 from ._protocol import WAITING_DUE_AT as WAITING_DUE_AT
@@ -39,7 +41,9 @@ __all__ = [
     "DEFAULT_QUEUE",
     "DEFAULT_SQLITE_PATH",
     "MAX_ERRORS",
+    "MAX_ID_LENGTH",
     "MAX_JSON_DEPTH",
+    "MAX_NAME_LENGTH",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "QueueInfo",

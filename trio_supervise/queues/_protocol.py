@@ -174,7 +174,9 @@ __all__ = [
     "MAX_CONCURRENCY_LIMIT",
     "MAX_DELAY",
     "WAITING_DUE_AT",
+    "MAX_ID_LENGTH",
     "MAX_JSON_DEPTH",
+    "MAX_NAME_LENGTH",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "QueueInfo",
@@ -190,6 +192,7 @@ __all__ = [
     "check_child",
     "child_item_id",
     "check_unique",
+    "check_identifier",
     "storable_text",
     "unstorable_outcome",
     "validate_spec_id",
@@ -344,11 +347,43 @@ def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
     return copy
 
 
+MAX_NAME_LENGTH = 200
+"""The longest spec id, queue name, concurrency key and schedule name, in characters."""
+MAX_ID_LENGTH = 400
+"""The longest item id and idempotency key, in characters. Every backend indexes both, and
+PostgreSQL refuses an index entry over 2,704 bytes; so a long one is refused up front, the same
+on every backend, rather than by PostgreSQL alone when it is written. A child's default id
+(:func:`child_item_id`) is its parent's plus about ten characters, so ids well under the limit
+leave room for several levels of children."""
+
+
+def shown_value(value: object) -> str:
+    """*value* for an error message: a long string cut, its length said."""
+    if isinstance(value, str) and len(value) > 60:
+        return f"{value[:40]!r}... ({len(value)} characters)"
+    return repr(value)
+
+
 def validate_spec_id(spec_id: object) -> str:
-    """Refuse an empty or non-string spec id up front."""
-    if not isinstance(spec_id, str) or not spec_id:
-        raise ValueError(f"spec_id must be a non-empty string, got {spec_id!r}")
+    """Refuse an empty, over-long or non-string spec id up front."""
+    if not isinstance(spec_id, str) or not spec_id or len(spec_id) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"spec_id must be a non-empty string of at most {MAX_NAME_LENGTH} characters, "
+            f"got {shown_value(spec_id)}"
+        )
     return spec_id
+
+
+def check_identifier(value: object, what: str) -> None:
+    """Refuse an item id or idempotency key that is not None or a non-empty string of at most
+    :data:`MAX_ID_LENGTH` characters, naming *what*."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+        raise ValueError(
+            f"{what} must be a non-empty string of at most {MAX_ID_LENGTH} characters, "
+            f"got {shown_value(value)}"
+        )
 
 
 def check_priority(priority: object) -> int:
@@ -369,9 +404,10 @@ def check_queue_name(queue: object) -> str:
     """Refuse a queue name that is not a non-empty storable string of at most 200 characters."""
     from .._errors import ConfigError
 
-    if not isinstance(queue, str) or not queue or len(queue) > 200:
+    if not isinstance(queue, str) or not queue or len(queue) > MAX_NAME_LENGTH:
         raise ValueError(
-            f"queue must be a non-empty string of at most 200 characters, got {queue!r}"
+            f"queue must be a non-empty string of at most {MAX_NAME_LENGTH} characters, "
+            f"got {shown_value(queue)}"
         )
     problem = _unstorable(queue)
     if problem is not None:
@@ -399,9 +435,10 @@ def check_concurrency(key: object, limit: object) -> tuple[str | None, int | Non
                 f"concurrency_limit needs a concurrency_key, got limit {limit!r} without a key"
             )
         return None, None
-    if not isinstance(key, str) or not key or len(key) > 200:
+    if not isinstance(key, str) or not key or len(key) > MAX_NAME_LENGTH:
         raise ValueError(
-            f"concurrency_key must be a non-empty string of at most 200 characters, got {key!r}"
+            f"concurrency_key must be a non-empty string of at most {MAX_NAME_LENGTH} "
+            f"characters, got {shown_value(key)}"
         )
     problem = _unstorable(key)
     if problem is not None:
@@ -503,8 +540,9 @@ def check_new_item(
     """Validate what ``enqueue`` was given, the same way on every backend; return the config.
 
     An attrs instance (a driver's ``config_type``) is unstructured by the shared converter
-    first, as :class:`Reschedule` does. Refuses an empty spec id or item id, a priority or queue
-    name out of range, a NUL character or a lone surrogate in any text field
+    first, as :class:`Reschedule` does. Refuses an empty or over-long spec id, item id or
+    idempotency key (:data:`MAX_NAME_LENGTH`, :data:`MAX_ID_LENGTH`), a priority or queue name
+    out of range, a NUL character or a lone surrogate in any text field
     (PostgreSQL cannot store a NUL, no backend a surrogate, and a spec id with one could never be
     claimed) and a config that :func:`check_json` refuses, each naming the field. Nothing is
     written when this raises. ``shape_checked`` skips the checks of the spec id, priority,
@@ -518,8 +556,12 @@ def check_new_item(
         check_queue_name(queue)
         check_timeout(timeout)
         check_unique(unique, idempotency_key)
-    if item_id is not None and not item_id:
-        raise ValueError("item_id must be a non-empty string")
+    if item_id is not None and (type(item_id) is not str or not 0 < len(item_id) <= MAX_ID_LENGTH):
+        check_identifier(item_id, "item_id")
+    if idempotency_key is not None and (
+        type(idempotency_key) is not str or not 0 < len(idempotency_key) <= MAX_ID_LENGTH
+    ):
+        check_identifier(idempotency_key, "idempotency_key")
     texts = {
         "spec_id": spec_id,
         "item_id": item_id,
