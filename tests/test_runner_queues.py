@@ -161,11 +161,11 @@ def test_queue_limits_are_checked() -> None:
     settings = ts.RunnerSettings(worker_id="w", queues={"default": 20, "mail": 5})
     assert settings.queue_limits == {"default": 20, "mail": 5}
     assert ts.RunnerSettings(worker_id="w", concurrency=7).queue_limits == {"default": 7}
-    with pytest.raises(ValueError, match=r"queues\['mail'\] must be an int >= 1"):
+    with pytest.raises(ValueError, match="queues: the limit of queue 'mail' must be an int >= 1"):
         ts.RunnerSettings(worker_id="w", queues={"mail": 0})
     with pytest.raises(ValueError, match="queues must be a non-empty mapping"):
         ts.RunnerSettings(worker_id="w", queues={})
-    with pytest.raises(ValueError, match="queue must be a non-empty string"):
+    with pytest.raises(ValueError, match="queues: queue must be a non-empty string"):
         ts.RunnerSettings(worker_id="w", queues={"": 1})
 
 
@@ -175,5 +175,18 @@ def test_queues_come_from_the_settings_file(tmp_path: Path) -> None:
     path.write_text("[runner]\nqueues = {default = 20, mail = 5}\n")
     assert ts.load_settings(path, env={}).runner.queue_limits == {"default": 20, "mail": 5}
     path.write_text("[runner]\nqueues = {mail = 0}\n")
-    with pytest.raises(ts.SettingsError, match=r"queues\['mail'\] must be an int >= 1, got 0"):
+    with pytest.raises(
+        ts.SettingsError,
+        match=r"runner\.queues: the limit of queue 'mail' must be an int >= 1, got 0",
+    ):
+        ts.load_settings(path, env={})
+
+
+def test_a_bad_queue_name_in_the_settings_names_the_field(tmp_path: Path) -> None:
+    """A queue name the queues refuse is refused by the settings too, naming runner.queues."""
+    path = tmp_path / "s.toml"
+    path.write_text(f'[runner]\nqueues = {{"{"q" * 201}" = 2}}\n')
+    with pytest.raises(
+        ts.SettingsError, match=r"runner\.queues: queue must be a non-empty string of at most 200"
+    ):
         ts.load_settings(path, env={})

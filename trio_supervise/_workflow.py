@@ -553,9 +553,14 @@ def _queue_limits(value: object) -> Mapping[str, int] | None:
         )
     limits = {}
     for name, limit in value.items():
-        check_queue_name(name)
+        try:
+            check_queue_name(name)
+        except ValueError as error:  # named as the field (settings: "runner.queues: ...")
+            raise type(error)(f"queues: {error}") from None
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"queues[{name!r}] must be an int >= 1, got {limit!r}")
+            raise ValueError(
+                f"queues: the limit of queue {name!r} must be an int >= 1, got {limit!r}"
+            )
         limits[name] = limit
     return limits
 
