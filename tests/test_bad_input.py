@@ -344,13 +344,18 @@ async def test_a_driver_rescheduling_with_a_non_json_config_is_an_item_error(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("spec_id", [pytest.param(s, id=f"spec-{s!r}") for s in ("", None, 5)])
+@pytest.mark.parametrize(
+    "spec_id", [pytest.param(s, id=f"spec-{s!r:.10}") for s in ("", None, 5, "s" * 201)]
+)
 async def test_a_bad_spec_id_is_refused_at_enqueue(
     backend: str, spec_id: Any, tmp_path: Path
 ) -> None:
-    """An empty or non-string spec id is refused, naming the rule; nothing is stored."""
+    """An empty, over-long or non-string spec id is refused, naming the rule; nothing is
+    stored."""
     async with open_backend(backend, None, tmp_path) as queue:
-        with pytest.raises(ValueError, match=r"^spec_id must be a non-empty string, got "):
+        with pytest.raises(
+            ValueError, match=r"^spec_id must be a non-empty string of at most 200 characters, got "
+        ):
             await queue.enqueue(spec_id)
         assert dict(await queue.counts()) == {}
 

@@ -253,10 +253,18 @@ async def test_an_enqueue_notifies_each_due_queue_and_spec_once() -> None:
         assert _due_hint(payloads[3]) == ("default", "e")
 
 
-async def test_an_enqueue_s_notification_is_written_as_the_payload_function_writes_it() -> None:
+async def test_an_enqueue_s_notification_is_written_as_the_payload_function_writes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The insert statement writes each due item's notification itself, byte for byte as
     _due_payload does (JSON escapes, non-ASCII text, and the spec id alone once the pair would
-    be 8000 bytes or more), for generated and explicit ids alike."""
+    be 8000 bytes or more), for generated and explicit ids alike.
+
+    A spec id within MAX_NAME_LENGTH never makes the pair that long; the statement keeps the
+    fallback so that no payload can fail an insert, and this test lifts the limit to reach it."""
+    from trio_supervise.queues import _protocol
+
+    monkeypatch.setattr(_protocol, "MAX_NAME_LENGTH", 10_000)
     pair = len(_due_payload("q", ""))  # the pair's bytes around a spec id of plain ASCII
     cases = [
         ("default", "noop"),
