@@ -90,8 +90,14 @@ def test_empty_environment_value_means_none_for_optional_fields() -> None:
 
 
 def test_test_suite_variables_are_not_settings() -> None:
-    """TRIO_SUPERVISE_TEST_* and TRIO_SUPERVISE_REQUIRE_* belong to the test suite."""
-    env = {"TRIO_SUPERVISE_TEST_DSN": "x", "TRIO_SUPERVISE_REQUIRE_POSTGRES": "1"}
+    """TRIO_SUPERVISE_TEST_*, _REQUIRE_* and _MODEL_* belong to the test suite, _BENCH_* to the
+    benchmarks: each variable the project itself reads loads as no setting."""
+    env = {
+        "TRIO_SUPERVISE_TEST_DSN": "x",
+        "TRIO_SUPERVISE_REQUIRE_POSTGRES": "1",
+        "TRIO_SUPERVISE_MODEL_EXAMPLES": "300",
+        "TRIO_SUPERVISE_BENCH_DSN": "postgresql:///test",
+    }
     assert load_settings(env=env) == Settings()
 
 

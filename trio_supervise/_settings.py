@@ -67,8 +67,16 @@ ENV_PREFIX = "TRIO_SUPERVISE_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 """The environment variable naming the settings file when no path is given."""
 
-_RESERVED_ENV_PREFIXES = (CONFIG_ENV, ENV_PREFIX + "TEST_", ENV_PREFIX + "REQUIRE_")
-"""Variables with our prefix that are not settings: the file path, and the test suite's knobs."""
+_RESERVED_ENV_PREFIXES = (
+    CONFIG_ENV,
+    ENV_PREFIX + "TEST_",
+    ENV_PREFIX + "REQUIRE_",
+    ENV_PREFIX + "MODEL_",
+    ENV_PREFIX + "BENCH_",
+)
+"""Variables with our prefix that are not settings: the file path, and the knobs of the test
+suite and of the benchmarks (``TRIO_SUPERVISE_BENCH_DSN``), which an operator's shell may well
+hold while a service starts."""
 
 
 _SECRET = "secret"
