@@ -31,7 +31,7 @@ DEFAULT_SHUTDOWN_GRACE = 5.0
 
 # Virtual time is a sum of float deltas: a run scheduled to last exactly the cap may measure a
 # few ulps short. Durations within a nanosecond of the cap count as reaching it.
-_TIME_EPSILON = 1e-9
+TIME_EPSILON = 1e-9
 
 
 class WorkerState(enum.StrEnum):
@@ -485,7 +485,7 @@ def judge(
             Action.FAIL, f"{what} {happened}; no restart policy: shutting down", logging.ERROR
         )
 
-    if ran_for >= policy.cap - _TIME_EPSILON:
+    if ran_for >= policy.cap - TIME_EPSILON:
         slot.attempt = 0
     slot.attempt += 1
     if slot.attempt > policy.max_restarts:
