@@ -8,7 +8,7 @@ checks our documented rule and says so.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -21,7 +21,6 @@ from trio_supervise import (
     RestartPolicy,
     Supervisor,
     WorkerFailed,
-    WorkerState,
 )
 
 JITTER = Jitter(seed=17)
@@ -90,3 +89,37 @@ async def test_restarts_further_apart_than_the_period_never_exceed_the_intensity
         assert failures == [at(5.5 * n) for n in range(1, 19)]
         assert supervisor.healthy.value
         nursery.cancel_scope.cancel()
+
+
+# -- bad input: every supervision argument is checked up front, naming the field and the rule ------
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (lambda: RestartPolicy(1, 2, jitter="sideways"), ValueError, "jitter must be a JitterMode"),
+        (lambda: RestartPolicy(1, 2, jitter=3), ValueError, "jitter must be a JitterMode"),
+        (lambda: ChildSpec("w", park, start="yes"), TypeError, "start must be a bool"),
+        (lambda: ChildSpec("w", park, start=1), TypeError, "start must be a bool"),
+        (lambda: Supervisor(name="s", shutdown=object()), TypeError, "shutdown must be a Shutdown"),
+        (
+            lambda: Supervisor(name="s", registry={}),
+            TypeError,
+            "registry must be a prometheus_client CollectorRegistry",
+        ),
+        (lambda: Supervisor(name="s", children=5), TypeError, "children must be an iterable"),
+        (
+            lambda: Supervisor(name="s", children=ChildSpec("w", park)),
+            TypeError,
+            "children must be an iterable",
+        ),
+        (lambda: Supervisor(name="s", children="w"), TypeError, "children must be an iterable"),
+    ],
+)
+def test_bad_supervision_arguments_are_refused_at_construction_naming_the_field(
+    build: Callable[[], object], error: type[Exception], message: str
+) -> None:
+    """Regression: these were accepted (``start``, ``shutdown``, ``registry``, ``children``) and
+    failed later, far from the mistake, or raised without naming the field (``jitter``)."""
+    with pytest.raises(error, match=message):
+        build()

@@ -180,7 +180,7 @@ class ChildSpec:
     shutdown_grace: float = attrs.field(
         default=DEFAULT_SHUTDOWN_GRACE, kw_only=True, validator=_check_grace
     )
-    start: bool = attrs.field(default=False, kw_only=True)
+    start: bool = attrs.field(default=False, kw_only=True, validator=check_bool)
     stop_signal: bool = attrs.field(default=False, kw_only=True, validator=check_bool)
     significant: bool = attrs.field(default=False, kw_only=True, validator=check_bool)
 

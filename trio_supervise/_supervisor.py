@@ -136,15 +136,27 @@ class _WorkerMetrics:
 
 
 def _as_children(value: Iterable[ChildSpec | Supervisor]) -> tuple[ChildSpec | Supervisor, ...]:
+    if isinstance(value, ChildSpec | Supervisor | str | bytes) or not isinstance(value, Iterable):
+        raise TypeError(f"children must be an iterable of ChildSpec or Supervisor, got {value!r}")
     return tuple(value)
 
 
 def _shutdown_or_new(value: Shutdown | None) -> Shutdown:
-    return Shutdown() if value is None else value
+    if value is None:
+        return Shutdown()
+    if not isinstance(value, Shutdown):
+        raise TypeError(f"shutdown must be a Shutdown or None, got {value!r}")
+    return value
 
 
 def _registry_or_private(value: CollectorRegistry | None) -> CollectorRegistry:
-    return CollectorRegistry() if value is None else value
+    if value is None:
+        return CollectorRegistry()
+    if not isinstance(value, CollectorRegistry):
+        raise TypeError(
+            f"registry must be a prometheus_client CollectorRegistry or None, got {value!r}"
+        )
+    return value
 
 
 def _name_of(child: object) -> object:
