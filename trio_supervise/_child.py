@@ -244,6 +244,9 @@ class Slot:
     """The exception that ended the last run (``None`` if it returned or was cancelled)."""
     ended_how: str = ""
     """How the last run ended, in words ("returned", "failed (OSError: ...)")."""
+    stopped_by_supervisor: bool = False
+    """The last run ended while its supervisor was stopping it (shutdown, its strategy group,
+    terminate_child): its end says nothing about the child."""
     scope: trio.CancelScope | None = None
     """The current run's cancel scope, while a run is alive."""
     stop: Shutdown | None = None
@@ -286,6 +289,8 @@ class Slot:
         self.in_run = True
         self.ready = False
         self.last_exception = None
+        self.ended_how = ""
+        self.stopped_by_supervisor = False
         self._run_ended = None
 
     def end_run(self) -> None:
@@ -302,6 +307,24 @@ class Slot:
         if self._run_ended is None:
             self._run_ended = trio.Event()
         await self._run_ended.wait()
+
+    @property
+    def start_ignored(self) -> bool:
+        """The last run returned before it was ready, and its restart type makes that OTP's
+        ``ignore`` (a transient or temporary child): not started, and not an error."""
+        return (
+            not self.ready
+            and self.ended_how == describe(Outcome.EXITED, None)
+            and self.restart_type is not RestartType.PERMANENT
+        )
+
+    @property
+    def start_failed(self) -> bool:
+        """The last run ended before it was ready in a way that is a start error (OTP's
+        ``{error, Reason}``): it raised (whatever its restart type), or it is ``failed``."""
+        if self.ready or self.start_ignored or self.stopped_by_supervisor:
+            return False
+        return self.last_exception is not None or self.state is WorkerState.FAILED
 
     @property
     def idle(self) -> bool:
@@ -445,6 +468,13 @@ def judge(
     what = f"worker {path!r}"
     happened = describe(outcome, error)
     if slot.probation and not slot.ready:
+        if outcome is Outcome.EXITED and slot.restart_type is not RestartType.PERMANENT:
+            return Verdict(
+                Action.STOP,
+                f"{slot.restart_type} {what} returned before it was ready; not started "
+                f"(OTP's ignore)",
+                logging.INFO,
+            )
         return Verdict(
             Action.START_FAILED,
             f"{what} {happened} before it was ready; not started",
