@@ -73,7 +73,9 @@ class RestartType(enum.StrEnum):
     that may legitimately finish (a one-off migration, a backfill)."""
     TEMPORARY = "temporary"
     """Never restarted. Its end, normal or not, is recorded (``stopped``, with the error text if it
-    raised) but never touches health or shutdown. A temporary child takes no restart policy."""
+    raised) but never touches health or shutdown; only an exception before it is ready is a start
+    failure, as for every restart type (OTP's failing start function). A temporary child takes no
+    restart policy."""
 
 
 _E = TypeVar("_E", bound=enum.StrEnum)
