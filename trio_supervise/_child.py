@@ -31,7 +31,7 @@ DEFAULT_SHUTDOWN_GRACE = 5.0
 
 # Virtual time is a sum of float deltas: a run scheduled to last exactly the cap may measure a
 # few ulps short. Durations within a nanosecond of the cap count as reaching it.
-_TIME_EPSILON = 1e-9
+TIME_EPSILON = 1e-9
 
 
 class WorkerState(enum.StrEnum):
@@ -73,7 +73,9 @@ class RestartType(enum.StrEnum):
     that may legitimately finish (a one-off migration, a backfill)."""
     TEMPORARY = "temporary"
     """Never restarted. Its end, normal or not, is recorded (``stopped``, with the error text if it
-    raised) but never touches health or shutdown. A temporary child takes no restart policy."""
+    raised) but never touches health or shutdown; only an exception before it is ready is a start
+    failure, as for every restart type (OTP's failing start function). A temporary child takes no
+    restart policy."""
 
 
 _E = TypeVar("_E", bound=enum.StrEnum)
@@ -180,7 +182,7 @@ class ChildSpec:
     shutdown_grace: float = attrs.field(
         default=DEFAULT_SHUTDOWN_GRACE, kw_only=True, validator=_check_grace
     )
-    start: bool = attrs.field(default=False, kw_only=True)
+    start: bool = attrs.field(default=False, kw_only=True, validator=check_bool)
     stop_signal: bool = attrs.field(default=False, kw_only=True, validator=check_bool)
     significant: bool = attrs.field(default=False, kw_only=True, validator=check_bool)
 
@@ -244,6 +246,9 @@ class Slot:
     """The exception that ended the last run (``None`` if it returned or was cancelled)."""
     ended_how: str = ""
     """How the last run ended, in words ("returned", "failed (OSError: ...)")."""
+    stopped_by_supervisor: bool = False
+    """The last run ended while its supervisor was stopping it (shutdown, its strategy group,
+    terminate_child): its end says nothing about the child."""
     scope: trio.CancelScope | None = None
     """The current run's cancel scope, while a run is alive."""
     stop: Shutdown | None = None
@@ -286,6 +291,8 @@ class Slot:
         self.in_run = True
         self.ready = False
         self.last_exception = None
+        self.ended_how = ""
+        self.stopped_by_supervisor = False
         self._run_ended = None
 
     def end_run(self) -> None:
@@ -302,6 +309,24 @@ class Slot:
         if self._run_ended is None:
             self._run_ended = trio.Event()
         await self._run_ended.wait()
+
+    @property
+    def start_ignored(self) -> bool:
+        """The last run returned before it was ready, and its restart type makes that OTP's
+        ``ignore`` (a transient or temporary child): not started, and not an error."""
+        return (
+            not self.ready
+            and self.ended_how == describe(Outcome.EXITED, None)
+            and self.restart_type is not RestartType.PERMANENT
+        )
+
+    @property
+    def start_failed(self) -> bool:
+        """The last run ended before it was ready in a way that is a start error (OTP's
+        ``{error, Reason}``): it raised (whatever its restart type), or it is ``failed``."""
+        if self.ready or self.start_ignored or self.stopped_by_supervisor:
+            return False
+        return self.last_exception is not None or self.state is WorkerState.FAILED
 
     @property
     def idle(self) -> bool:
@@ -445,6 +470,13 @@ def judge(
     what = f"worker {path!r}"
     happened = describe(outcome, error)
     if slot.probation and not slot.ready:
+        if outcome is Outcome.EXITED and slot.restart_type is not RestartType.PERMANENT:
+            return Verdict(
+                Action.STOP,
+                f"{slot.restart_type} {what} returned before it was ready; not started "
+                f"(OTP's ignore)",
+                logging.INFO,
+            )
         return Verdict(
             Action.START_FAILED,
             f"{what} {happened} before it was ready; not started",
@@ -485,7 +517,7 @@ def judge(
             Action.FAIL, f"{what} {happened}; no restart policy: shutting down", logging.ERROR
         )
 
-    if ran_for >= policy.cap - _TIME_EPSILON:
+    if ran_for >= policy.cap - TIME_EPSILON:
         slot.attempt = 0
     slot.attempt += 1
     if slot.attempt > policy.max_restarts:

@@ -12,7 +12,7 @@ import math
 
 import attrs
 
-from ._child import RestartType, Slot, WorkerState, choice
+from ._child import TIME_EPSILON, RestartType, Slot, WorkerState, choice
 
 __all__ = ["AutoShutdown", "Intensity", "ShutdownOrder", "Strategy"]
 
@@ -102,8 +102,15 @@ class RestartWindow:
     _times: collections.deque[float] = attrs.field(init=False, factory=collections.deque)
 
     def admit(self, now: float) -> bool:
-        """Count a restart at *now*; False when it is one too many for the intensity."""
-        while self._times and self._times[0] <= now - self.intensity.period:
+        """Count a restart at *now*; False when it is one too many for the intensity.
+
+        The window includes its far end, as OTP's does (it keeps every restart at or after
+        ``now - period``): a restart exactly *period* seconds ago is still within it, so a child
+        failing every *period* seconds exceeds ``max_restarts=1``. Virtual time is a sum of float
+        deltas, so a restart within a nanosecond of the far end counts as on it.
+        """
+        oldest = now - self.intensity.period - TIME_EPSILON
+        while self._times and self._times[0] < oldest:
             self._times.popleft()
         self._times.append(now)
         return len(self._times) <= self.intensity.max_restarts

@@ -30,6 +30,14 @@ class JitterMode(enum.StrEnum):
     """Exactly ``delay``."""
 
 
+def _to_jitter_mode(value: object) -> JitterMode:
+    try:
+        return JitterMode(value)  # type: ignore[arg-type]
+    except ValueError:
+        allowed = ", ".join(repr(mode.value) for mode in JitterMode)
+        raise ValueError(f"jitter must be a JitterMode (one of {allowed}), got {value!r}") from None
+
+
 def _finite_non_negative(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{attribute.name} must be a number of seconds, got {value!r}")
@@ -62,7 +70,9 @@ class RestartPolicy:
     max_restarts: int = attrs.field(
         default=DEFAULT_MAX_RESTARTS, validator=_non_negative_int, kw_only=True
     )
-    jitter: JitterMode = attrs.field(default=JitterMode.EQUAL, converter=JitterMode, kw_only=True)
+    jitter: JitterMode = attrs.field(
+        default=JitterMode.EQUAL, converter=_to_jitter_mode, kw_only=True
+    )
 
     @property
     def cap(self) -> float:

@@ -136,15 +136,27 @@ class _WorkerMetrics:
 
 
 def _as_children(value: Iterable[ChildSpec | Supervisor]) -> tuple[ChildSpec | Supervisor, ...]:
+    if isinstance(value, ChildSpec | Supervisor | str | bytes) or not isinstance(value, Iterable):
+        raise TypeError(f"children must be an iterable of ChildSpec or Supervisor, got {value!r}")
     return tuple(value)
 
 
 def _shutdown_or_new(value: Shutdown | None) -> Shutdown:
-    return Shutdown() if value is None else value
+    if value is None:
+        return Shutdown()
+    if not isinstance(value, Shutdown):
+        raise TypeError(f"shutdown must be a Shutdown or None, got {value!r}")
+    return value
 
 
 def _registry_or_private(value: CollectorRegistry | None) -> CollectorRegistry:
-    return CollectorRegistry() if value is None else value
+    if value is None:
+        return CollectorRegistry()
+    if not isinstance(value, CollectorRegistry):
+        raise TypeError(
+            f"registry must be a prometheus_client CollectorRegistry or None, got {value!r}"
+        )
+    return value
 
 
 def _name_of(child: object) -> object:
@@ -368,15 +380,20 @@ class Supervisor:
     async def start_child(self, child: ChildSpec | Supervisor) -> None:
         """Add a child to a running supervisor and return once it is running (or ready).
 
-        A child that ends before it is ready is not added, and :class:`StartFailed` names it
-        and its cause; the supervisor and its other children are untouched (OTP's
-        ``start_child`` returning ``{error, Reason}``).
+        A child that raises before it is ready (or a permanent one that returns) is not added,
+        and :class:`StartFailed` names it and its cause; the supervisor and its other children
+        are untouched (OTP's ``start_child`` returning ``{error, Reason}``). A transient or
+        temporary child that returns before it is ready is OTP's ``ignore``: it is added,
+        ``stopped``, and this returns.
         """
         self._refuse_unless_running("use add_child before run")
         self._refuse_if_stopping(f"not adding {_name_of(child)!r}")
         slot = self._add_slot(child)
         slot.probation = True
         await self._launch(slot, None)
+        slot.probation = False
+        if slot.start_ignored:
+            return  # OTP's ignore: listed, stopped, no error
         if not slot.ready:
             self._remove_slot(slot)
             raise StartFailed(self._path(slot), slot.ended_how) from slot.last_exception
@@ -408,7 +425,8 @@ class Supervisor:
 
         Refused (:class:`ChildStateError`) while it runs or waits for a restart. If it ends
         before it is ready, :class:`StartFailed` names it and its cause, and it stays
-        terminated. Its restart count towards its policy starts afresh.
+        terminated (but a transient or temporary child's return is OTP's ``ignore``: no error).
+        Its restart count towards its policy starts afresh.
         """
         owner, slot = self._locate(name)
         path = owner._path(slot)
@@ -420,6 +438,9 @@ class Supervisor:
             raise ChildStateError(f"worker {path!r} is running; terminate it first")
         slot.attempt, slot.probation = 0, True
         await owner._launch(slot, None)
+        slot.probation = False
+        if slot.start_ignored:
+            return  # OTP's ignore: stays stopped, no error
         if not slot.ready:
             raise StartFailed(path, slot.ended_how) from slot.last_exception
         owner._adopt_health(slot)
@@ -546,7 +567,9 @@ class Supervisor:
         for good; whether it did not fail terminally before being ready."""
         while not slot.ready and not (ended_for_good(slot) and slot.idle):
             await slot.watch().wait_transition()  # the AsyncValue only for a child not ready
-        return slot.ready or slot.state is not WorkerState.FAILED
+        # A start error whatever the restart type (a temporary child that raised too, as OTP's
+        # failing start function); a transient or temporary child's return is OTP's ignore.
+        return not slot.start_failed
 
     @property
     def _stopping(self) -> bool:
@@ -687,6 +710,7 @@ class Supervisor:
     ) -> None:
         """Act on how a run ended. Synchronous, so decisions never interleave."""
         slot.ended_how = describe(outcome, error)
+        slot.stopped_by_supervisor = slot.held or self._stopping
         if error is not None:
             slot.last_error, slot.last_exception = error_text(error), error
         verdict = judge(
