@@ -443,6 +443,43 @@ async def test_group_members_that_already_ended_for_good_stay_ended(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_child_being_terminated_is_not_restarted_by_its_group(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """terminate_child gives a child its grace; a sibling failing meanwhile restarts its
+    one_for_all group without the child being terminated, which ends stopped, as a terminated
+    child does (it used to be taken into the group's restart and run again)."""
+    runs: dict[str, int] = {"off": 0, "flaky": 0}
+
+    async def off() -> None:
+        runs["off"] += 1
+        await trio.sleep_forever()
+
+    async def flaky() -> None:
+        runs["flaky"] += 1
+        await trio.sleep(5)
+        if runs["flaky"] == 1:
+            raise OSError("flaky")
+        await trio.sleep_forever()
+
+    policy = RestartPolicy(1, 1, jitter="none")
+    supervisor = Supervisor(
+        name="app",
+        strategy="one_for_all",
+        children=[
+            ChildSpec("off", off, restart=policy, shutdown_grace=10),
+            ChildSpec("flaky", flaky, restart=policy),
+        ],
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        nursery.start_soon(supervisor.terminate_child, "off")  # its grace runs until t=10
+        await trio.sleep(30)
+        assert runs == {"off": 1, "flaky": 2}
+        assert supervisor.states == {"off": WorkerState.STOPPED, "flaky": WorkerState.RUNNING}
+        nursery.cancel_scope.cancel()
+
+
 # -- shutdown ------------------------------------------------------------------------------------
 
 

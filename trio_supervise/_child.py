@@ -262,6 +262,9 @@ class Slot:
     held: bool = False
     """The current run was stopped by the supervisor (its strategy, or terminate_child); its
     outcome is ignored."""
+    terminating: bool = False
+    """terminate_child is stopping the current run: no restart (its policy's or its group's)
+    takes it, as none takes a terminated child."""
     probation: bool = False
     """Launched by start_child/restart_child: an end before readiness is that call's error,
     never a restart or a failure of the supervisor."""
@@ -289,6 +292,7 @@ class Slot:
 
     def begin_run(self) -> None:
         self.in_run = True
+        self.terminating = False
         self.ready = False
         self.last_exception = None
         self.ended_how = ""

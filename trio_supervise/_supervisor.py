@@ -413,7 +413,7 @@ class Supervisor:
             if slot.scope is None:
                 slot.set_state(WorkerState.STOPPED)
         if slot.scope is not None:
-            slot.held = True
+            slot.held = slot.terminating = True
             slot.ask_to_stop(f"terminate_child({path!r})")
             await slot.wait_run_ended()
         else:
@@ -798,8 +798,8 @@ class Supervisor:
         """Restart *slot* after *delay*, with the siblings its strategy names."""
         members: set[int] = {id(slot)}
         for sibling in restart_group(self._slots, slot, self.strategy):
-            if sibling is slot or ended_for_good(sibling):
-                continue
+            if sibling is slot or ended_for_good(sibling) or sibling.terminating:
+                continue  # a child being terminated is as good as terminated: never restarted
             if never_restarted_with_group(sibling):
                 if sibling.scope is not None:
                     sibling.held = True
