@@ -36,11 +36,14 @@ async def run_until(
             runner.shutdown.begin("benchmark done")
 
 
-async def noop_rate(queue: ts.WorkQueue, count: int, concurrency: int) -> float:
+async def noop_rate(
+    queue: ts.WorkQueue, count: int, concurrency: int, claim_batch: int | None = None
+) -> float:
     """Items per second for one runner evaluating *count* prepared no-op items on *queue*.
 
     Timed from the runner's start until every outcome is written; the same shape for every
-    backend, so the throughput measures differ only in the queue they are given.
+    backend, so the throughput measures differ only in the queue they are given. The claim
+    batch is *claim_batch*, or the concurrency if None.
     """
     evaluated = 0
     done = trio.Event()
@@ -52,12 +55,13 @@ async def noop_rate(queue: ts.WorkQueue, count: int, concurrency: int) -> float:
             done.set()
 
     # A user who raises the concurrency raises the batches with it: the claim batch to the
-    # concurrency, and the settle batch so that one write takes a whole claim's outcomes.
+    # concurrency (unless told), and the settle batch so that one write takes a whole claim's
+    # outcomes.
     default_settle = ts.RunnerSettings(worker_id="bench").settle_batch
     settings = ts.RunnerSettings(
         worker_id="bench",
         concurrency=concurrency,
-        claim_batch=concurrency,
+        claim_batch=concurrency if claim_batch is None else claim_batch,
         settle_batch=max(default_settle, concurrency),
     )
     gc.collect()

@@ -190,6 +190,8 @@ def test_the_postgres_measures_run_against_the_test_server() -> None:
     for record in records.values():
         check_record(record)
     assert records["P8"]["pgqueuer_batch"] in (64, 200)
+    # Our runner claims one batch ahead: its concurrency is twice its claim batch.
+    assert records["P8"]["ours_concurrency"] == 2 * records["P8"]["ours_batch"]
     with psycopg.connect(dsn, autocommit=True) as conn:
         left = conn.execute(
             "SELECT count(*) FROM pg_database WHERE datname LIKE 'bench_pgqueuer_%%'"

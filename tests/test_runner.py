@@ -319,6 +319,52 @@ async def test_the_next_claim_runs_beside_the_last_batchs_write(
     assert {item.state for item in queue.items.values()} == {ts.ItemState.COMPLETED}
 
 
+async def test_twice_the_claim_batch_claims_one_batch_ahead_within_the_concurrency(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """At a concurrency of two claim batches the next claim starts as soon as the last one
+    returns, while its batch is evaluated (P8 runs so), and at every checkpoint the items
+    claimed and not yet taken for a write stay within the concurrency, the evaluations too,
+    and the leases held within the concurrency plus one settle batch."""
+    queue = DistantQueue()
+    driver = Recorder()
+    for n in range(8):
+        await queue.enqueue("job", item_id=f"i{n:02}", config={"sleep": 1.5})
+    runner = queue.runner = make_runner(queue, driver, concurrency=4, claim_batch=2, settle_batch=4)
+    seen: list[tuple[int, int, int]] = []
+
+    class Bound(trio.abc.Instrument):
+        def after_task_step(self, task: trio.lowlevel.Task) -> None:
+            held = sum(
+                1
+                for item in queue.items.values()
+                if item.state is ts.ItemState.RUNNING and item.lease_owner == "a"
+            )
+            # The runner's slots: claimed (or being claimed) and not yet taken for a write.
+            slots = sum(busy.value for busy in runner._busy.values())
+            seen.append((slots, driver.running, held))
+
+    bound = Bound()
+    trio.lowlevel.add_instrument(bound)
+    try:
+        async with running(runner):
+            await trio.sleep(9)
+    finally:
+        trio.lowlevel.remove_instrument(bound)
+    assert len(driver.ends) == 8
+    # The second claim starts at 1, as the first returns, not once its batch is evaluated
+    # (2.5); its items start while the first batch's still run.
+    assert [start for start, _, n in queue.claims if n][:2] == [0.0, 1.0]
+    assert driver.starts["i02"] == [2.0]
+    assert driver.ends["i00"] == 2.5
+    assert driver.peak == 4
+    assert seen
+    assert max(slots for slots, _, _ in seen) == 4
+    assert max(evaluating for _, evaluating, _ in seen) <= 4
+    assert max(held for _, _, held in seen) <= 4 + 4
+    assert {item.state for item in queue.items.values()} == {ts.ItemState.COMPLETED}
+
+
 async def test_an_item_being_written_stays_in_flight_renewed_and_drained(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
