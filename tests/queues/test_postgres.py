@@ -6,6 +6,7 @@ import datetime as dt
 import logging
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -16,12 +17,13 @@ from trio_supervise.queues import (
     PostgresQueue,
     SettleKind,
     Settlement,
+    WorkItem,
     migrate,
     open_queue,
     redact_dsn,
 )
 from trio_supervise.queues import _sql as _queries
-from trio_supervise.queues._postgres import _due_hint, _due_payload
+from trio_supervise.queues._postgres import _due_hint, _due_payload, _item_decoder
 
 from .conftest import ManualClock, pg_schema, postgres_dsn
 
@@ -628,6 +630,18 @@ def _assert_walk_in_order(lines: list[str], index: str, name: str) -> None:
 
 def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
+
+
+def test_a_claim_s_columns_in_another_order_are_refused() -> None:
+    """The claims' rows are read by position: columns that are not WorkItem's fields first, in
+    its order, are refused (naming them) instead of read into the wrong fields."""
+    fields = tuple(field.name for field in attrs.fields(WorkItem))
+    _item_decoder((*fields, "keyed"))  # the claims' own lists
+    swapped = (fields[1], fields[0], *fields[2:])
+    with pytest.raises(RuntimeError, match="WorkItem's fields first, in order"):
+        _item_decoder(swapped)
+    with pytest.raises(RuntimeError, match="in order"):
+        _item_decoder(fields[:-1])
 
 
 async def test_the_pool_s_sessions_are_utc_and_claimed_times_too() -> None:
