@@ -23,7 +23,13 @@ from trio_supervise.queues import (
     redact_dsn,
 )
 from trio_supervise.queues import _sql as _queries
-from trio_supervise.queues._postgres import _due_hint, _due_payload, _item_decoder
+from trio_supervise.queues._postgres import (
+    _due_hint,
+    _due_payload,
+    _int_array,
+    _item_decoder,
+    _text_array,
+)
 
 from .conftest import ManualClock, pg_schema, postgres_dsn
 
@@ -630,6 +636,34 @@ def _assert_walk_in_order(lines: list[str], index: str, name: str) -> None:
 
 def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
+
+
+async def test_the_settlement_s_array_literals_read_back_as_their_values() -> None:
+    """The text and integer arrays a settlement sends as literals are read by PostgreSQL as the
+    very values they were built from (quotes, backslashes, commas, braces, spaces, NULL,
+    empty text; repeated and mixed integers); a list holding anything else is left to psycopg."""
+    texts = ['q"', "\\", '","', "a,b", "{}", " x ", "NULL", "", "ü☃", '\\"', "plain"]
+    numbers = [[], [0], [7, 7, 7], [1, -2, 2**62, 0]]
+    assert _text_array(["a", 1]) == ["a", 1]  # type: ignore[list-item]
+    assert _int_array([1, True]) == [1, True]
+    with pg_schema() as (dsn, schema):
+        for values in ([], ["one"], texts, texts[::-1]):
+            [[got]] = await trio.to_thread.run_sync(
+                _sql_params, dsn, schema, "SELECT %s::text[]", (_text_array(values),)
+            )
+            assert got == values
+        for ints in numbers:
+            [[got]] = await trio.to_thread.run_sync(
+                _sql_params, dsn, schema, "SELECT %s::bigint[]", (_int_array(ints),)
+            )
+            assert got == ints
+
+
+def _sql_params(dsn: str, schema: str, query: str, params: tuple[Any, ...]) -> list[Any]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
+        return conn.execute(query, params).fetchall()
 
 
 def test_a_claim_s_columns_in_another_order_are_refused() -> None:

@@ -459,10 +459,11 @@ UPDATE trio_supervise_items AS i SET
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
--- The arrays travel in binary (as text, quoting the strings costs the client twice as much);
--- an array whose values are all NULL comes empty, and unnest pads it with NULLs.
+-- The columns every entry fills come as array literals the client builds in one join each
+-- (see _settle_params in _postgres.py); the others travel in binary, and an array whose values
+-- are all NULL comes as NULL, which unnest pads with NULLs as it does a shorter array.
 FROM unnest(
-    %(ids)b::text[], %(versions)b::bigint[], %(kinds)b::text[], %(delays_us)b::bigint[],
+    %(ids)s::text[], %(versions)s::bigint[], %(kinds)s::text[], %(delays_us)s::bigint[],
     %(ats)b::timestamptz[], %(configs)b::text[], %(errors)b::text[], %(results)b::text[]
 ) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, result, ord)
 WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
