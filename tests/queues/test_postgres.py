@@ -142,6 +142,53 @@ async def test_notify_wakes_a_waiter_in_another_queue() -> None:
                     await woke.wait()
 
 
+async def test_a_settlement_making_work_due_wakes_a_waiter_in_another_queue() -> None:
+    """settle_many's NOTIFY: an outcome due again at once, and a completion freeing a key's
+    slot for an item it blocked, each wake wait_for_work on another connection."""
+    with pg_schema() as (dsn, schema):
+        clock = ManualClock()
+        async with (
+            await PostgresQueue.connect(dsn, clock=clock, schema=schema, migrate=True) as waiter,
+            await PostgresQueue.connect(dsn, clock=clock, schema=schema) as worker,
+        ):
+
+            async def settled_wakes(settlement: Settlement) -> None:
+                woke = trio.Event()
+
+                async def wait() -> None:
+                    await waiter.wait_for_work(["spec"])
+                    woke.set()
+
+                with trio.fail_after(10):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(wait)
+                        await trio.sleep(0.5)
+                        assert not woke.is_set()
+                        assert await worker.settle_many([settlement]) == [True]
+                        await woke.wait()
+
+            await worker.enqueue("spec", item_id="again")
+            [item] = await worker.claim_due(["spec"], "w", 60, 1)
+            await settled_wakes(
+                Settlement(
+                    item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CONTINUE
+                )
+            )
+            [item] = await worker.claim_due(["spec"], "w", 60, 1)
+            await worker.complete(item.id, item.lease_version)
+            for item_id in ("k1", "k2"):
+                await worker.enqueue(
+                    "spec", item_id=item_id, concurrency_key="k", concurrency_limit=1
+                )
+            [first] = await worker.claim_due(["spec"], "w", 60, 2)
+            await settled_wakes(
+                Settlement(
+                    item_id=first.id, lease_version=first.lease_version, kind=SettleKind.COMPLETE
+                )
+            )
+            assert [each.id for each in await worker.claim_due(["spec"], "w", 60, 2)] == ["k2"]
+
+
 async def test_listener_reconnects_after_the_connection_drops(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

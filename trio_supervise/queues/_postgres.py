@@ -13,7 +13,10 @@ many status pages are open, claims, renewals and settlements always find a conne
   concurrency key take a second, transactional path under advisory locks on their keys (see
   ``claim_keyed`` in ``queries.sql``), so two claimers never both count a key's slot free.
 - Every write after a claim is fenced: the lease version (and, for renewals, the owner) is in
-  the ``WHERE``. ``renew_many`` and ``settle_many`` are one ``UPDATE ... FROM unnest(...)``.
+  the ``WHERE``. ``renew_many`` and ``settle_many`` are one ``UPDATE ... FROM unnest(...)``; a
+  ``settle_many`` batch without children or waits is that one statement in autocommit, its
+  wake-ups sent by the statement itself (``settle_alone``), and only the entries whose rows
+  have a parent (their fan-in commits with them) take a transaction.
 - Lease times come from the database's clock (``now()``) by default, so machines whose clocks
   disagree still agree on leases; pass ``clock=`` to inject one (tests), and its times are sent
   as parameters instead.
@@ -77,6 +80,7 @@ logger = logging.getLogger("trio_supervise.queues")
 
 _Q = _sql.load_queries("postgres")
 _ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue_many"])
+_SETTLE_ALONE = _sql.with_query(_Q["settle_alone"], "settle_many", _Q["settle_many"])
 _ARRAYS = (
     "ids",
     "spec_ids",
@@ -830,7 +834,37 @@ class PostgresQueue(SQLQueue):
             "results": results,
             "now": now,
             "max_errors": MAX_ERRORS,
+            "parented": True,
         }
+
+    def _settle_sync(
+        self,
+        conn: psycopg.Connection[Row],
+        entries: Sequence[SettleEntry],
+        now: Any,
+        children: bool,
+        *,
+        why: bool,
+    ) -> set[int]:
+        # A batch without children or waits, that wants no reason for a refusal (settle_many's,
+        # a runner's): one statement in autocommit (see settle_alone), and the general way
+        # only for the entries whose rows have a parent. An entry neither settled nor
+        # parented was stale: refused, as the general way refuses it.
+        if children or why:
+            return super()._settle_sync(conn, entries, now, children, why=why)
+        params = {**self._settle_params(entries, now), "parented": False, "channel": self.channel}
+        try:
+            row = conn.execute(_SETTLE_ALONE, params).fetchone()
+        except self._data_errors():
+            # A value the database refuses, and nothing written: the general way writes the
+            # batch entry by entry, so that entry alone becomes dead.
+            return super()._settle_sync(conn, entries, now, children, why=False)
+        assert row is not None
+        applied = {entries[n - 1][0] for n in row["ords"] or ()}
+        if row["parented"]:
+            rest = [entries[n - 1] for n in row["parented"]]
+            applied |= super()._settle_sync(conn, rest, now, False, why=False)
+        return applied
 
     def _settle_rows(
         self, conn: psycopg.Connection[Row], entries: Sequence[SettleEntry], now: Any

@@ -101,6 +101,15 @@ def without_conflict_clause(query: str) -> str:
     return stripped
 
 
+def with_query(query: str, name: str, inner: str) -> str:
+    """*query* with its ``{name}`` placeholder (alone on its line) replaced by the query *inner*,
+    its final semicolon dropped: one statement built around another without copying it."""
+    marker = "{" + name + "}"
+    if query.count(marker) != 1:  # pragma: no cover - the .sql file was changed
+        raise RuntimeError(f"the query must hold {marker!r} once")
+    return query.replace(marker, inner.rstrip().removesuffix(";"))
+
+
 @functools.cache
 def migrations(backend: Backend) -> tuple[Migration, ...]:
     """Every migration of the backend, oldest first, numbered 1, 2, 3, ... without gaps."""
