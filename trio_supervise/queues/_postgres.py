@@ -786,7 +786,7 @@ class PostgresQueue(SQLQueue):
             return _claimed(cur)[0]
 
     def _claimed_items(self, rows: Iterable[Any]) -> list[WorkItem]:
-        items = list(rows)  # decoded already
+        items = rows if type(rows) is list else list(rows)  # decoded already, and ours
         items.sort(key=_claim_order)
         return items
 
@@ -1063,8 +1063,10 @@ def _int_array(values: list[int]) -> str | list[int]:
     return "{" + repr(values)[1:-1] + "}"
 
 
-def _claim_order(item: WorkItem) -> tuple[int, dt.datetime, str]:
-    return item.priority, item.due_at, item.id
+_claim_order: Callable[[WorkItem], tuple[int, dt.datetime, str]] = operator.attrgetter(
+    "priority", "due_at", "id"
+)
+"""A claimed item's place in the claim's order (read in C: a third of a function's cost)."""
 
 
 def _map_any(error: Exception, dsn: str) -> QueueError | None:
