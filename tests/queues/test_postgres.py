@@ -24,6 +24,7 @@ from trio_supervise.queues import (
 )
 from trio_supervise.queues import _sql as _queries
 from trio_supervise.queues._postgres import (
+    _SETTLE_ALONE,
     _due_hint,
     _due_payload,
     _int_array,
@@ -187,6 +188,48 @@ async def test_a_settlement_making_work_due_wakes_a_waiter_in_another_queue() ->
                 )
             )
             assert [each.id for each in await worker.claim_due(["spec"], "w", 60, 2)] == ["k2"]
+
+
+async def test_a_batch_settled_alone_is_written_whole_or_not_at_all() -> None:
+    """settle_many's one statement (settle_alone) fails on a row with a parent and writes none
+    of its batch; the batch is then written the general way, in one transaction with the
+    child's fan-in: its plain item settled, its parent due again."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            await queue.enqueue("parent", item_id="p")
+            [parent] = await queue.claim_due(["parent"], "w", 60, 1)
+            fan_out = Settlement(
+                item_id="p",
+                lease_version=parent.lease_version,
+                kind=SettleKind.CONTINUE,
+                children=[NewItem(spec_id="spec", item_id="child")],
+                wait_for_children=True,
+            )
+            assert await queue.settle_many([fan_out]) == [True]
+            await queue.enqueue("spec", item_id="plain")
+            claimed = await queue.claim_due(["spec"], "w", 60, 2)
+            assert sorted(item.id for item in claimed) == ["child", "plain"]
+            batch = [
+                Settlement(
+                    item_id=item.id, lease_version=item.lease_version, kind=SettleKind.COMPLETE
+                )
+                for item in claimed
+            ]
+            _, _, entries, children = queue._settle_plan(batch)
+            assert not children
+            params = {
+                **queue._settle_params(entries, None),
+                "alone": True,
+                "channel": queue.channel,
+            }
+            with pytest.raises(QueueError, match="a row with a parent"):
+                await queue._run(lambda conn: conn.execute(_SETTLE_ALONE, params), retry=False)
+            assert {(await queue.get(item.id)).state for item in claimed} == {ItemState.RUNNING}
+            assert await queue.settle_many(batch) == [True, True]
+            for item in claimed:
+                assert (await queue.get(item.id)).state is ItemState.COMPLETED
+            waited = await queue.get("p")
+            assert (waited.state, waited.waiting_children) == (ItemState.QUEUED, 0)
 
 
 async def test_listener_reconnects_after_the_connection_drops(

@@ -15,8 +15,8 @@ many status pages are open, claims, renewals and settlements always find a conne
 - Every write after a claim is fenced: the lease version (and, for renewals, the owner) is in
   the ``WHERE``. ``renew_many`` and ``settle_many`` are one ``UPDATE ... FROM unnest(...)``; a
   ``settle_many`` batch without children or waits is that one statement in autocommit, its
-  wake-ups sent by the statement itself (``settle_alone``), and only the entries whose rows
-  have a parent (their fan-in commits with them) take a transaction.
+  wake-ups sent by the statement itself (``settle_alone``); a batch holding a row with a parent
+  (whose fan-in must commit with it) takes a transaction, as every batch did before.
 - Lease times come from the database's clock (``now()``) by default, so machines whose clocks
   disagree still agree on leases; pass ``clock=`` to inject one (tests), and its times are sent
   as parameters instead.
@@ -834,7 +834,7 @@ class PostgresQueue(SQLQueue):
             "results": results,
             "now": now,
             "max_errors": MAX_ERRORS,
-            "parented": True,
+            "alone": False,
         }
 
     def _settle_sync(
@@ -847,24 +847,19 @@ class PostgresQueue(SQLQueue):
         why: bool,
     ) -> set[int]:
         # A batch without children or waits, that wants no reason for a refusal (settle_many's,
-        # a runner's): one statement in autocommit (see settle_alone), and the general way
-        # only for the entries whose rows have a parent. An entry neither settled nor
-        # parented was stale: refused, as the general way refuses it.
+        # a runner's): one statement in autocommit (see settle_alone). It writes the whole
+        # batch or nothing: a row with a parent, or a value the database refuses, fails it,
+        # and the general way writes the batch (in one transaction; entry by entry if a value
+        # is refused, so that entry alone becomes dead).
         if children or why:
             return super()._settle_sync(conn, entries, now, children, why=why)
-        params = {**self._settle_params(entries, now), "parented": False, "channel": self.channel}
+        params = {**self._settle_params(entries, now), "alone": True, "channel": self.channel}
         try:
             row = conn.execute(_SETTLE_ALONE, params).fetchone()
         except self._data_errors():
-            # A value the database refuses, and nothing written: the general way writes the
-            # batch entry by entry, so that entry alone becomes dead.
             return super()._settle_sync(conn, entries, now, children, why=False)
         assert row is not None
-        applied = {entries[n - 1][0] for n in row["ords"] or ()}
-        if row["parented"]:
-            rest = [entries[n - 1] for n in row["parented"]]
-            applied |= super()._settle_sync(conn, rest, now, False, why=False)
-        return applied
+        return {entries[n - 1][0] for n in row["ords"] or ()}
 
     def _settle_rows(
         self, conn: psycopg.Connection[Row], entries: Sequence[SettleEntry], now: Any

@@ -420,7 +420,7 @@ RETURNING id;
 -- name: settle_many
 -- Every outcome in one statement, fenced on (id, version) and the running state. The batch
 -- never holds two entries for one (id, version): the queue drops repeats before sending.
--- Rows with a parent are settled only when %(parented)s (see settle_alone).
+-- With %(alone)s (see settle_alone) a row with a parent fails the statement.
 UPDATE trio_supervise_items AS i SET
     state = CASE s.kind
         WHEN 'complete' THEN 'completed'
@@ -459,7 +459,13 @@ UPDATE trio_supervise_items AS i SET
     END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now())
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    -- Unchanged, but with %(alone)s a row with a parent fails the statement here (invalid
+    -- input syntax for type integer), so that it writes nothing: a SET is computed only for
+    -- the rows the statement updates, so only an entry's own fresh row can fail it.
+    parent_id = CASE WHEN i.parent_id IS NULL OR NOT %(alone)s::boolean THEN i.parent_id
+        ELSE ('a row with a parent: ' || i.parent_id)::int::text
+    END
 -- The columns every entry fills come as array literals the client builds in one join each
 -- (see _settle_params in _postgres.py); the others travel in binary, and an array whose values
 -- are all NULL comes as NULL, which unnest pads with NULLs as it does a shorter array.
@@ -468,18 +474,18 @@ FROM unnest(
     %(ats)b::timestamptz[], %(configs)b::text[], %(errors)b::text[], %(results)b::text[]
 ) WITH ORDINALITY AS s(id, version, kind, delay_us, at, config, error, result, ord)
 WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
-    AND (%(parented)s::boolean OR i.parent_id IS NULL)
 RETURNING s.ord, i.spec_id, i.state, i.parent_id, i.concurrency_key,
     i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 
 -- name: settle_alone
 -- A batch without children or waits (a runner's, mostly) settled by one statement in
 -- autocommit: its own transaction, one round trip, where the general way takes three (BEGIN,
--- settle_many, COMMIT), with the wake-ups sent by the statement itself (NOTIFY, as _notify
--- sends them: the spec ids of the rows due now and of the rows holding a key). A row with a
--- parent is left alone: its parent's fan-in must commit with it, and the queue writes it the
--- general way (parented: those entries' positions, looked for among the entries not settled
--- only, so a batch settled whole probes nothing). Below, settle_many with parented false.
+-- settle_many, COMMIT), and one row back (the positions settled, as one array) instead of one
+-- per entry; the wake-ups are sent by the statement itself (NOTIFY, as _notify sends them: the
+-- spec ids of the rows due now and of the rows holding a key). A row with a parent makes
+-- settle_many fail instead (alone: its parent's fan-in must commit with it), so nothing is
+-- written, and the queue writes the batch the general way, in one transaction as ever. Below,
+-- settle_many with alone true.
 WITH settled AS (
 {settle_many}
 ), woken AS (
@@ -487,13 +493,6 @@ WITH settled AS (
     WHERE (state = 'queued' AND due_now) OR concurrency_key IS NOT NULL
 )
 SELECT (SELECT array_agg(ord) FROM settled) AS ords,
-    (
-        SELECT array_agg(p.ord)
-        FROM unnest(%(ids)s::text[], %(versions)s::bigint[]) WITH ORDINALITY AS p(id, version, ord)
-        JOIN trio_supervise_items AS i ON i.id = p.id AND i.lease_version = p.version
-        WHERE p.ord NOT IN (SELECT ord FROM settled)
-            AND i.state = 'running' AND i.parent_id IS NOT NULL
-    ) AS parented,
     (SELECT count(pg_notify(%(channel)s::text, spec_id)) FROM woken) AS notified;
 
 -- name: set_parents
