@@ -830,6 +830,33 @@ async def test_settle_many_mixed(queue: WorkQueue, clock: ManualClock) -> None:
     assert await queue.settle_many([]) == []
 
 
+_AWKWARD_IDS = ['q"uote', "back\\slash", 'a","b', "com,ma", "{brace}", " spaced ", "NULL", "ü☃"]
+
+
+async def test_settle_many_takes_ids_of_any_text(queue: WorkQueue, clock: ManualClock) -> None:
+    """Item ids holding quotes, backslashes, commas, braces, spaces, the word NULL or non-ASCII
+    text are settled in one batch, each as asked (a backend may write a batch as text it builds
+    itself, and must quote every one right)."""
+    for item_id in _AWKWARD_IDS:
+        await queue.enqueue("spec", item_id=item_id)
+    items = await queue.claim_due(["spec"], "w1", 30, len(_AWKWARD_IDS))
+    assert sorted(item.id for item in items) == sorted(_AWKWARD_IDS)
+    kinds = [SettleKind.COMPLETE, SettleKind.CONTINUE, SettleKind.CANCEL]
+    settlements = [
+        Settlement(item_id=item.id, lease_version=item.lease_version, kind=kinds[n % 3])
+        for n, item in enumerate(items)
+    ]
+    stale = Settlement(item_id='q"uote', lease_version=999, kind=SettleKind.COMPLETE)
+    assert await queue.settle_many([*settlements, stale]) == [True] * len(items) + [False]
+    expected = {
+        SettleKind.COMPLETE: ItemState.COMPLETED,
+        SettleKind.CONTINUE: ItemState.QUEUED,
+        SettleKind.CANCEL: ItemState.CANCELLED,
+    }
+    for settlement in settlements:
+        assert (await queue.get(settlement.item_id)).state is expected[settlement.kind]
+
+
 async def test_settle_many_a_large_batch(queue: WorkQueue, clock: ManualClock) -> None:
     """A batch of 150 mixed outcomes (more than one statement takes), with stale and repeated
     entries among them, gives every entry what it would get on its own."""

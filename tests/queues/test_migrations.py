@@ -38,6 +38,27 @@ def test_sql_files_are_consistent(backend: _sql.Backend) -> None:
         assert queries[name].strip()
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_queries_are_loaded_without_their_comment_lines(backend: _sql.Backend) -> None:
+    """The queries as loaded hold no line that is only a comment; the rest is kept as written."""
+    raw = _sql._sql_dir(backend).joinpath("queries.sql").read_text(encoding="utf-8")
+    for name, query in _sql.load_queries(backend).items():
+        lines = query.splitlines()
+        assert not [line for line in lines if line.lstrip().startswith("--")], name
+        assert all(line in raw for line in lines), name
+
+
+def test_postgres_queries_are_short_enough_for_psycopg_to_cache_their_parse() -> None:
+    """psycopg parses a query's placeholders again on every call unless the query is shorter
+    than its cache's limit: every PostgreSQL query, as loaded, is (the claim was not, with its
+    comments)."""
+    psycopg_queries = pytest.importorskip("psycopg._queries")
+    limit = getattr(psycopg_queries, "MAX_CACHED_STATEMENT_LENGTH", 4096)
+    queries = {**_sql.load_queries("postgres"), "settle_alone": _postgres._SETTLE_ALONE}
+    too_long = {name: len(query) for name, query in queries.items() if len(query) >= limit}
+    assert not too_long
+
+
 def test_sql_files_ship_in_the_package() -> None:
     """The .sql files are package data next to the code (and so land in the wheel)."""
     from importlib import resources

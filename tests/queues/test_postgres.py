@@ -6,6 +6,7 @@ import datetime as dt
 import logging
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -16,12 +17,20 @@ from trio_supervise.queues import (
     PostgresQueue,
     SettleKind,
     Settlement,
+    WorkItem,
     migrate,
     open_queue,
     redact_dsn,
 )
 from trio_supervise.queues import _sql as _queries
-from trio_supervise.queues._postgres import _due_hint, _due_payload
+from trio_supervise.queues._postgres import (
+    _SETTLE_ALONE,
+    _due_hint,
+    _due_payload,
+    _int_array,
+    _item_decoder,
+    _text_array,
+)
 
 from .conftest import ManualClock, pg_schema, postgres_dsn
 
@@ -132,6 +141,95 @@ async def test_notify_wakes_a_waiter_in_another_queue() -> None:
                     assert not woke.is_set()
                     await producer.enqueue("spec")
                     await woke.wait()
+
+
+async def test_a_settlement_making_work_due_wakes_a_waiter_in_another_queue() -> None:
+    """settle_many's NOTIFY: an outcome due again at once, and a completion freeing a key's
+    slot for an item it blocked, each wake wait_for_work on another connection."""
+    with pg_schema() as (dsn, schema):
+        clock = ManualClock()
+        async with (
+            await PostgresQueue.connect(dsn, clock=clock, schema=schema, migrate=True) as waiter,
+            await PostgresQueue.connect(dsn, clock=clock, schema=schema) as worker,
+        ):
+
+            async def settled_wakes(settlement: Settlement) -> None:
+                woke = trio.Event()
+
+                async def wait() -> None:
+                    await waiter.wait_for_work(["spec"])
+                    woke.set()
+
+                with trio.fail_after(10):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(wait)
+                        await trio.sleep(0.5)
+                        assert not woke.is_set()
+                        assert await worker.settle_many([settlement]) == [True]
+                        await woke.wait()
+
+            await worker.enqueue("spec", item_id="again")
+            [item] = await worker.claim_due(["spec"], "w", 60, 1)
+            await settled_wakes(
+                Settlement(
+                    item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CONTINUE
+                )
+            )
+            [item] = await worker.claim_due(["spec"], "w", 60, 1)
+            await worker.complete(item.id, item.lease_version)
+            for item_id in ("k1", "k2"):
+                await worker.enqueue(
+                    "spec", item_id=item_id, concurrency_key="k", concurrency_limit=1
+                )
+            [first] = await worker.claim_due(["spec"], "w", 60, 2)
+            await settled_wakes(
+                Settlement(
+                    item_id=first.id, lease_version=first.lease_version, kind=SettleKind.COMPLETE
+                )
+            )
+            assert [each.id for each in await worker.claim_due(["spec"], "w", 60, 2)] == ["k2"]
+
+
+async def test_a_batch_settled_alone_is_written_whole_or_not_at_all() -> None:
+    """settle_many's one statement (settle_alone) fails on a row with a parent and writes none
+    of its batch; the batch is then written the general way, in one transaction with the
+    child's fan-in: its plain item settled, its parent due again."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            await queue.enqueue("parent", item_id="p")
+            [parent] = await queue.claim_due(["parent"], "w", 60, 1)
+            fan_out = Settlement(
+                item_id="p",
+                lease_version=parent.lease_version,
+                kind=SettleKind.CONTINUE,
+                children=[NewItem(spec_id="spec", item_id="child")],
+                wait_for_children=True,
+            )
+            assert await queue.settle_many([fan_out]) == [True]
+            await queue.enqueue("spec", item_id="plain")
+            claimed = await queue.claim_due(["spec"], "w", 60, 2)
+            assert sorted(item.id for item in claimed) == ["child", "plain"]
+            batch = [
+                Settlement(
+                    item_id=item.id, lease_version=item.lease_version, kind=SettleKind.COMPLETE
+                )
+                for item in claimed
+            ]
+            _, _, entries, children = queue._settle_plan(batch)
+            assert not children
+            params = {
+                **queue._settle_params(entries, None),
+                "alone": True,
+                "channel": queue.channel,
+            }
+            with pytest.raises(QueueError, match="a row with a parent"):
+                await queue._run(lambda conn: conn.execute(_SETTLE_ALONE, params), retry=False)
+            assert {(await queue.get(item.id)).state for item in claimed} == {ItemState.RUNNING}
+            assert await queue.settle_many(batch) == [True, True]
+            for item in claimed:
+                assert (await queue.get(item.id)).state is ItemState.COMPLETED
+            waited = await queue.get("p")
+            assert (waited.state, waited.waiting_children) == (ItemState.QUEUED, 0)
 
 
 async def test_listener_reconnects_after_the_connection_drops(
@@ -636,6 +734,46 @@ def _assert_walk_in_order(lines: list[str], index: str, name: str) -> None:
 
 def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
+
+
+async def test_the_settlement_s_array_literals_read_back_as_their_values() -> None:
+    """The text and integer arrays a settlement sends as literals are read by PostgreSQL as the
+    very values they were built from (quotes, backslashes, commas, braces, spaces, NULL,
+    empty text; repeated and mixed integers); a list holding anything else is left to psycopg."""
+    texts = ['q"', "\\", '","', "a,b", "{}", " x ", "NULL", "", "ü☃", '\\"', "plain"]
+    numbers = [[], [0], [7, 7, 7], [1, -2, 2**62, 0]]
+    assert _text_array(["a", 1]) == ["a", 1]  # type: ignore[list-item]
+    assert _int_array([1, True]) == [1, True]
+    with pg_schema() as (dsn, schema):
+        for values in ([], ["one"], texts, texts[::-1]):
+            [[got]] = await trio.to_thread.run_sync(
+                _sql_params, dsn, schema, "SELECT %s::text[]", (_text_array(values),)
+            )
+            assert got == values
+        for ints in numbers:
+            [[got]] = await trio.to_thread.run_sync(
+                _sql_params, dsn, schema, "SELECT %s::bigint[]", (_int_array(ints),)
+            )
+            assert got == ints
+
+
+def _sql_params(dsn: str, schema: str, query: str, params: tuple[Any, ...]) -> list[Any]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def test_a_claim_s_columns_in_another_order_are_refused() -> None:
+    """The claims' rows are read by position: columns that are not WorkItem's fields first, in
+    its order, are refused (naming them) instead of read into the wrong fields."""
+    fields = tuple(field.name for field in attrs.fields(WorkItem))
+    _item_decoder((*fields, "keyed"))  # the claims' own lists
+    swapped = (fields[1], fields[0], *fields[2:])
+    with pytest.raises(RuntimeError, match="WorkItem's fields first, in order"):
+        _item_decoder(swapped)
+    with pytest.raises(RuntimeError, match="in order"):
+        _item_decoder(fields[:-1])
 
 
 async def test_the_pool_s_sessions_are_utc_and_claimed_times_too() -> None:

@@ -13,7 +13,10 @@ many status pages are open, claims, renewals and settlements always find a conne
   concurrency key take a second, transactional path under advisory locks on their keys (see
   ``claim_keyed`` in ``queries.sql``), so two claimers never both count a key's slot free.
 - Every write after a claim is fenced: the lease version (and, for renewals, the owner) is in
-  the ``WHERE``. ``renew_many`` and ``settle_many`` are one ``UPDATE ... FROM unnest(...)``.
+  the ``WHERE``. ``renew_many`` and ``settle_many`` are one ``UPDATE ... FROM unnest(...)``; a
+  ``settle_many`` batch without children or waits is that one statement in autocommit, its
+  wake-ups sent by the statement itself (``settle_alone``); a batch holding a row with a parent
+  (whose fan-in must commit with it) takes a transaction, as every batch did before.
 - Lease times come from the database's clock (``now()``) by default, so machines whose clocks
   disagree still agree on leases; pass ``clock=`` to inject one (tests), and its times are sent
   as parameters instead.
@@ -40,6 +43,7 @@ import functools
 import json
 import logging
 import math
+import operator
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -58,6 +62,7 @@ from ._protocol import MAX_ERRORS, ItemState, JSONValue, Lease, WorkItem
 from ._sql import redact_dsn, scrub_dsn
 from ._sqlbase import (
     NEW_ROW_COLUMNS,
+    PLAIN_VALUES,
     SettleEntry,
     SQLQueue,
     stored_config,
@@ -75,6 +80,7 @@ logger = logging.getLogger("trio_supervise.queues")
 
 _Q = _sql.load_queries("postgres")
 _ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue_many"])
+_SETTLE_ALONE = _sql.with_query(_Q["settle_alone"], "settle_many", _Q["settle_many"])
 _ARRAYS = (
     "ids",
     "spec_ids",
@@ -127,11 +133,18 @@ def _data_errors() -> tuple[type[Exception], ...]:
 _UTC = dt.UTC
 _STATES = {str(state): state for state in ItemState}
 _FIELDS = tuple(field.name for field in attrs.fields(WorkItem))
-_TIMES = ("due_at", "created_at", "updated_at")
-_OPTIONAL_TIMES = ("lease_expires_at", "unique_until")
-_CONVERTED = frozenset({"config", "state", "result", "errors", *_TIMES, *_OPTIONAL_TIMES})
-"""The fields :func:`_item_decoder` converts; every other field is the column as loaded."""
+_TIMES = ("due_at", "lease_expires_at", "created_at", "updated_at", "unique_until")
 _new_object = object.__new__
+_SETTLEMENT = operator.itemgetter(1)
+_VALUES = operator.itemgetter(2)
+_ITEM_ID = operator.attrgetter("item_id")
+_LEASE_VERSION = operator.attrgetter("lease_version")
+_KIND = operator.attrgetter("kind")
+_ERROR = operator.attrgetter("error")
+_AT = operator.itemgetter("at")
+_CONFIG = operator.itemgetter("config")
+_RESULT = operator.itemgetter("result")
+_DELAY_US = operator.itemgetter("delay_us")
 
 
 def _utc(value: dt.datetime) -> dt.datetime:
@@ -139,50 +152,112 @@ def _utc(value: dt.datetime) -> dt.datetime:
     return value if value.tzinfo is _UTC else utc(value)
 
 
+class _Unfrozen(WorkItem):
+    """:class:`WorkItem`'s layout (no slot of its own) without the frozen class's
+    ``__setattr__``: a claimed row's fields are written into one by plain attribute stores,
+    and the object then becomes the :class:`WorkItem` it was built as (``__class__``
+    assignment, allowed between classes of one layout). Never seen outside
+    :func:`_decode_claimed`.
+
+    A store on a frozen attrs class goes through a slot's setter called as a function (about
+    60 ns a field on this machine, 29 fields an item); a plain store on a slot is one
+    specialised bytecode (about 10 ns). Both ``__setattr__`` and ``__delattr__`` are object's
+    own, so the class keeps CPython's generic attribute setter that the bytecode specialises on.
+    """
+
+    __slots__ = ()
+    __setattr__ = object.__setattr__
+    __delattr__ = object.__delattr__
+
+
 @functools.cache
 def _item_decoder(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], WorkItem]:
-    """Claimed rows with these *columns* (in this order) as :class:`WorkItem`\\ s, read by
-    position: the claims' ``RETURNING`` lists, with the JSON columns as text.
+    """The decoder of claimed rows with these *columns*: the claims' ``RETURNING`` lists, which
+    hold :class:`WorkItem`'s fields first, in its order (the JSON columns as text), and may
+    end with columns that are not fields (``keyed``). Refuses any other order, once per list."""
+    if columns[: len(_FIELDS)] != _FIELDS:
+        raise RuntimeError(
+            f"a claim must return WorkItem's fields first, in order: {_FIELDS}, got {columns}"
+        )
+    return _decode_claimed
+
+
+def _decode_claimed(row: Sequence[Any]) -> WorkItem:
+    """A claimed row (see :func:`_item_decoder`) as a :class:`WorkItem`, read by position.
 
     What :meth:`SQLQueue._item` does for a dict row, in a fraction of the time: no dict per row,
-    no ``json.loads`` for the common empty config and error history, and no ``WorkItem(...)``
-    converters (each field is set through its slot's setter, as
-    :func:`~._protocol.new_trusted` does) on datetimes that psycopg loaded as UTC. A time in
-    another zone (a session whose time zone is not UTC) is converted as the converters would.
-    Columns that are not fields (``keyed``) are skipped.
+    no ``json.loads`` for the common empty config and error history, no ``WorkItem(...)``
+    converters on datetimes that psycopg loaded as UTC, and the fields stored through
+    :class:`_Unfrozen`. A time in another zone (a session whose time zone is not UTC) is
+    converted as the converters would. A field added to WorkItem is added here (the check at
+    import, :func:`_check_decoder`, fails until it is) and to the claims' ``RETURNING``.
     """
-    at = {name: n for n, name in enumerate(columns)}
-    missing = [name for name in _FIELDS if name not in at]
-    if missing:
-        raise KeyError(f"a claimed row without the columns {missing}")
-    slot = {name: vars(WorkItem)[name].__set__ for name in _FIELDS}
-    plain = [(slot[name], at[name]) for name in _FIELDS if name not in _CONVERTED]
-    times = [(slot[name], at[name]) for name in _TIMES]
-    optional_times = [(slot[name], at[name]) for name in _OPTIONAL_TIMES]
-    s_config, i_config = slot["config"], at["config"]
-    s_state, i_state = slot["state"], at["state"]
-    s_result, i_result = slot["result"], at["result"]
-    s_errors, i_errors = slot["errors"], at["errors"]
-    states, config, errors, as_utc = _STATES, stored_config, stored_errors, _utc
+    (
+        id_, spec_id, tenant_id, subject_id, config, cancel_requested, lease_version, state,
+        due_at, error_count, last_error, lease_owner, lease_expires_at, idempotency_key,
+        created_at, updated_at, attempt, priority, queue, timeout, result, errors, parent_id,
+        waiting_children, unique_scope, unique_until, released_key, concurrency_key,
+        concurrency_limit, *_,
+    ) = row  # fmt: skip
+    item: Any = _new_object(_Unfrozen)
+    item.id = id_
+    item.spec_id = spec_id
+    item.tenant_id = tenant_id
+    item.subject_id = subject_id
+    item.config = {} if config == "{}" else json.loads(config)  # as stored_config
+    item.cancel_requested = cancel_requested
+    item.lease_version = lease_version
+    item.state = _STATES[state] if state in _STATES else ItemState(state)
+    item.due_at = due_at if due_at.tzinfo is _UTC else utc(due_at)
+    item.error_count = error_count
+    item.last_error = last_error
+    item.lease_owner = lease_owner
+    item.lease_expires_at = None if lease_expires_at is None else _utc(lease_expires_at)
+    item.idempotency_key = idempotency_key
+    item.created_at = created_at if created_at.tzinfo is _UTC else utc(created_at)
+    item.updated_at = updated_at if updated_at.tzinfo is _UTC else utc(updated_at)
+    item.attempt = attempt
+    item.priority = priority
+    item.queue = queue
+    item.timeout = timeout
+    item.result = None if result is None else stored_config(result)
+    item.errors = () if errors == "[]" else stored_errors(errors)
+    item.parent_id = parent_id
+    item.waiting_children = waiting_children
+    item.unique_scope = unique_scope
+    item.unique_until = None if unique_until is None else _utc(unique_until)
+    item.released_key = released_key
+    item.concurrency_key = concurrency_key
+    item.concurrency_limit = concurrency_limit
+    item.__class__ = WorkItem
+    decoded: WorkItem = item
+    return decoded
 
-    def decode(row: Sequence[Any]) -> WorkItem:
-        item: WorkItem = _new_object(WorkItem)
-        for set_, index in plain:
-            set_(item, row[index])
-        for set_, index in times:
-            value = row[index]
-            set_(item, value if value.tzinfo is _UTC else utc(value))
-        for set_, index in optional_times:
-            value = row[index]
-            set_(item, None if value is None else as_utc(value))
-        s_config(item, config(row[i_config]))
-        state = row[i_state]
-        s_state(item, states[state] if state in states else ItemState(state))
-        s_result(item, None if (result := row[i_result]) is None else config(result))
-        s_errors(item, errors(row[i_errors]))
-        return item
 
-    return decode
+def _check_decoder() -> None:
+    # A field added to WorkItem but not to _decode_claimed would be left unset, and fields
+    # reordered would take each other's columns: decoding a row of distinct values (a new
+    # object in each plain column) and reading every field back catches both, at import.
+    row: list[Any] = [object() for _ in _FIELDS]
+    expected = dict(zip(_FIELDS, row, strict=True))
+    at = dt.datetime(2001, 2, 3, tzinfo=dt.UTC)
+    for n, name in enumerate(_FIELDS):
+        if name in ("config", "result"):
+            row[n], expected[name] = json.dumps({"n": n}), {"n": n}
+        elif name in _TIMES:
+            row[n] = expected[name] = at + dt.timedelta(days=n)
+    row[_FIELDS.index("state")], expected["state"] = "running", ItemState.RUNNING
+    row[_FIELDS.index("errors")], expected["errors"] = "[]", ()
+    decoded = _decode_claimed([*row, "a column that is not a field"])
+    try:
+        wrong = [name for name in _FIELDS if getattr(decoded, name) != expected[name]]
+    except AttributeError as error:  # pragma: no cover - a field left unset
+        raise RuntimeError(f"_decode_claimed leaves a WorkItem field unset: {error}") from None
+    if wrong or type(decoded) is not WorkItem:  # pragma: no cover
+        raise RuntimeError(f"_decode_claimed reads these WorkItem fields wrong: {wrong}")
+
+
+_check_decoder()
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
@@ -711,7 +786,7 @@ class PostgresQueue(SQLQueue):
             return _claimed(cur)[0]
 
     def _claimed_items(self, rows: Iterable[Any]) -> list[WorkItem]:
-        items = list(rows)  # decoded already
+        items = rows if type(rows) is list else list(rows)  # decoded already, and ours
         items.sort(key=_claim_order)
         return items
 
@@ -729,20 +804,62 @@ class PostgresQueue(SQLQueue):
 
     @staticmethod
     def _settle_params(entries: Sequence[SettleEntry], now: Any) -> dict[str, Any]:
-        # A column of NULLs (most batches: no reschedule time, config, error or result) goes as
-        # an empty array, which unnest pads with NULLs: nothing to dump (see the query).
+        # Each column is read out by one C loop (map), and the four every entry fills go as
+        # array literals built by one join each (see _text_array, _int_array): psycopg's list
+        # dumpers walk a list in Python, about 0.3 us a value. A column of NULLs (most
+        # batches: no reschedule time, config, error or result) goes as NULL, which unnest
+        # pads like an empty array: nothing to dump (see the query).
+        sent = list(map(_SETTLEMENT, entries))
+        values = list(map(_VALUES, entries))
+        delays_us: str | list[int]
+        ats: list[Any] | None
+        configs: list[Any] | None
+        results: list[Any] | None
+        if values.count(PLAIN_VALUES) == len(values):
+            ats = configs = results = None
+            delays_us = "{" + ",".join(["0"] * len(values)) + "}"
+        else:
+            ats = _nulls_none(list(map(_AT, values)))
+            configs = _nulls_none(list(map(_CONFIG, values)))
+            results = _nulls_none(list(map(_RESULT, values)))
+            delays_us = _int_array(list(map(_DELAY_US, values)))
         return {
-            "ids": [s.item_id for _, s, _ in entries],
-            "versions": [s.lease_version for _, s, _ in entries],
-            "kinds": [str(s.kind) for _, s, _ in entries],
-            "delays_us": [values["delay_us"] for _, _, values in entries],
-            "ats": _nulls_empty([values["at"] for _, _, values in entries]),
-            "configs": _nulls_empty([values["config"] for _, _, values in entries]),
-            "errors": _nulls_empty([s.error for _, s, _ in entries]),
-            "results": _nulls_empty([values["result"] for _, _, values in entries]),
+            "ids": _text_array(list(map(_ITEM_ID, sent))),
+            "versions": _int_array(list(map(_LEASE_VERSION, sent))),
+            "kinds": _text_array(list(map(_KIND, sent))),
+            "delays_us": delays_us,
+            "ats": ats,
+            "configs": configs,
+            "errors": _nulls_none(list(map(_ERROR, sent))),
+            "results": results,
             "now": now,
             "max_errors": MAX_ERRORS,
+            "alone": False,
         }
+
+    def _settle_sync(
+        self,
+        conn: psycopg.Connection[Row],
+        entries: Sequence[SettleEntry],
+        now: Any,
+        children: bool,
+        *,
+        why: bool,
+    ) -> set[int]:
+        # A batch without children or waits, that wants no reason for a refusal (settle_many's,
+        # a runner's): one statement in autocommit (see settle_alone). It writes the whole
+        # batch or nothing: a row with a parent, or a value the database refuses, fails it,
+        # and the general way writes the batch (in one transaction; entry by entry if a value
+        # is refused, so that entry alone becomes dead).
+        if children or why:
+            return super()._settle_sync(conn, entries, now, children, why=why)
+        params = {**self._settle_params(entries, now), "alone": True, "channel": self.channel}
+        try:
+            row = conn.execute(_SETTLE_ALONE, params).fetchone()
+        except self._data_errors():
+            return super()._settle_sync(conn, entries, now, children, why=False)
+        assert row is not None
+        return {entries[n - 1][0] for n in row["ords"] or ()}
 
     def _settle_rows(
         self, conn: psycopg.Connection[Row], entries: Sequence[SettleEntry], now: Any
@@ -904,13 +1021,47 @@ def _columns(cur: psycopg.Cursor[Any]) -> tuple[str, ...]:
     return tuple(result.fname(n).decode() for n in range(result.nfields))  # type: ignore[union-attr]
 
 
-def _nulls_empty(values: list[Any]) -> list[Any]:
-    """*values*, or an empty list if every one is None (``unnest`` pads it back with NULLs)."""
-    return values if values.count(None) != len(values) else []
+def _nulls_none(values: list[Any]) -> list[Any] | None:
+    """*values*, or None if every one is None (``unnest`` pads a NULL array with NULLs, as an
+    empty one)."""
+    return values if values.count(None) != len(values) else None
 
 
-def _claim_order(item: WorkItem) -> tuple[int, dt.datetime, str]:
-    return item.priority, item.due_at, item.id
+def _text_array(values: list[str]) -> str | list[str]:
+    """*values* as a PostgreSQL array literal, for a ``%s::text[]`` parameter: every value in
+    double quotes, so only a quote or a backslash needs escaping, and those are rare (item
+    ids): one join, and a count that finds them. A value that is not text is left to psycopg
+    (the list itself), which refuses it as it always has."""
+    if not values:
+        return "{}"
+    try:
+        joined = '","'.join(values)
+    except TypeError:
+        return values
+    if joined.count('"') != 2 * (len(values) - 1) or "\\" in joined:
+        joined = '","'.join(value.replace("\\", "\\\\").replace('"', '\\"') for value in values)
+    return '{"' + joined + '"}'
+
+
+def _int_array(values: list[int]) -> str | list[int]:
+    """*values* as a PostgreSQL array literal, for a ``%s::bigint[]`` parameter: the list's repr
+    (digits written by C, whitespace that the array's parser skips), or one value repeated (a
+    batch's delays, mostly); a list holding anything but ints is left to psycopg, as
+    :func:`_text_array`."""
+    if not values:
+        return "{}"
+    if set(map(type, values)) != {int}:
+        return values
+    first = values[0]
+    if values.count(first) == len(values):
+        return "{" + ",".join([str(first)] * len(values)) + "}"
+    return "{" + repr(values)[1:-1] + "}"
+
+
+_claim_order: Callable[[WorkItem], tuple[int, dt.datetime, str]] = operator.attrgetter(
+    "priority", "due_at", "id"
+)
+"""A claimed item's place in the claim's order (read in C: a third of a function's cost)."""
 
 
 def _map_any(error: Exception, dsn: str) -> QueueError | None:

@@ -61,16 +61,26 @@ def _sql_dir(backend: Backend) -> resources.abc.Traversable:
     return resources.files(__package__).joinpath("sql", backend)
 
 
+_COMMENT_LINE = re.compile(r"^[ \t]*--.*\n", re.MULTILINE)
+"""A line holding nothing but a comment (the queries hold no string literal spanning lines)."""
+
+
 @functools.cache
 def load_queries(backend: Backend) -> Mapping[str, str]:
-    """The backend's named queries, ``{name: sql}``."""
+    """The backend's named queries, ``{name: sql}``, without their comment lines.
+
+    The comments are for readers of the ``.sql`` file; the driver is better off without them:
+    psycopg caches the parse of a query's placeholders only for a query shorter than 4096
+    characters (``MAX_CACHED_STATEMENT_LENGTH``), and with its comments the claim is longer,
+    so every claim parsed it again (a third of the claim's client time besides its rows).
+    """
     text = _sql_dir(backend).joinpath("queries.sql").read_text(encoding="utf-8")
     parts = _NAME.split(text)
     queries: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise RuntimeError(f"query {name!r} is defined twice in {backend}/queries.sql")
-        queries[name] = body.strip()
+        queries[name] = _COMMENT_LINE.sub("", body.strip() + "\n").strip()
     return queries
 
 
@@ -89,6 +99,15 @@ def without_conflict_clause(query: str) -> str:
     if count != 1:  # pragma: no cover - the .sql file was changed
         raise RuntimeError(f"the enqueue query must hold {_CONFLICT_CLAUSE.pattern!r} once")
     return stripped
+
+
+def with_query(query: str, name: str, inner: str) -> str:
+    """*query* with its ``{name}`` placeholder (alone on its line) replaced by the query *inner*,
+    its final semicolon dropped: one statement built around another without copying it."""
+    marker = "{" + name + "}"
+    if query.count(marker) != 1:  # pragma: no cover - the .sql file was changed
+        raise RuntimeError(f"the query must hold {marker!r} once")
+    return query.replace(marker, inner.rstrip().removesuffix(";"))
 
 
 @functools.cache

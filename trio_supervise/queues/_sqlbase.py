@@ -34,7 +34,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, ClassVar, NoReturn, TypeVar
 
 import attrs
@@ -76,6 +78,7 @@ from ._protocol import (
 
 __all__ = [
     "NEW_ROW_COLUMNS",
+    "PLAIN_VALUES",
     "EnqueueBatch",
     "SQLQueue",
     "SettleEntry",
@@ -136,8 +139,19 @@ _WAITED_FOR = (
     "then delete it"
 )
 
-SettleEntry = tuple[int, Settlement, dict[str, Any]]
+SettleEntry = tuple[int, Settlement, Mapping[str, Any]]
 """One settlement on its way to the database: its position, itself, its converted values."""
+PLAIN_VALUES: Mapping[str, Any] = MappingProxyType(
+    {"delay_us": 0, "at": None, "config": None, "result": None, "children": ()}
+)
+"""The converted values of most settlements (a completion without a result, a release or a
+cancellation without a delay): one shared, read-only mapping instead of a dict per entry."""
+_RESCHEDULE = SettleKind.RESCHEDULE
+_COMPLETE = SettleKind.COMPLETE
+_PAIR = operator.attrgetter("item_id", "lease_version")
+_SETTLEMENT = operator.itemgetter(1)
+_CHILDREN = operator.attrgetter("children")
+_WAITS = operator.attrgetter("wait_for_children")
 
 
 @attrs.frozen
@@ -944,6 +958,14 @@ class SQLQueue(SingleWrites):
 
     def _entry(self, index: int, s: Settlement) -> SettleEntry:
         """*s* with its values converted for the database; an unstorable one becomes dead."""
+        if (
+            s.delay == 0
+            and s.at is None
+            and not s.children
+            and s.kind is not _RESCHEDULE
+            and (s.result is None or s.kind is not _COMPLETE)
+        ):
+            return index, s, PLAIN_VALUES  # nothing to convert, nothing that can be refused
         try:
             values = {
                 # No delay is the common one (a completion): 0 without the checks' arithmetic.
@@ -1043,20 +1065,27 @@ class SQLQueue(SingleWrites):
 
     def _settle_plan(
         self, settlements: Sequence[Settlement]
-    ) -> tuple[dict[tuple[str, int], int], list[Settlement], list[SettleEntry], bool]:
+    ) -> tuple[dict[tuple[str, int], int] | None, list[Settlement], list[SettleEntry], bool]:
         """The settlements to send (each (id, version) once), as entries: (the index of each
-        pair's first settlement, the sent settlements, their entries, whether any entry has
-        children or waits for them)."""
+        pair's first settlement, or None when no pair repeats and every settlement is sent;
+        the sent settlements; their entries; whether any entry has children or waits for
+        them)."""
         # One statement cannot update a row twice, and a second write with the same
-        # (id, version) would be stale after the first anyway: send each pair once.
-        first: dict[tuple[str, int], int] = {}
-        for index, s in enumerate(settlements):
-            first.setdefault((s.item_id, s.lease_version), index)
-        sent = [settlements[index] for index in sorted(first.values())]
-        entries = [self._entry(index, s) for index, s in enumerate(sent)]
-        children = any(values["children"] for _, _, values in entries) or any(
-            s.wait_for_children for s in sent
-        )
+        # (id, version) would be stale after the first anyway: send each pair once. No pair
+        # repeats in a runner's batches: one set of the pairs (a C loop) tells.
+        first: dict[tuple[str, int], int] | None = None
+        if len(set(map(_PAIR, settlements))) == len(settlements):
+            sent = list(settlements)
+        else:
+            first = {}
+            for index, s in enumerate(settlements):
+                first.setdefault((s.item_id, s.lease_version), index)
+            sent = [settlements[index] for index in sorted(first.values())]
+        entry = self._entry
+        entries = [entry(index, s) for index, s in enumerate(sent)]
+        # An entry's children are converted from its settlement's (the same number).
+        written = list(map(_SETTLEMENT, entries))
+        children = any(map(_CHILDREN, written)) or any(map(_WAITS, written))
         return first, sent, entries, children
 
     def _settle_in(
@@ -1107,16 +1136,20 @@ class SQLQueue(SingleWrites):
     def _settle_results(
         self,
         settlements: Sequence[Settlement],
-        first: Mapping[tuple[str, int], int],
+        first: Mapping[tuple[str, int], int] | None,
         sent: Sequence[Settlement],
         applied: set[int],
     ) -> list[bool]:
         """Per settlement, whether it was applied (a repeated (id, version) never is)."""
-        applied_ids = {(sent[i].item_id, sent[i].lease_version) for i in applied}
-        results = [
-            (s.item_id, s.lease_version) in applied_ids and first[(s.item_id, s.lease_version)] == i
-            for i, s in enumerate(settlements)
-        ]
+        if first is None:  # every settlement was sent, at its own index
+            results = list(map(applied.__contains__, range(len(settlements))))
+        else:
+            applied_ids = {(sent[i].item_id, sent[i].lease_version) for i in applied}
+            results = [
+                (s.item_id, s.lease_version) in applied_ids
+                and first[(s.item_id, s.lease_version)] == i
+                for i, s in enumerate(settlements)
+            ]
         if any(results):
             self._changed()
         return results
