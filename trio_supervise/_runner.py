@@ -89,6 +89,9 @@ from .queues._protocol import (
     WorkQueue,
 )
 
+_S_PARENTLESS: Callable[[Settlement, bool], None] = Settlement._parentless.__set__  # type: ignore[attr-defined]
+"""Marks a runner's settlement of an item without a parent (see ``Settlement._parentless``)."""
+
 __all__ = [
     "RunnerEventKind",
     "RecentError",
@@ -1277,6 +1280,8 @@ class WorkflowRunner(Generic[ContextT]):
             self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
             self._record_error(item.id, item.spec_id, first_line(settlement.error))
             log_dead(logger, settings.worker_id, item, settlement.error, evaluated=True)
+        if item.parent_id is None:
+            _S_PARENTLESS(settlement, True)
         if self._on_event is not None:
             detail = str(settlement.kind)
             if settlement.error is not None:

@@ -887,6 +887,7 @@ def _plain_settlement(
     _S_CHILDREN(settlement, ())
     _S_WAIT_FOR_CHILDREN(settlement, False)
     _S_CHECKED(settlement, True)
+    _S_PARENTLESS(settlement, False)  # the runner marks it (Settlement._parentless)
     return settlement
 
 
@@ -902,6 +903,7 @@ _S_ERROR = _slot_setter(Settlement, "error")
 _S_CHILDREN = _slot_setter(Settlement, "children")
 _S_WAIT_FOR_CHILDREN = _slot_setter(Settlement, "wait_for_children")
 _S_CHECKED = _slot_setter(Settlement, "_checked")
+_S_PARENTLESS = _slot_setter(Settlement, "_parentless")
 
 
 def _check_plain_settlement() -> None:
@@ -909,7 +911,9 @@ def _check_plain_settlement() -> None:
     # reads every field, so that fails here, at import.
     probe = Settlement(item_id="probe", lease_version=1, kind=SettleKind.COMPLETE)
     plain = _plain_settlement("probe", 1, SettleKind.COMPLETE)
-    if plain != probe or not plain._checked or probe._checked:  # pragma: no cover
+    # The internal flags are not compared: each is read here, so an unset one fails too.
+    flags = (plain._checked, probe._checked, plain._parentless, probe._parentless)
+    if plain != probe or flags != (True, False, False, False):  # pragma: no cover
         raise RuntimeError("_plain_settlement does not set every Settlement field")
 
 

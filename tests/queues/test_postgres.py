@@ -18,13 +18,13 @@ from trio_supervise.queues import (
     SettleKind,
     Settlement,
     WorkItem,
+    WorkQueue,
     migrate,
     open_queue,
     redact_dsn,
 )
 from trio_supervise.queues import _sql as _queries
 from trio_supervise.queues._postgres import (
-    _SETTLE_ALONE,
     _due_hint,
     _due_payload,
     _int_array,
@@ -190,12 +190,36 @@ async def test_a_settlement_making_work_due_wakes_a_waiter_in_another_queue() ->
             assert [each.id for each in await worker.claim_due(["spec"], "w", 60, 2)] == ["k2"]
 
 
-async def test_a_batch_settled_alone_is_written_whole_or_not_at_all() -> None:
-    """settle_many's one statement (settle_alone) fails on a row with a parent and writes none
-    of its batch; the batch is then written the general way, in one transaction with the
-    child's fan-in: its plain item settled, its parent due again."""
+async def test_a_runner_s_batch_of_parentless_items_is_one_statement() -> None:
+    """A batch of a runner's settlements of items without a parent (``_parentless``) is one
+    statement in autocommit (settle_alone): one round trip. A batch holding anything else (a
+    child's settlement, whose parent's fan-in must commit with it, or a settlement not marked
+    by a runner) is written the general way, in one transaction: the fan-in done, the plain
+    item settled too."""
+    from trio_supervise._runner import _S_PARENTLESS
+
     with pg_schema() as (dsn, schema):
-        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False, pool_size=1
+        ) as queue:
+            token = trio.lowlevel.current_trio_token()
+
+            def complete(item: WorkItem, parentless: bool) -> Settlement:
+                settlement = Settlement(
+                    item_id=item.id, lease_version=item.lease_version, kind=SettleKind.COMPLETE
+                )
+                if parentless:
+                    _S_PARENTLESS(settlement, True)
+                return settlement
+
+            def trips(batch: list[Settlement]) -> int:
+                def call() -> None:
+                    assert trio.from_thread.run(
+                        lambda: queue.settle_many(batch), trio_token=token
+                    ) == [True] * len(batch)
+
+                return _round_trips(queue, call)
+
             await queue.enqueue("parent", item_id="p")
             [parent] = await queue.claim_due(["parent"], "w", 60, 1)
             fan_out = Settlement(
@@ -206,30 +230,73 @@ async def test_a_batch_settled_alone_is_written_whole_or_not_at_all() -> None:
                 wait_for_children=True,
             )
             assert await queue.settle_many([fan_out]) == [True]
-            await queue.enqueue("spec", item_id="plain")
-            claimed = await queue.claim_due(["spec"], "w", 60, 2)
-            assert sorted(item.id for item in claimed) == ["child", "plain"]
-            batch = [
-                Settlement(
-                    item_id=item.id, lease_version=item.lease_version, kind=SettleKind.COMPLETE
-                )
-                for item in claimed
-            ]
-            _, _, entries, children = queue._settle_plan(batch)
-            assert not children
-            params = {
-                **queue._settle_params(entries, None),
-                "alone": True,
-                "channel": queue.channel,
-            }
-            with pytest.raises(QueueError, match="a row with a parent"):
-                await queue._run(lambda conn: conn.execute(_SETTLE_ALONE, params), retry=False)
-            assert {(await queue.get(item.id)).state for item in claimed} == {ItemState.RUNNING}
-            assert await queue.settle_many(batch) == [True, True]
-            for item in claimed:
-                assert (await queue.get(item.id)).state is ItemState.COMPLETED
+            for n in range(4):
+                await queue.enqueue("spec", item_id=f"plain-{n}")
+            claimed = {item.id: item for item in await queue.claim_due(["spec"], "w", 60, 5)}
+            assert sorted(claimed) == ["child", "plain-0", "plain-1", "plain-2", "plain-3"]
+            alone = [complete(claimed[f"plain-{n}"], True) for n in (0, 1)]
+            assert await trio.to_thread.run_sync(trips, alone) == 1
+            unmarked = [complete(claimed["plain-2"], False)]
+            assert await trio.to_thread.run_sync(trips, unmarked) > 1
+            mixed = [complete(claimed["child"], False), complete(claimed["plain-3"], True)]
+            assert await trio.to_thread.run_sync(trips, mixed) > 1
+            for item_id in claimed:
+                assert (await queue.get(item_id)).state is ItemState.COMPLETED
             waited = await queue.get("p")
             assert (waited.state, waited.waiting_children) == (ItemState.QUEUED, 0)
+
+
+async def test_a_runner_fans_in_on_postgres() -> None:
+    """End to end on PostgreSQL: a runner's parent fans out children and waits; the children's
+    settlements (not parentless) count toward it, and the parent completes with their results,
+    while a plain item beside them is settled by the one-statement way."""
+    import trio_supervise as ts
+
+    class Parent:
+        name = "parent"
+        spec_ids = ("parent",)
+
+        def validate_specs(self) -> None:
+            pass
+
+        async def evaluate(self, queue: WorkQueue, item: WorkItem) -> ts.Outcome:
+            children = await queue.list_children(item.id)
+            if not children:
+                return ts.Continue(
+                    children=[ts.NewItem(spec_id="child", config={"n": n}) for n in range(3)],
+                    wait_for_children=True,
+                )
+            return ts.Stop(result=sorted(child.result for child in children))
+
+    class Child:
+        name = "child"
+        spec_ids = ("child", "plain")
+
+        def validate_specs(self) -> None:
+            pass
+
+        async def evaluate(self, queue: WorkQueue, item: WorkItem) -> ts.Outcome:
+            return ts.Stop(result=item.config.get("n", -1) * 10)
+
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            registry: ts.DriverRegistry[WorkQueue] = ts.DriverRegistry()
+            registry.register(Parent())
+            registry.register(Child())
+            settings = ts.RunnerSettings(worker_id="w", poll_interval=0.05, concurrency=8)
+            runner = ts.WorkflowRunner(
+                queue=queue, registry=registry, settings=settings, build_context=lambda: queue
+            )
+            await queue.enqueue("parent", item_id="p")
+            await queue.enqueue("plain", item_id="plain")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(runner.run)
+                with trio.fail_after(20):
+                    while (await queue.get("p")).state is not ItemState.COMPLETED:  # noqa: ASYNC110
+                        await trio.sleep(0.05)  # polling the database: nothing to wait on
+                assert (await queue.get("p")).result == [0, 10, 20]
+                assert (await queue.get("plain")).state is ItemState.COMPLETED
+                runner.shutdown.begin("done")
 
 
 async def test_listener_reconnects_after_the_connection_drops(

@@ -14,9 +14,10 @@ many status pages are open, claims, renewals and settlements always find a conne
   ``claim_keyed`` in ``queries.sql``), so two claimers never both count a key's slot free.
 - Every write after a claim is fenced: the lease version (and, for renewals, the owner) is in
   the ``WHERE``. ``renew_many`` and ``settle_many`` are one ``UPDATE ... FROM unnest(...)``; a
-  ``settle_many`` batch without children or waits is that one statement in autocommit, its
-  wake-ups sent by the statement itself (``settle_alone``); a batch holding a row with a parent
-  (whose fan-in must commit with it) takes a transaction, as every batch did before.
+  ``settle_many`` batch of a runner's settlements of items without a parent, none with
+  children or waits, is that one statement in autocommit, its wake-ups sent by the statement
+  itself (``settle_alone``); any other batch (a child's fan-in must commit with its settlement)
+  takes a transaction, as every batch did before.
 - Lease times come from the database's clock (``now()``) by default, so machines whose clocks
   disagree still agree on leases; pass ``clock=`` to inject one (tests), and its times are sent
   as parameters instead.
@@ -834,7 +835,6 @@ class PostgresQueue(SQLQueue):
             "results": results,
             "now": now,
             "max_errors": MAX_ERRORS,
-            "alone": False,
         }
 
     def _settle_sync(
@@ -846,14 +846,13 @@ class PostgresQueue(SQLQueue):
         *,
         why: bool,
     ) -> set[int]:
-        # A batch without children or waits, that wants no reason for a refusal (settle_many's,
-        # a runner's): one statement in autocommit (see settle_alone). It writes the whole
-        # batch or nothing: a row with a parent, or a value the database refuses, fails it,
-        # and the general way writes the batch (in one transaction; entry by entry if a value
-        # is refused, so that entry alone becomes dead).
-        if children or why:
+        # A runner's batch of items without a parent (Settlement._parentless), without
+        # children or waits, that wants no reason for a refusal: one statement in autocommit
+        # (see settle_alone), all or nothing. A value the database refuses fails it, and the
+        # general way writes the batch (entry by entry, so that entry alone becomes dead).
+        if children or why or not all(s._parentless for _, s, _ in entries):
             return super()._settle_sync(conn, entries, now, children, why=why)
-        params = {**self._settle_params(entries, now), "alone": True, "channel": self.channel}
+        params = {**self._settle_params(entries, now), "channel": self.channel}
         try:
             row = conn.execute(_SETTLE_ALONE, params).fetchone()
         except self._data_errors():

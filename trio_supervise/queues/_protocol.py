@@ -1188,6 +1188,12 @@ class Settlement:
     ``result`` are :func:`check_json`'s copies made for this settlement alone (the runner's
     settlement of a driver's outcome), so a backend may store them without checking and
     copying them again. Not compared: equal settlements are equal however they were built."""
+    _parentless: bool = attrs.field(init=False, default=False, eq=False, repr=False)
+    """Internal, set by the runner alone (never by ``__init__`` nor kept by ``attrs.evolve``):
+    the settled item has no parent, as the runner read from the item it claimed (an item's
+    parent never changes), so no parent's fan-in follows from it. PostgreSQL writes a batch of
+    such settlements without children or waits as one statement in autocommit; any other batch
+    goes the general way, in one transaction with the fan-in."""
 
     def __attrs_post_init__(self) -> None:
         if self.children or self.wait_for_children:

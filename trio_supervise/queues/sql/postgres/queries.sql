@@ -420,7 +420,6 @@ RETURNING id;
 -- name: settle_many
 -- Every outcome in one statement, fenced on (id, version) and the running state. The batch
 -- never holds two entries for one (id, version): the queue drops repeats before sending.
--- With %(alone)s (see settle_alone) a row with a parent fails the statement.
 UPDATE trio_supervise_items AS i SET
     state = CASE s.kind
         WHEN 'complete' THEN 'completed'
@@ -459,13 +458,7 @@ UPDATE trio_supervise_items AS i SET
     END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now()),
-    -- Unchanged, but with %(alone)s a row with a parent fails the statement here (invalid
-    -- input syntax for type integer), so that it writes nothing: a SET is computed only for
-    -- the rows the statement updates, so only an entry's own fresh row can fail it.
-    parent_id = CASE WHEN i.parent_id IS NULL OR NOT %(alone)s::boolean THEN i.parent_id
-        ELSE ('a row with a parent: ' || i.parent_id)::int::text
-    END
+    updated_at = coalesce(%(now)s::timestamptz, now())
 -- The columns every entry fills come as array literals the client builds in one join each
 -- (see _settle_params in _postgres.py); the others travel in binary, and an array whose values
 -- are all NULL comes as NULL, which unnest pads with NULLs as it does a shorter array.
@@ -478,14 +471,13 @@ RETURNING s.ord, i.spec_id, i.state, i.parent_id, i.concurrency_key,
     i.due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 
 -- name: settle_alone
--- A batch without children or waits (a runner's, mostly) settled by one statement in
--- autocommit: its own transaction, one round trip, where the general way takes three (BEGIN,
--- settle_many, COMMIT), and one row back (the positions settled, as one array) instead of one
--- per entry; the wake-ups are sent by the statement itself (NOTIFY, as _notify sends them: the
--- spec ids of the rows due now and of the rows holding a key). A row with a parent makes
--- settle_many fail instead (alone: its parent's fan-in must commit with it), so nothing is
--- written, and the queue writes the batch the general way, in one transaction as ever. Below,
--- settle_many with alone true.
+-- A runner's batch of settlements of items without a parent (Settlement._parentless), none
+-- with children or waits, settled by one statement in autocommit: its own transaction, one
+-- round trip, where the general way takes three (BEGIN, settle_many, COMMIT), and one row back
+-- (the positions settled, as one array) instead of one per entry; the wake-ups are sent by the
+-- statement itself (NOTIFY, as _notify sends them: the spec ids of the rows due now and of the
+-- rows holding a key). No parent's fan-in can follow from such a batch; any other batch is
+-- written the general way, in one transaction with its fan-in. Below, settle_many.
 WITH settled AS (
 {settle_many}
 ), woken AS (
