@@ -252,28 +252,12 @@ async def test_a_runner_fans_in_on_postgres() -> None:
     while a plain item beside them is settled by the one-statement way."""
     import trio_supervise as ts
 
-    class Parent:
-        name = "parent"
-        spec_ids = ("parent",)
+    from ..test_fan_in import Child, Parent
 
-        def validate_specs(self) -> None:
-            pass
+    class Quick(Child):
+        """test_fan_in's child, without its sleep (real time here), and the plain item's too."""
 
-        async def evaluate(self, queue: WorkQueue, item: WorkItem) -> ts.Outcome:
-            children = await queue.list_children(item.id)
-            if not children:
-                return ts.Continue(
-                    children=[ts.NewItem(spec_id="child", config={"n": n}) for n in range(3)],
-                    wait_for_children=True,
-                )
-            return ts.Stop(result=sorted(child.result for child in children))
-
-    class Child:
-        name = "child"
         spec_ids = ("child", "plain")
-
-        def validate_specs(self) -> None:
-            pass
 
         async def evaluate(self, queue: WorkQueue, item: WorkItem) -> ts.Outcome:
             return ts.Stop(result=item.config.get("n", -1) * 10)
@@ -282,12 +266,12 @@ async def test_a_runner_fans_in_on_postgres() -> None:
         async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
             registry: ts.DriverRegistry[WorkQueue] = ts.DriverRegistry()
             registry.register(Parent())
-            registry.register(Child())
+            registry.register(Quick())
             settings = ts.RunnerSettings(worker_id="w", poll_interval=0.05, concurrency=8)
             runner = ts.WorkflowRunner(
                 queue=queue, registry=registry, settings=settings, build_context=lambda: queue
             )
-            await queue.enqueue("parent", item_id="p")
+            await queue.enqueue("parent", item_id="p", config={"n": 3})
             await queue.enqueue("plain", item_id="plain")
             async with trio.open_nursery() as nursery:
                 await nursery.start(runner.run)
