@@ -675,7 +675,8 @@ class WorkflowRunner(Generic[ContextT]):
     _time: Callable[[], float] = attrs.field(init=False, default=trio.current_time, repr=False)
     """``trio.current_time``, as the running clock's own ``current_time`` during :meth:`run`
     (the same value: Trio's is that call behind two more frames and its KeyboardInterrupt
-    protection, and an evaluation reads the time once or twice; issue 17's P4, under ``MockClock``)."""
+    protection, and an evaluation reads the time once or twice; issue 17's P4, under
+    ``MockClock``)."""
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry

@@ -886,9 +886,7 @@ def _plain_settlement(
     return settlement
 
 
-def _plain_reschedule(
-    item_id: str, version: int, at: dt.datetime, config: JSONValue
-) -> Settlement:
+def _plain_reschedule(item_id: str, version: int, at: dt.datetime, config: JSONValue) -> Settlement:
     """``_plain_settlement(item_id, version, RESCHEDULE, at=at, config=config)``, positional
     and with no delay to check: a scheduled workflow's every evaluation builds one."""
     settlement: Settlement = _new_settlement(Settlement)
