@@ -810,7 +810,7 @@ def outcome_settlement(
         config = checked
         if not outcome.children:
             # outcome.at is UTC already (Reschedule converts it).
-            return _plain_reschedule(item_id, version, outcome.at, config)
+            return _plain_settlement(item_id, version, _RESCHEDULE, at=outcome.at, config=config)
         return Settlement(
             item_id=item_id,
             lease_version=version,
@@ -886,24 +886,6 @@ def _plain_settlement(
     return settlement
 
 
-def _plain_reschedule(item_id: str, version: int, at: dt.datetime, config: JSONValue) -> Settlement:
-    """``_plain_settlement(item_id, version, RESCHEDULE, at=at, config=config)``, positional
-    and with no delay to check: a scheduled workflow's every evaluation builds one."""
-    settlement: Settlement = _new_settlement(Settlement)
-    _S_ITEM_ID(settlement, item_id)
-    _S_LEASE_VERSION(settlement, version)
-    _S_KIND(settlement, _RESCHEDULE)
-    _S_DELAY(settlement, 0.0)
-    _S_AT(settlement, at)
-    _S_CONFIG(settlement, config)
-    _S_RESULT(settlement, None)
-    _S_ERROR(settlement, None)
-    _S_CHILDREN(settlement, ())
-    _S_WAIT_FOR_CHILDREN(settlement, False)
-    _S_CHECKED(settlement, True)
-    return settlement
-
-
 _new_settlement = object.__new__
 _S_ITEM_ID = _slot_setter(Settlement, "item_id")
 _S_LEASE_VERSION = _slot_setter(Settlement, "lease_version")
@@ -925,13 +907,6 @@ def _check_plain_settlement() -> None:
     plain = _plain_settlement("probe", 1, SettleKind.COMPLETE)
     if plain != probe or not plain._checked or probe._checked:  # pragma: no cover
         raise RuntimeError("_plain_settlement does not set every Settlement field")
-    at = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
-    probe = Settlement(
-        item_id="probe", lease_version=1, kind=SettleKind.RESCHEDULE, at=at, config={"n": 1}
-    )
-    plain = _plain_reschedule("probe", 1, at, {"n": 1})
-    if plain != probe or not plain._checked:  # pragma: no cover
-        raise RuntimeError("_plain_reschedule does not set every Settlement field")
 
 
 _check_plain_settlement()
