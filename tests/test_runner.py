@@ -1210,3 +1210,42 @@ def test_lease_risk_warns_past_a_third_of_the_lease_and_says_what_is_left() -> N
     assert text is not None
     assert "'i9' (5 s left), and 2 more;" in text
     assert lease_risk([], woke=110.0, lag=3.0, lease=6.0) is not None
+
+
+@attrs.define(eq=False)
+class SyncBlocker:
+    """A driver that moves the mock clock by ``config["block"]`` seconds and returns at once,
+    awaiting nothing: consecutive items run back to back in one evaluator."""
+
+    clock: trio.testing.MockClock
+    name: str = "sync-blocker"
+    spec_ids: Sequence[str] = ("job",)
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: None, item: WorkItem) -> ts.Outcome:
+        self.clock.jump(item.config["block"])
+        return ts.Stop()
+
+
+async def test_back_to_back_evaluations_are_each_timed_by_their_own_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Evaluations one evaluator runs one after the other without awaiting (each starting when
+    the previous one ended) are each observed for exactly as long as their own driver ran."""
+    blocks = [0.25, 0.0, 2.0, 0.75, 0.0, 4.0, 0.5, 1.0]
+    queue = ts.MemoryQueue()
+    for n, block in enumerate(blocks):
+        await queue.enqueue("job", item_id=f"b{n}", config={"block": block})
+    runner = make_runner(queue, SyncBlocker(autojump_clock), concurrency=8, claim_batch=8)
+    async with running(runner):
+        await trio.sleep(30)
+    assert sample(runner, "trio_supervise_items_completed_total") == len(blocks)
+    assert sample(runner, "trio_supervise_evaluation_seconds_count") == len(blocks)
+    assert sample(runner, "trio_supervise_evaluation_seconds_sum") == sum(blocks)
+    for le in (0.01, 0.5, 1, 5):
+        observed = runner.metrics.registry.get_sample_value(
+            "trio_supervise_evaluation_seconds_bucket", {"spec": "job", "le": str(float(le))}
+        )
+        assert observed == sum(1 for block in blocks if block <= le)

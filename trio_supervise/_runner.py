@@ -678,7 +678,8 @@ class WorkflowRunner(Generic[ContextT]):
     _time: Callable[[], float] = attrs.field(init=False, default=trio.current_time, repr=False)
     """``trio.current_time``, as the running clock's own ``current_time`` during :meth:`run`
     (the same value: Trio's is that call behind two more frames and its KeyboardInterrupt
-    protection, and an evaluation reads the time twice; issue 17's P4, under ``MockClock``)."""
+    protection, and an evaluation reads the time once or twice; issue 17's P4, under
+    ``MockClock``)."""
 
     def __attrs_post_init__(self) -> None:
         registry = self._metrics_registry
@@ -1099,6 +1100,9 @@ class WorkflowRunner(Generic[ContextT]):
         woken = True
         while True:
             current: _InFlight | None = None
+            # When this evaluator's last evaluation ended, while it has awaited nothing since:
+            # the next one starts then (one clock read per evaluation, not two; see _evaluate).
+            ended: float | None = None
             try:
                 with trio.CancelScope() as scope:
                     while True:
@@ -1109,13 +1113,15 @@ class WorkflowRunner(Generic[ContextT]):
                                 return
                             await pool.park()
                             woken = True
+                            ended = None
                             continue
                         entry = current = waiting.popleft()
                         if waiting and not pool.waking:
                             # In case this evaluation blocks: the next item gets an evaluator.
                             pool.wake()
                         entry.scope = scope
-                        found = await self._evaluate(entry, context)
+                        found = await self._evaluate(entry, context, ended)
+                        ended = self._observe(entry)
                         entry.scope = None
                         current = None
                         self._hand_over(entry, settler, *found)
@@ -1194,18 +1200,29 @@ class WorkflowRunner(Generic[ContextT]):
         self._metrics.flush()
         self._count.value = len(self._in_flight)
 
-    def _observe(self, entry: _InFlight) -> None:
-        """Observe how long *entry*'s driver ran (if it ran)."""
+    def _observe(self, entry: _InFlight) -> float | None:
+        """Observe how long *entry*'s driver ran (if it ran); the time it read, if it did."""
         started = entry.evaluating_since
-        if started is not None:
-            entry.evaluating_since = None
-            self._metrics.observe_evaluation(entry.item.spec_id, self._time() - started)
+        if started is None:
+            return None
+        entry.evaluating_since = None
+        now = self._time()
+        self._metrics.observe_evaluation(entry.item.spec_id, now - started)
+        return now
 
     async def _evaluate(
-        self, entry: _InFlight, context: ContextT
+        self, entry: _InFlight, context: ContextT, since: float | None = None
     ) -> tuple[Settlement | None, str | None, Exception | None]:
         """Run *entry*'s driver (unless it is stopped already or out of attempts): (settlement,
-        error, the exception). Cancelled when the item is stopped meanwhile."""
+        error, the exception). Cancelled when the item is stopped meanwhile. The caller
+        observes how long it ran (:meth:`_observe`).
+
+        *since* is when the evaluator's previous evaluation ended, if it has awaited nothing
+        since (the clock as it read it there): this evaluation starts then, so that items
+        evaluated back to back read the clock once each (under an autojump clock, a read costs
+        twice the real clock's; issue 17's P4). Its observed duration then includes the
+        runner's own hand-over of the previous outcome, a few microseconds.
+        """
         item = entry.item
         settings = self._settings
         if item.cancel_requested:
@@ -1225,7 +1242,7 @@ class WorkflowRunner(Generic[ContextT]):
             self._record_error(item.id, item.spec_id, str(settlement.error))
             log_dead(logger, settings.worker_id, item, str(settlement.error))
         elif entry.reason is None:
-            entry.evaluating_since = self._time()
+            entry.evaluating_since = self._time() if since is None else since
             try:
                 settlement = await evaluate_item(
                     self._registry.for_spec(item.spec_id),
@@ -1235,7 +1252,6 @@ class WorkflowRunner(Generic[ContextT]):
                 )
             except Exception as exc:
                 error, failure = describe_failure(exc), exc
-            self._observe(entry)
         return settlement, error, failure
 
     def _outcome(

@@ -802,20 +802,7 @@ def outcome_settlement(
     """The write-back for a driver's *outcome*; :class:`TypeError`/:class:`ValueError` (a
     :class:`ConfigError`) if unfit, children included."""
     item_id, version = item.id, item.lease_version
-    if isinstance(outcome, Continue):
-        delay = requeue_delay if outcome.delay is None else outcome.delay
-        if outcome.wait_for_children:
-            delay = 0.0
-        if not outcome.children and not outcome.wait_for_children:
-            return _plain_settlement(item_id, version, _CONTINUE, delay=delay)
-        return Settlement(
-            item_id=item_id,
-            lease_version=version,
-            kind=SettleKind.CONTINUE,
-            delay=delay,
-            children=_checked_children(outcome.children, item),
-            wait_for_children=outcome.wait_for_children,
-        )
+    # Reschedule first: a scheduled workflow's every step (issue 17's P4) is one.
     if isinstance(outcome, Reschedule):
         config = outcome.config
         if type(config) is not dict and attrs.has(type(config)):
@@ -836,6 +823,20 @@ def outcome_settlement(
             at=outcome.at,
             config=config,
             children=_checked_children(outcome.children, item),
+        )
+    if isinstance(outcome, Continue):
+        delay = requeue_delay if outcome.delay is None else outcome.delay
+        if outcome.wait_for_children:
+            delay = 0.0
+        if not outcome.children and not outcome.wait_for_children:
+            return _plain_settlement(item_id, version, _CONTINUE, delay=delay)
+        return Settlement(
+            item_id=item_id,
+            lease_version=version,
+            kind=SettleKind.CONTINUE,
+            delay=delay,
+            children=_checked_children(outcome.children, item),
+            wait_for_children=outcome.wait_for_children,
         )
     if isinstance(outcome, Stop):
         result = outcome.result

@@ -96,6 +96,27 @@ def test_a_flat_config_is_checked_as_its_json_round_trip_would_be(value: JSONVal
         assert shortcut[2] is not value  # a copy: the caller's dict can change, the stored not
 
 
+class _Key(str):
+    """A str subclass: equal to, and hashed as, the plain string."""
+
+
+def test_a_key_checked_before_is_still_checked_by_type() -> None:
+    """Keys the flat shortcut found fine are not checked again, but only plain strings are
+    taken as such: an equal str subclass still goes the JSON way, which makes it a plain str."""
+    assert check_json({"step": 1}) == {"step": 1}  # "step" is known fine from now on
+    copy = check_json({_Key("step"): 2})
+    assert copy == {"step": 2}
+    assert isinstance(copy, dict)
+    assert [type(key) for key in copy] == [str]
+
+
+def test_a_key_refused_once_is_refused_every_time() -> None:
+    """A key that cannot be stored is never remembered as fine."""
+    for _ in range(3):
+        with pytest.raises(ConfigError, match="NUL"):
+            check_json({"a\x00b": 1})
+
+
 @given(st.integers(0, 3 * MAX_JSON_DEPTH))
 def test_nesting_is_refused_past_the_maximum(depth: int) -> None:
     """Exactly the configs nested more than MAX_JSON_DEPTH levels are refused."""

@@ -669,19 +669,25 @@ class MemoryQueue(SingleWrites):
         _SET_DUE_AT(item, due_at)
         _SET_LEASE_OWNER(item, None)
         _SET_LEASE_EXPIRES_AT(item, None)
-        _SET_ERROR_COUNT(item, 0)
+        if item.error_count:
+            # Most evaluated items had no error before: reading costs next to nothing, a
+            # slot's setter as much as a dozen reads.
+            _SET_ERROR_COUNT(item, 0)
         _SET_ATTEMPT(item, 0)
-        key = item.concurrency_key
-        if key is None:
-            # As _store for an unkeyed queued item stored already (it changed in place).
-            self._push(
-                self._queued,
-                (item.spec_id, item.queue, item.priority, None, item.concurrency_limit),
-                due_at,
-                item,
-            )
-        else:
+        if item.concurrency_key is not None:
             self._store(item)
+            return
+        # As _store for an unkeyed queued item stored already (it changed in place), and
+        # _push spelled out.
+        heap_key = (item.spec_id, item.queue, item.priority, None, item.concurrency_limit)
+        heap = self._queued.get(heap_key)
+        if heap is None:
+            heap = self._queued[heap_key] = _Heap()
+        item_id = item.id
+        self._entries[item_id] = push = next(self._pushes)
+        heapq.heappush(heap, (due_at, item_id, push, item))
+        if len(heap) >= heap.sweep_at:
+            self._sweep(heap)
 
     def _apply(self, s: Settlement, now: dt.datetime | None = None) -> None:
         op = _SETTLE_OPS[s.kind]

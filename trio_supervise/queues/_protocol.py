@@ -280,30 +280,42 @@ def _check_tree(value: JSONValue, what: str) -> None:
                 raise ConfigError(f"{what} must not contain {problem} in its strings")
 
 
+_FINE_KEYS: set[str] = set()
+"""Config keys :func:`flat_json_copy` found storable (ASCII without a NUL), so that a step's
+counter key is checked once, not per evaluation; at most ``_FINE_KEYS_MAX`` short ones."""
+_FINE_KEYS_MAX = 1024
+_FINE_KEY_LENGTH = 64
+
+
 def flat_json_copy(value: JSONValue) -> JSONValue | None:
     """What :func:`check_json` returns for a flat dict of plain scalars (the common config, a
     rescheduled step's counter), without the JSON round trip; None for anything else, and for
     anything :func:`check_json` would refuse or change (it then decides, and words the error)."""
     if type(value) is not dict or MAX_JSON_DEPTH < 1:
         return None
-    for key, inner in value.items():
-        # _unstorable's test, inlined for the common case (ASCII without a NUL): a reschedule
-        # checks its config here once per evaluation, in the runner (which marks its
-        # settlement so that the memory queue need not check it again).
+    # A reschedule checks its config here once per evaluation, in the runner (which marks its
+    # settlement so that the memory queue need not check it again): keys and values, not
+    # items (a dict's items cost a tuple each), and a key seen fine before is not checked again.
+    fine = _FINE_KEYS
+    for key in value:
         if type(key) is not str:
             return None
-        if (not key.isascii() or "\x00" in key) and _unstorable(key) is not None:
-            return None
+        if key not in fine:
+            # _unstorable's test, inlined for the common case (ASCII without a NUL).
+            if (not key.isascii() or "\x00" in key) and _unstorable(key) is not None:
+                return None
+            if len(fine) < _FINE_KEYS_MAX and len(key) <= _FINE_KEY_LENGTH:
+                fine.add(key)
+        inner = value[key]
         kind = type(inner)
+        if kind is int or kind is bool or inner is None:
+            continue
         if kind is str:
             if (not inner.isascii() or "\x00" in inner) and _unstorable(inner) is not None:
                 return None
-        elif kind is float:
-            if not math.isfinite(inner):
-                return None
-        elif kind is not int and kind is not bool and inner is not None:
+        elif kind is not float or not math.isfinite(inner):
             return None
-    return dict(value)
+    return value.copy()
 
 
 def copy_json(value: JSONValue) -> JSONValue:
