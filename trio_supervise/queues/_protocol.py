@@ -280,13 +280,6 @@ def _check_tree(value: JSONValue, what: str) -> None:
                 raise ConfigError(f"{what} must not contain {problem} in its strings")
 
 
-_FINE_KEYS: set[str] = set()
-"""Config keys :func:`flat_json_copy` found storable (ASCII without a NUL), so that a step's
-counter key is checked once, not per evaluation; at most ``_FINE_KEYS_MAX`` short ones."""
-_FINE_KEYS_MAX = 1024
-_FINE_KEY_LENGTH = 64
-
-
 def flat_json_copy(value: JSONValue) -> JSONValue | None:
     """What :func:`check_json` returns for a flat dict of plain scalars (the common config, a
     rescheduled step's counter), without the JSON round trip; None for anything else, and for
@@ -295,17 +288,13 @@ def flat_json_copy(value: JSONValue) -> JSONValue | None:
         return None
     # A reschedule checks its config here once per evaluation, in the runner (which marks its
     # settlement so that the memory queue need not check it again): keys and values, not
-    # items (a dict's items cost a tuple each), and a key seen fine before is not checked again.
-    fine = _FINE_KEYS
+    # items (a dict's items cost a tuple each).
     for key in value:
         if type(key) is not str:
             return None
-        if key not in fine:
-            # _unstorable's test, inlined for the common case (ASCII without a NUL).
-            if (not key.isascii() or "\x00" in key) and _unstorable(key) is not None:
-                return None
-            if len(fine) < _FINE_KEYS_MAX and len(key) <= _FINE_KEY_LENGTH:
-                fine.add(key)
+        # _unstorable's test, inlined for the common case (ASCII without a NUL).
+        if (not key.isascii() or "\x00" in key) and _unstorable(key) is not None:
+            return None
         inner = value[key]
         kind = type(inner)
         if kind is int or kind is bool or inner is None:
