@@ -399,15 +399,11 @@ async def test_a_strategy_group_is_restarted_in_start_order_each_once_the_previo
         nursery.cancel_scope.cancel()
 
 
-async def test_group_members_that_already_ended_for_good_stay_ended(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """Our documented difference: OTP's one_for_all starts every non-temporary member again,
-    running or not; ours leaves a finished transient child and a terminated one stopped."""
-    runs: dict[str, int] = {"done": 0, "off": 0, "flaky": 0}
-
-    async def done() -> None:
-        runs["done"] += 1
+def _off_and_flaky(
+    runs: dict[str, int],
+) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
+    """Two children counting their runs in *runs*: ``off`` sleeps for ever; ``flaky`` fails
+    5 s into its first run and sleeps for ever in the next."""
 
     async def off() -> None:
         runs["off"] += 1
@@ -419,6 +415,21 @@ async def test_group_members_that_already_ended_for_good_stay_ended(
         if runs["flaky"] == 1:
             raise OSError("flaky")
         await trio.sleep_forever()
+
+    return off, flaky
+
+
+async def test_group_members_that_already_ended_for_good_stay_ended(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Our documented difference: OTP's one_for_all starts every non-temporary member again,
+    running or not; ours leaves a finished transient child and a terminated one stopped."""
+    runs: dict[str, int] = {"done": 0, "off": 0, "flaky": 0}
+
+    async def done() -> None:
+        runs["done"] += 1
+
+    off, flaky = _off_and_flaky(runs)
 
     policy = RestartPolicy(1, 1, jitter="none")
     supervisor = Supervisor(
@@ -451,16 +462,7 @@ async def test_a_child_being_terminated_is_not_restarted_by_its_group(
     child does (it used to be taken into the group's restart and run again)."""
     runs: dict[str, int] = {"off": 0, "flaky": 0}
 
-    async def off() -> None:
-        runs["off"] += 1
-        await trio.sleep_forever()
-
-    async def flaky() -> None:
-        runs["flaky"] += 1
-        await trio.sleep(5)
-        if runs["flaky"] == 1:
-            raise OSError("flaky")
-        await trio.sleep_forever()
+    off, flaky = _off_and_flaky(runs)
 
     policy = RestartPolicy(1, 1, jitter="none")
     supervisor = Supervisor(
