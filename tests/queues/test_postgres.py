@@ -128,24 +128,36 @@ async def test_notify_wakes_a_waiter_in_another_queue() -> None:
             await PostgresQueue.connect(dsn, clock=clock, schema=schema, migrate=True) as waiter,
             await PostgresQueue.connect(dsn, clock=clock, schema=schema) as producer,
         ):
-            woke = trio.Event()
-
-            async def wait() -> None:
-                await waiter.wait_for_work(["spec"])
-                woke.set()
-
-            with trio.fail_after(10):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(wait)
-                    await trio.sleep(0.5)
-                    assert not woke.is_set()
-                    await producer.enqueue("spec")
-                    await woke.wait()
+            await _wakes(waiter, lambda: producer.enqueue("spec"))
 
 
-async def test_a_settlement_making_work_due_wakes_a_waiter_in_another_queue() -> None:
+async def _wakes(waiter: PostgresQueue, act: Any) -> None:
+    """*act()* wakes a ``wait_for_work(["spec"])`` of *waiter* that had not woken before it."""
+    woke = trio.Event()
+
+    async def wait() -> None:
+        await waiter.wait_for_work(["spec"])
+        woke.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait)
+            await trio.sleep(0.5)
+            assert not woke.is_set()
+            await act()
+            await woke.wait()
+
+
+@pytest.mark.parametrize("parentless", [True, False], ids=["one-statement", "transaction"])
+async def test_a_settlement_making_work_due_wakes_a_waiter_in_another_queue(
+    parentless: bool,
+) -> None:
     """settle_many's NOTIFY: an outcome due again at once, and a completion freeing a key's
-    slot for an item it blocked, each wake wait_for_work on another connection."""
+    slot for an item it blocked, each wake wait_for_work on another connection; both when the
+    batch is a runner's of items without a parent (one statement sending its own NOTIFY) and
+    when it is written the general way (in a transaction)."""
+    from trio_supervise._runner import _S_PARENTLESS
+
     with pg_schema() as (dsn, schema):
         clock = ManualClock()
         async with (
@@ -154,19 +166,13 @@ async def test_a_settlement_making_work_due_wakes_a_waiter_in_another_queue() ->
         ):
 
             async def settled_wakes(settlement: Settlement) -> None:
-                woke = trio.Event()
+                if parentless:
+                    _S_PARENTLESS(settlement, True)
 
-                async def wait() -> None:
-                    await waiter.wait_for_work(["spec"])
-                    woke.set()
+                async def settle() -> None:
+                    assert await worker.settle_many([settlement]) == [True]
 
-                with trio.fail_after(10):
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(wait)
-                        await trio.sleep(0.5)
-                        assert not woke.is_set()
-                        assert await worker.settle_many([settlement]) == [True]
-                        await woke.wait()
+                await _wakes(waiter, settle)
 
             await worker.enqueue("spec", item_id="again")
             [item] = await worker.claim_due(["spec"], "w", 60, 1)
@@ -951,8 +957,13 @@ async def test_arguments_are_checked() -> None:
 # -- issue 12: unstorable rows, indexed status reads, fault classes ---------------------------
 
 
-async def test_a_row_the_database_refuses_goes_dead_alone() -> None:
-    """A batch failing on one row's data is split: that row goes dead, saying why."""
+@pytest.mark.parametrize("parentless", [True, False], ids=["one-statement", "transaction"])
+async def test_a_row_the_database_refuses_goes_dead_alone(parentless: bool) -> None:
+    """A batch failing on one row's data is split: that row goes dead, saying why; whether it
+    was a runner's batch of items without a parent (the one statement, which then falls back)
+    or written the general way."""
+    from trio_supervise._runner import _S_PARENTLESS
+
     with pg_schema() as (dsn, schema):
         async with await PostgresQueue.connect(
             dsn, schema=schema, migrate=True, clock=ManualClock()
@@ -971,6 +982,8 @@ async def test_a_row_the_database_refuses_goes_dead_alone() -> None:
                 Settlement(item_id=item_id, lease_version=v[item_id], kind=SettleKind.COMPLETE)
                 for item_id in ("a", "poison", "b")
             ]
+            for settlement in done:
+                _S_PARENTLESS(settlement, parentless)
             assert await queue.settle_many(done) == [True, True, True]
             got = {i.id: i for i in await queue.list_items()}
     assert got["a"].state is got["b"].state is ItemState.COMPLETED
