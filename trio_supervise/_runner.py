@@ -45,6 +45,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import contextvars
 import datetime as dt
 import enum
 import functools
@@ -58,6 +59,7 @@ import trio
 import trio_util
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from ._contexts import run_in_context
 from ._errors import DriverError, QueueFailed, QueueUnavailable, SuperviseError
 from ._lifecycle import Shutdown
 from ._policy import Jitter
@@ -1244,11 +1246,16 @@ class WorkflowRunner(Generic[ContextT]):
         elif entry.reason is None:
             entry.evaluating_since = self._time() if since is None else since
             try:
-                settlement = await evaluate_item(
-                    self._registry.for_spec(item.spec_id),
-                    context,
-                    item,
-                    requeue_delay=settings.requeue_delay,
+                # In a context of its own, as a task per item would have: what one item's
+                # driver sets in contextvars is not seen by the next item this evaluator takes.
+                settlement = await run_in_context(
+                    contextvars.copy_context(),
+                    evaluate_item(
+                        self._registry.for_spec(item.spec_id),
+                        context,
+                        item,
+                        requeue_delay=settings.requeue_delay,
+                    ),
                 )
             except Exception as exc:
                 error, failure = describe_failure(exc), exc
