@@ -342,11 +342,12 @@ async def test_sqlite_older_version_with_items_migrates_losing_nothing(
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("version", [1, 2, 4, 5])
+@pytest.mark.parametrize("version", [1, 2, 4, 5, 6])
 async def test_postgres_older_version_with_items_migrates_losing_nothing(version: int) -> None:
     """A schema of an older version with items in every state, two of them holding keys,
-    migrates to the latest (the claim, lease and key indexes rebuilt on the way): nothing
-    lost, the claimable items claimed, the keys still unique and found."""
+    migrates to the latest (the claim, lease, key, spec and listing indexes rebuilt on the
+    way): nothing lost, every state listed, the claimable items claimed, the keys still unique
+    and found."""
     import psycopg
 
     with pg_schema() as (dsn, schema):
@@ -370,6 +371,11 @@ async def test_postgres_older_version_with_items_migrates_losing_nothing(version
         async with await PostgresQueue.connect(
             dsn, schema=schema, migrate=True, clock=clock
         ) as queue:
+            for state in ItemState:  # each state's page, the running one from the lease index
+                held = sorted(row[0] for row in V1_ROWS if row[1] == str(state))
+                for specs in (None, ["spec"]):
+                    page = await queue.list_items(states=[state], spec_ids=specs)
+                    assert sorted(item.id for item in page) == held
             await _check_upgraded(queue)
             for holder in ("queued", "completed"):
                 again = await queue.enqueue("spec", idempotency_key=f"key-{holder}")

@@ -1014,10 +1014,100 @@ async def test_status_reads_are_served_by_indexes() -> None:
                 .replace("%(limit)s", "50")
                 .replace("%(spec_ids)s::text[]", extra)
             )
-            plan = await trio.to_thread.run_sync(_sql, dsn, schema, f"EXPLAIN {query}")
-            text = "\n".join(str(row[0]) for row in plan)
-            assert "trio_supervise_items_state_due_idx" in text
-            assert "Sort" not in text
+            plan = await trio.to_thread.run_sync(
+                _sql, dsn, schema, f"EXPLAIN (ANALYZE, TIMING off) {query}"
+            )
+            lines = [str(row[0]) for row in plan]
+            _assert_walk_in_order(lines, "items_state_due_idx", name)
+            # The running state's arm (see list_state) sorts nothing for another state.
+            assert not [line for line in lines if "Sort  " in line and "rows=0 " not in line]
+
+
+_READ_PARAMS = {
+    "after_due": "'-infinity'::timestamptz",
+    "after_id": "''::text",
+    "limit": "50",
+    "spec_ids": "'{s1,s2}'::text[]",
+    "queues": "NULL::text[]",
+    "now": "NULL::timestamptz",
+}
+
+
+def _prepared(name: str, state: str | None) -> tuple[str, str]:
+    """The named query as PREPARE p(...) AS ... (its parameters as $n) and the EXECUTE that
+    runs it with *state* and _READ_PARAMS, for the plans a prepared statement gets."""
+    import re
+
+    text = _queries.load_queries("postgres")[name]
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", text)))
+    values = {**_READ_PARAMS, "state": f"'{state}'::text"}
+    for n, key in enumerate(names, 1):
+        text = text.replace(f"%({key})s", f"${n}")
+    args = ", ".join(values[key] for key in names)
+    return f"PREPARE p AS {text}", f"EXECUTE p({args})"
+
+
+@pytest.mark.parametrize("plans", ["auto", "force_generic_plan"])
+async def test_reads_of_running_items_are_served_by_the_lease_index(plans: str) -> None:
+    """Running items are in neither the spec index nor the listing index (schema 0007: a claim
+    writes no entry there); on 100k completed, 10k queued and 400 running rows (some holding a
+    concurrency key with a live lease), no read by state or spec scans the table: listing a
+    state and next_due_at (both of its ways) read their index ranges, the running rows from
+    the lease index, under custom plans and generic ones alike."""
+    import re
+
+    import psycopg
+
+    with pg_schema() as (dsn, schema):
+        await migrate_schema(dsn, schema)
+        fill = (
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, lease_expires_at, "
+            "lease_owner, created_at, updated_at, queue, concurrency_key, concurrency_limit) "
+            "SELECT 'i' || g, 's' || (g % 3), "
+            "CASE WHEN g <= 100000 THEN 'completed' WHEN g <= 110000 THEN 'queued' "
+            "ELSE 'running' END, now() - (g % 5000) * interval '1 second', "
+            "CASE WHEN g > 110000 THEN now() + interval '1 minute' END, "
+            "CASE WHEN g > 110000 THEN 'w' END, now(), now(), "
+            "CASE WHEN g % 4 = 0 THEN 'mail' ELSE 'default' END, "
+            "CASE WHEN g % 50 = 0 THEN 'k' || (g % 7) END, CASE WHEN g % 50 = 0 THEN 1 END "
+            "FROM generate_series(1, 110400) AS g"
+        )
+        await trio.to_thread.run_sync(_sql, dsn, schema, fill)
+        await trio.to_thread.run_sync(_sql, dsn, schema, "VACUUM ANALYZE trio_supervise_items")
+
+        def plans_of(runs: list[tuple[str, str | None]]) -> dict[str, list[str]]:
+            got = {}
+            options = f"-c search_path={schema} -c plan_cache_mode={plans}"
+            with psycopg.connect(dsn, autocommit=True, options=options) as conn:
+                for name, state in runs:
+                    prepare, execute = _prepared(name, state)
+                    conn.execute(prepare.encode())
+                    for _ in range(6):  # past the custom plans a prepared statement starts with
+                        conn.execute(execute.encode()).fetchall()
+                    plan = conn.execute(f"EXPLAIN (ANALYZE, TIMING off) {execute}".encode())
+                    got[f"{name} {state}"] = [str(row[0]) for row in plan]
+                    conn.execute("DEALLOCATE p")
+            return got
+
+        states = [str(state) for state in ItemState]
+        runs = [(name, s) for name in ("list_state", "list_state_specs") for s in states]
+        found = await trio.to_thread.run_sync(plans_of, [*runs, ("next_due_at", None)])
+        await trio.to_thread.run_sync(
+            _sql, dsn, schema, "UPDATE trio_supervise_items SET concurrency_key = NULL"
+        )
+        await trio.to_thread.run_sync(_sql, dsn, schema, "VACUUM ANALYZE trio_supervise_items")
+        unkeyed = await trio.to_thread.run_sync(plans_of, [("next_due_at", None)])
+    for where, lines in [*found.items(), ("next_due_at, no key", unkeyed["next_due_at None"])]:
+        text = "\n".join(lines)
+        scans = [line for line in lines if "Seq Scan on trio_supervise_items" in line]
+        assert all("never executed" in line for line in scans), (where, text)
+        if where != "next_due_at None":  # the keyed way reads the specs' queued rows, as before
+            # A page's rows, or the running ones (400): never the queued or completed ones.
+            assert max(int(n) for n in re.findall(r"actual rows=(\d+)", text)) <= 400, where
+        if where.endswith(" running") or where.startswith("next_due_at"):
+            assert "trio_supervise_items_lease_idx" in text, (where, text)
+        elif where.endswith((" queued", " completed")):
+            _assert_walk_in_order(lines, "items_state_due_idx", where)
 
 
 async def test_permanent_faults_are_queue_failed() -> None:

@@ -121,19 +121,48 @@ LIMIT 1;
 SELECT * FROM trio_supervise_items WHERE id = %(id)s;
 
 -- name: list_state
--- One page of one state, after the cursor (due_at, id): a range of the state index, so it
--- costs the rows shown. list_items runs one per state and merges them.
-SELECT * FROM trio_supervise_items
-WHERE state = %(state)s
-  AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+-- One page of one state, after the cursor (due_at, id). list_items runs one per state and
+-- merges them. Two arms, of which only the state's own returns rows: a range of the listing
+-- index (every state but running: schema 0007), so it costs the rows shown; or the running
+-- rows (the leases in flight) from the lease index, sorted. Each arm spells out its state test,
+-- so that even a generic plan of this prepared statement uses those indexes.
+(
+    SELECT * FROM trio_supervise_items
+    WHERE state = %(state)s AND state <> 'running'
+      AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+    ORDER BY due_at, id
+    LIMIT %(limit)s
+)
+UNION ALL
+(
+    SELECT * FROM trio_supervise_items
+    WHERE state = %(state)s AND state = 'running'
+      AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+    ORDER BY due_at, id
+    LIMIT %(limit)s
+)
 ORDER BY due_at, id
 LIMIT %(limit)s;
 
 -- name: list_state_specs
-SELECT * FROM trio_supervise_items
-WHERE state = %(state)s
-  AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
-  AND spec_id = ANY(%(spec_ids)s::text[])
+-- list_state of some specs only.
+(
+    SELECT * FROM trio_supervise_items
+    WHERE state = %(state)s AND state <> 'running'
+      AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+      AND spec_id = ANY(%(spec_ids)s::text[])
+    ORDER BY due_at, id
+    LIMIT %(limit)s
+)
+UNION ALL
+(
+    SELECT * FROM trio_supervise_items
+    WHERE state = %(state)s AND state = 'running'
+      AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+      AND spec_id = ANY(%(spec_ids)s::text[])
+    ORDER BY due_at, id
+    LIMIT %(limit)s
+)
 ORDER BY due_at, id
 LIMIT %(limit)s;
 
@@ -554,12 +583,13 @@ WITH blocked AS MATERIALIZED (
     WHERE state = 'running' AND concurrency_key IS NOT NULL
       AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
 ), due AS NOT MATERIALIZED (
-    SELECT CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END AS base,
-        concurrency_key, concurrency_limit
-    FROM trio_supervise_items
-    WHERE state IN ('queued', 'running') AND spec_id = ANY(%(spec_ids)s::text[])
-      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-      AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
+    -- The queued rows of the specs (the spec index) and the running ones (the lease index,
+    -- which alone holds them: schema 0007).
+    SELECT due_at AS base, concurrency_key, concurrency_limit, queue FROM trio_supervise_items
+    WHERE state = 'queued' AND spec_id = ANY(%(spec_ids)s::text[])
+    UNION ALL
+    SELECT lease_expires_at, concurrency_key, concurrency_limit, queue FROM trio_supervise_items
+    WHERE state = 'running' AND spec_id = ANY(%(spec_ids)s::text[])
 ), t AS MATERIALIZED (  -- computed once, though read twice below
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM blocked) THEN least(
         -- The plain minimum without reading every queued row: the earliest queued row, the
@@ -583,6 +613,8 @@ WITH blocked AS MATERIALIZED (
         SELECT min(greatest(c.base, b.until))
         FROM (
             SELECT min(base) AS base, concurrency_key, concurrency_limit FROM due
+            WHERE (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+              AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
             GROUP BY concurrency_key, concurrency_limit
         ) AS c
         LEFT JOIN blocked AS b ON b.k = c.concurrency_key AND b.nth = c.concurrency_limit
