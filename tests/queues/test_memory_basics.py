@@ -165,3 +165,19 @@ async def test_a_stored_config_or_result_is_the_queue_s_own(
     assert got["runner"].state is ItemState.QUEUED
     assert got["done"].result == {"r": [1]}
     assert got["by-hand"].config == {"n": 2}
+
+
+async def test_handed_out_items_are_frozen_work_items_of_their_own() -> None:
+    """A claimed or listed item is a plain frozen WorkItem (the copy is built through a twin
+    class, then given WorkItem's class), equal to the stored one and sharing no JSON with it."""
+    queue = MemoryQueue()
+    item = await queue.enqueue("spec", config={"n": [1, {"deep": True}]})
+    [claimed] = await queue.claim_due(["spec"], "w", 30, 1)
+    again = queue.items[item.id]
+    for each in (item, claimed, again):
+        assert type(each) is WorkItem
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            each.state = ItemState.QUEUED  # type: ignore[misc]
+    assert claimed == again
+    claimed.config["n"][1]["deep"] = False
+    assert queue.items[item.id].config == {"n": [1, {"deep": True}]}

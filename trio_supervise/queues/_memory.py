@@ -273,37 +273,54 @@ _set = object.__setattr__
 _new_object = object.__new__
 
 
-def _copier() -> Callable[[WorkItem], WorkItem]:
-    """Build ``_copy``: every :class:`WorkItem` field read and set by its slot's descriptor.
+class _OpenItem(WorkItem):
+    """:class:`WorkItem`'s layout (no slot of its own) without the frozen class's
+    ``__setattr__``: :func:`_copy` writes a copy's fields into one by plain attribute stores,
+    and the object then becomes the :class:`WorkItem` it is (``__class__`` assignment, allowed
+    between classes of one layout), as the PostgreSQL queue decodes a claimed row. Never seen
+    outside ``_copy``.
 
-    A slot's own ``__set__`` costs about two thirds of ``object.__setattr__`` by name, and the
-    copy is made per claimed item (a seventh of a no-op item's cost in P1 when it was spelled
-    out by name). Generated from ``attrs.fields``, so a field added to ``WorkItem`` is copied
-    too.
+    A slot's setter called as a function costs several times a plain store on a slot (one
+    specialised bytecode), and a copy is made per claimed item, 29 fields each. Both
+    ``__setattr__`` and ``__delattr__`` are object's own, so the class keeps CPython's generic
+    attribute setter that the bytecode specialises on.
+    """
+
+    __slots__ = ()
+    __setattr__ = object.__setattr__
+    __delattr__ = object.__delattr__
+
+
+def _copier() -> Callable[[WorkItem], WorkItem]:
+    """Build ``_copy``: every :class:`WorkItem` field read and stored into an :class:`_OpenItem`,
+    which then becomes a :class:`WorkItem`.
+
+    Generated from ``attrs.fields``, so a field added to ``WorkItem`` is copied too (and
+    :func:`_check_copy` checks, at import, that every field is, and that the copy is a
+    ``WorkItem``).
     """
     names = [field.name for field in attrs.fields(WorkItem)]
-    setters = {f"_set_{name}": getattr(WorkItem, name).__set__ for name in names}
     # The JSON fields are the stored item's own dicts and lists: each copy gets its own, so a
     # driver or caller changing them in place changes nothing stored (every other field is
     # immutable: strings, numbers, datetimes, the error history's tuple of frozen entries).
     json_fields = {"config", "result"}
     lines = [
-        f"def _copy(item, _new=_new, _cls=_cls, _json=_json, "
-        f"{', '.join(f'{s}={s}' for s in setters)}):",
-        "    new = _new(_cls)",
+        "def _copy(item, _new=_new, _open=_open, _cls=_cls, _json=_json):",
+        "    new = _new(_open)",
         *(
-            f"    _set_{name}(new, _json(item.{name}))"
+            f"    new.{name} = _json(item.{name})"
             if name in json_fields
-            else f"    _set_{name}(new, item.{name})"
+            else f"    new.{name} = item.{name}"
             for name in names
         ),
+        "    new.__class__ = _cls",
         "    return new",
     ]
     namespace: dict[str, Any] = {
         "_new": _new_object,
+        "_open": _OpenItem,
         "_cls": WorkItem,
         "_json": copy_json,
-        **setters,
     }
     exec("\n".join(lines), namespace)
     copy: Callable[[WorkItem], WorkItem] = namespace["_copy"]
@@ -317,7 +334,8 @@ _copy = _copier()
 def _check_copy() -> None:
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     probe = WorkItem(id="probe", spec_id="probe", due_at=epoch, created_at=epoch, updated_at=epoch)
-    if _copy(probe) != probe or _copy(probe) is probe:  # pragma: no cover
+    copied = _copy(probe)
+    if copied != probe or copied is probe or type(copied) is not WorkItem:  # pragma: no cover
         raise RuntimeError("_copy does not copy every WorkItem field")
 
 
