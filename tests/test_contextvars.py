@@ -14,7 +14,6 @@ import trio
 import trio.testing
 
 import trio_supervise as ts
-from trio_supervise._contexts import run_in_context
 from trio_supervise.queues import WorkItem
 
 from .test_runner import FaultyQueue, make_runner, running
@@ -182,25 +181,50 @@ async def test_an_error_trio_throws_in_reaches_the_driver_in_its_context(
         assert item.state is ts.ItemState.COMPLETED
 
 
-async def test_run_in_context_closes_an_unfinished_coroutine_in_its_context() -> None:
-    """Cancelled from outside before the coroutine ends, then its ``finally`` runs in the
-    context it ran in, and the result or error passes through unchanged otherwise."""
-    seen: list[str] = []
+class _Incomparable:
+    def __eq__(self, other: object) -> bool:
+        raise TypeError("no comparing")
 
-    async def body(result: str) -> str:
-        VAR.set("inside")
-        try:
-            await trio.sleep(100 if result == "forever" else 0)
-        finally:
-            seen.append(VAR.get())
-        if result == "raise":
-            raise ValueError(result)
-        return result
+    __hash__ = object.__hash__
 
-    assert await run_in_context(contextvars.copy_context(), body("done")) == "done"
-    with pytest.raises(ValueError, match="raise"):
-        await run_in_context(contextvars.copy_context(), body("raise"))
-    with trio.move_on_after(0.01):
-        await run_in_context(contextvars.copy_context(), body("forever"))
-    assert seen == ["inside"] * 3
-    assert VAR.get() == "unset"
+
+ODD: contextvars.ContextVar[object] = contextvars.ContextVar("ODD", default=None)
+
+
+@attrs.define
+class OddSetter:
+    """Sets ``ODD`` to a value whose ``==`` raises, starting from one such value already set."""
+
+    name: str = "odd"
+    spec_ids: tuple[str, ...] = ("job",)
+    seen: list[object] = attrs.Factory(list)
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: None, item: WorkItem) -> ts.Outcome:
+        self.seen.append(ODD.get())
+        ODD.set(_Incomparable())
+        return ts.Stop()
+
+
+async def test_a_value_that_cannot_be_compared_still_leaves_with_its_item(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Telling whether a driver changed the context compares values only when a variable was
+    set anew; a value whose ``==`` raises counts as a change, and no evaluator fails on it."""
+    queue = ts.MemoryQueue()
+    ids = await _enqueue(queue, 4)
+    driver = OddSetter()
+    outer = _Incomparable()
+    token = ODD.set(outer)
+    try:
+        async with running(make_runner(queue, driver, concurrency=1)):
+            await trio.sleep(5)
+    finally:
+        ODD.reset(token)
+    assert driver.seen == [outer] * 4
+    for item_id in ids:
+        item = await queue.get(item_id)
+        assert item is not None
+        assert item.state is ts.ItemState.COMPLETED

@@ -59,7 +59,6 @@ import trio
 import trio_util
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ._contexts import run_in_context
 from ._errors import DriverError, QueueFailed, QueueUnavailable, SuperviseError
 from ._lifecycle import Shutdown
 from ._policy import Jitter
@@ -559,6 +558,23 @@ class _Settler:
             self.flushed()
 
 
+def _context_changed(started: contextvars.Context) -> bool:
+    """Whether this task's :mod:`contextvars` context differs from *started*, a copy taken
+    before.
+
+    An evaluator runs many items in one task, so a context variable one item's driver sets (a
+    logging binding, a tracing span, a ``decimal`` context) would be seen by the next item it
+    takes; a task per item would not see it. The evaluator compares its context after each
+    evaluation, which costs one copy and, when nothing was set, one identity test of the two
+    contexts' variable maps (copies share the map until a variable is set). Values are compared
+    only when a variable was set: one whose ``==`` raises counts as a change.
+    """
+    try:
+        return contextvars.copy_context() != started
+    except Exception:
+        return True
+
+
 @attrs.define(eq=False)
 class _Pool:
     """The evaluators: long-lived tasks that take claimed items from one queue of waiting items.
@@ -581,6 +597,9 @@ class _Pool:
     """An evaluator was woken (or started) and has not run yet."""
     closed: bool = False
     """Nothing more is claimed: evaluators end once ``waiting`` is empty."""
+    context: contextvars.Context = attrs.Factory(contextvars.copy_context)
+    """The context every evaluator starts in, whoever wakes it: a copy of the context the pool
+    was opened in (the runner's)."""
 
     @classmethod
     def open(cls, nursery: trio.Nursery) -> _Pool:
@@ -599,7 +618,8 @@ class _Pool:
             trio.lowlevel.reschedule(self.idle.pop())
         else:
             assert self.spawn is not None
-            self.nursery.start_soon(self.spawn)
+            # A task copies the context of the code that starts it: start it from the pool's.
+            self.context.run(self.nursery.start_soon, self.spawn)
 
     def close(self) -> None:
         """Nothing more will be put: wake every idle evaluator so that it ends."""
@@ -1097,9 +1117,15 @@ class WorkflowRunner(Generic[ContextT]):
         at while it is evaluated: stopping that item cancels the scope, the evaluation ends, the
         item is settled after the scope, and the evaluator goes on in a fresh scope. The happy
         path enters no scope per item and starts no task. It starts woken (see :class:`_Pool`).
+
+        Each item sees the pool's :mod:`contextvars` context (the runner's), as a task per item
+        would: an evaluation that leaves the context changed (its driver set a context variable)
+        ends its evaluator, and the waiting items go to another one (see
+        :func:`_context_changed`).
         """
         waiting = pool.waiting
         woken = True
+        started = pool.context
         while True:
             current: _InFlight | None = None
             # When this evaluator's last evaluation ended, while it has awaited nothing since:
@@ -1127,6 +1153,9 @@ class WorkflowRunner(Generic[ContextT]):
                         entry.scope = None
                         current = None
                         self._hand_over(entry, settler, *found)
+                        if _context_changed(started):
+                            self._retire(pool)
+                            return
                         if entry.reason is not None and scope.cancel_called:
                             # Stopped as the evaluation ended (only a stop cancels this scope,
                             # and it sets a reason first): a fresh scope for the next.
@@ -1137,10 +1166,20 @@ class WorkflowRunner(Generic[ContextT]):
                     entry.scope = None
                     self._observe(entry)
                     self._hand_over(entry, settler, None, None, None)
+                    if _context_changed(started):
+                        self._retire(pool)
+                        return
             finally:
                 if current is not None:
                     # Something escaped the evaluation (a BaseException): the slot is freed.
                     self._free(current)
+
+    @staticmethod
+    def _retire(pool: _Pool) -> None:
+        """End an evaluator whose context an evaluation changed: the items waiting go to an idle
+        evaluator or a new one, unless another is being woken already."""
+        if pool.waiting and not pool.waking:
+            pool.wake()
 
     def _hand_over(
         self,
@@ -1246,16 +1285,11 @@ class WorkflowRunner(Generic[ContextT]):
         elif entry.reason is None:
             entry.evaluating_since = self._time() if since is None else since
             try:
-                # In a context of its own, as a task per item would have: what one item's
-                # driver sets in contextvars is not seen by the next item this evaluator takes.
-                settlement = await run_in_context(
-                    contextvars.copy_context(),
-                    evaluate_item(
-                        self._registry.for_spec(item.spec_id),
-                        context,
-                        item,
-                        requeue_delay=settings.requeue_delay,
-                    ),
+                settlement = await evaluate_item(
+                    self._registry.for_spec(item.spec_id),
+                    context,
+                    item,
+                    requeue_delay=settings.requeue_delay,
                 )
             except Exception as exc:
                 error, failure = describe_failure(exc), exc
