@@ -226,6 +226,58 @@ async def test_a_queue_with_exact_wakeups_is_not_polled(
     assert queue.claims == claims
 
 
+class Moments(trio.abc.Instrument):
+    """The times (Trio's clock) at which any task ran: where an autojump clock stopped."""
+
+    def __init__(self) -> None:
+        self.times: set[float] = set()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.times.add(trio.current_time())
+
+
+@attrs.define(eq=False)
+class Daily:
+    """One step a day, *days* times."""
+
+    days: int
+    name: str = "daily"
+    spec_ids: tuple[str, ...] = ("daily",)
+    at: list[float] = attrs.Factory(list)
+    done: trio.Event = attrs.Factory(trio.Event)
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: None, item: WorkItem) -> ts.Outcome:
+        self.at.append(trio.current_time())
+        if len(self.at) >= self.days:
+            self.done.set()
+            return ts.Stop()
+        return ts.Reschedule(at=item.due_at + dt.timedelta(days=1), config=item.config)
+
+
+async def test_a_simulated_day_wakes_the_runner_only_at_its_due_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Under an autojump clock a day of one daily workflow is one jump: the renewal loop and
+    the loop-lag watchdog stop sleeping once nothing is in flight, instead of waking (2.5 s
+    and 10 s after each step, a jump each) to find nothing to do."""
+    queue = ts.MemoryQueue()
+    await queue.enqueue("daily", item_id="w", due_at=queue.clock.now())
+    driver = Daily(days=10)
+    moments = Moments()
+    trio.lowlevel.add_instrument(moments)
+    try:
+        async with running(make_runner(queue, driver, lease=30)):
+            await driver.done.wait()
+    finally:
+        trio.lowlevel.remove_instrument(moments)
+    days = [day * 86_400.0 for day in range(10)]
+    assert driver.at == days
+    assert sorted(moments.times) == days
+
+
 async def test_renewals_go_in_one_call_per_round(autojump_clock: trio.testing.MockClock) -> None:
     """Every in-flight lease is renewed in one renew_many call every lease / 3 seconds."""
     queue = FaultyQueue()

@@ -357,6 +357,18 @@ RENEWAL_CHUNK = 1000
 LAG_WARNING_FRACTION = 1 / 3
 """A loop blocked longer than this fraction of the lease (one renewal interval) is warned about."""
 _LAG_CHECKS_PER_RENEWAL = 4
+
+
+def _busy(in_flight: int) -> bool:
+    """Something is in flight (a predicate for ``_count.wait_value``, one object for all)."""
+    return in_flight > 0
+
+
+def _idle(in_flight: int) -> bool:
+    """Nothing is in flight."""
+    return in_flight == 0
+
+
 _AT_RISK_NAMED = 10
 
 
@@ -1479,17 +1491,33 @@ class WorkflowRunner(Generic[ContextT]):
 
     # -- renewals ------------------------------------------------------------------------------
 
+    async def _sleep_while_busy(self, deadline: float) -> bool:
+        """Sleep until *deadline* (True), or until nothing is in flight, whichever is first
+        (False).
+
+        The renewal loop and the loop-lag watchdog sleep so: once the last item in flight is
+        settled they have nothing to do, and a sleep left to run out would be a wake-up with
+        nothing to do. Under an autojump clock every such wake-up is a jump of its own: a
+        simulated day of one daily workflow was three jumps (the renewal round's deadline, the
+        watchdog's, the next due time) where one does (issue 17's P4).
+        """
+        with trio.move_on_at(deadline):
+            await self._count.wait_value(_idle)
+            return False
+        return True
+
     async def _renewal_loop(self) -> None:
         interval = self._settings.renew_interval
         deadline = trio.current_time() + interval
         while True:
             if not self._in_flight:
                 # Nothing to renew: sleep until something is claimed, then keep the cadence.
-                await self._count.wait_value(lambda n: n > 0)
+                await self._count.wait_value(_busy)
                 now = trio.current_time()
                 if deadline <= now:
                     deadline += math.ceil((now - deadline) / interval) * interval
-            await trio.sleep_until(deadline)
+            if not await self._sleep_while_busy(deadline):
+                continue  # nothing left to renew: the round is due when something is claimed
             await self._renew_round(interval)
             deadline += interval
             now = trio.current_time()
@@ -1609,9 +1637,10 @@ class WorkflowRunner(Generic[ContextT]):
         lag_metric = self._metrics.loop_lag_seconds
         while True:
             if not self._in_flight:
-                await self._count.wait_value(lambda n: n > 0)
+                await self._count.wait_value(_busy)
             expected = trio.current_time() + interval
-            await trio.sleep_until(expected)
+            if not await self._sleep_while_busy(expected):
+                continue  # idle: nothing a late wake-up could put at risk
             woke = trio.current_time()
             lag = max(0.0, woke - expected)
             lag_metric.observe(lag)
