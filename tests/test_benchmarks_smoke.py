@@ -46,6 +46,11 @@ def test_p1_and_p4_in_process_report_the_documented_shape() -> None:
     for record in records.values():
         check_record(record)
     json.dumps(records)  # serialisable as is
+    # P4 also reports the same steps under the real clock: what time travel itself costs.
+    p4 = records["P4"]
+    assert p4["virtual_days"] >= 2  # the clock travelled (3 steps, a day apart)
+    assert p4["real_clock_evals_per_s"] > 0
+    assert p4["vs_real_clock"] == pytest.approx(p4["ours"] / p4["real_clock_evals_per_s"])
 
 
 def test_a_lower_is_better_ratio_is_met_below_the_goal() -> None:
