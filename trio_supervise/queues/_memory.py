@@ -31,7 +31,7 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import itertools
-import types
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Self, SupportsIndex, overload
 
@@ -78,7 +78,31 @@ from ._protocol import (
 
 __all__ = ["MemoryQueue", "QueueEvent"]
 
-_NO_DETAIL: Mapping[str, Any] = types.MappingProxyType({})
+
+class _NoDetail(Mapping[str, Any]):
+    """The type of ``_NO_DETAIL``: an empty mapping that cannot be changed, copied and pickled
+    as the one shared instance (a ``MappingProxyType`` can be neither, so a log holding a
+    renewal could not be)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "{}"
+
+    def __reduce__(self) -> str:
+        return "_NO_DETAIL"
+
+
+_NO_DETAIL: Mapping[str, Any] = _NoDetail()
 """The detail of an event that has none (shared: it cannot be changed)."""
 
 
@@ -95,28 +119,110 @@ class QueueEvent:
 
 
 _RawEvent = tuple[Any, ...]
-"""A logged event as :class:`_EventLog` keeps it, one flat tuple: ``(at, op, item_id,
-lease_version, applied, shared, key, value, key, value, ...)``, the detail's items spelled out
-after *shared* (True: the detail is the shared empty one, ``_NO_DETAIL``)."""
+"""A logged event as :class:`_EventLog` keeps it: ``_WIDTH`` values, ``(at, op, item_id,
+lease_version, applied, key1, value1, key2, value2)``. The detail is spelled out in the last
+four: up to two pairs with string keys in place (``_NO_PAIR`` fills a missing one), else
+``key1`` is a marker: ``_SHARED`` (the detail is the shared empty one, ``_NO_DETAIL``) or
+``_PAIRS`` (``value1`` is a tuple of every key and value in turn)."""
+
+_WIDTH = 9
 
 
-def _event(raw: _RawEvent) -> QueueEvent:
-    at, op, item_id, version, applied, shared = raw[:6]
-    if shared:
-        detail: Mapping[str, Any] = _NO_DETAIL
-    else:
-        pairs = iter(raw[6:])
+class _Marker:
+    """A private value in a logged event's detail slots (see ``_RawEvent``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+    def __reduce__(self) -> str:
+        return self.name  # a module global: pickled by reference, the same object back
+
+
+_SHARED = _Marker("_SHARED")
+_PAIRS = _Marker("_PAIRS")
+_NO_PAIR = _Marker("_NO_PAIR")
+
+_NO_PAIRS = (_NO_PAIR, None, _NO_PAIR, None)
+"""The detail slots of an event with an empty detail of its own."""
+_SHARED_DETAIL = (_SHARED, None, None, None)
+"""The detail slots of an event whose detail is ``_NO_DETAIL``."""
+
+
+def _event(
+    at: Any,
+    op: Any,
+    item_id: Any,
+    version: Any,
+    applied: Any,
+    key1: Any,
+    value1: Any,
+    key2: Any,
+    value2: Any,
+) -> QueueEvent:
+    """The event whose ``_WIDTH`` logged values these are."""
+    detail: Mapping[str, Any]
+    if key1 is _SHARED:
+        detail = _NO_DETAIL
+    elif key1 is _NO_PAIR:
+        detail = {}
+    elif key1 is _PAIRS:
+        pairs = iter(value1)
         detail = dict(zip(pairs, pairs, strict=True))
+    elif key2 is _NO_PAIR:
+        detail = {key1: value1}
+    else:
+        detail = {key1: value1, key2: value2}
     return QueueEvent(at, op, item_id, version, detail, applied)
+
+
+def _event_backwards(
+    value2: Any,
+    key2: Any,
+    value1: Any,
+    key1: Any,
+    applied: Any,
+    version: Any,
+    item_id: Any,
+    op: Any,
+    at: Any,
+) -> QueueEvent:
+    """:func:`_event` for the values read from the end."""
+    return _event(at, op, item_id, version, applied, key1, value1, key2, value2)
+
+
+def _detail_slots(detail: Mapping[Any, Any]) -> tuple[Any, ...]:
+    """The four detail slots of ``_RawEvent`` for *detail*."""
+    if detail is _NO_DETAIL:
+        return _SHARED_DETAIL
+    if not detail:
+        return _NO_PAIRS
+    if len(detail) <= 2 and all(type(key) is str for key in detail):
+        pairs = tuple(itertools.chain.from_iterable(detail.items()))
+        return pairs if len(pairs) == 4 else (*pairs, _NO_PAIR, None)
+    return (_PAIRS, tuple(itertools.chain.from_iterable(detail.items())), None, None)
 
 
 def _raw(event: QueueEvent) -> _RawEvent:
     if not isinstance(event, QueueEvent):
         raise TypeError(f"MemoryQueue.events holds QueueEvent, not {event!r}")
-    head = (event.at, event.op, event.item_id, event.lease_version, event.applied)
-    if event.detail is _NO_DETAIL:
-        return (*head, True)
-    return (*head, False, *itertools.chain.from_iterable(event.detail.items()))
+    return (
+        event.at,
+        event.op,
+        event.item_id,
+        event.lease_version,
+        event.applied,
+        *_detail_slots(event.detail),
+    )
+
+
+def _raws(events: Iterable[QueueEvent]) -> list[Any]:
+    """The logged values of *events*, one after the other."""
+    return [value for event in list(events) for value in _raw(event)]
 
 
 _list: Any = list
@@ -125,31 +231,54 @@ _list: Any = list
 
 class _EventLog(list[QueueEvent]):
     """``MemoryQueue.events``: a list of :class:`QueueEvent` to whoever reads it, stored as
-    flat tuples (see ``_RawEvent``).
+    ``_WIDTH`` plain values an event, one after the other in the list itself (see
+    ``_RawEvent``).
 
-    A tuple of atoms (a UTC datetime, strings, numbers; not a dict, even an empty one, and
-    best not another tuple, which the collector may look at after this one) is one the garbage
-    collector stops tracking at its next young collection, where every :class:`QueueEvent`
-    kept is walked by each full collection: with a write logged per claim, settlement and
-    renewal, those walks were about a fifth of a busy memory-queue runner's time, and the
-    collections that landed in renewal rounds made their slow ones (issue 17's P1, P4, P11).
-    Every read builds the events (equal to the ones written, not the same objects); appending
-    or inserting a :class:`QueueEvent` stores its fields. The queue appends with :meth:`log`.
+    The queue logs every claim, settlement and renewal, and a long run under time travel logs
+    millions. Kept as one object an event (a ``QueueEvent``, later a tuple), each was an
+    allocation the garbage collector counts and never sees freed: young collections every few
+    hundred writes, and the full ones that followed walked the whole log (issue 17's P4: a
+    simulated year of 1,000 daily workflows spent 8% of its time collecting, the same steps
+    without a log 0.3%). Values in a list are no allocation of the log's own: the queue appends
+    an event's values with the list's own ``extend`` (``MemoryQueue._record``), and the
+    datetimes, strings and numbers in it are objects the collector does not track. Every read
+    builds the events (equal to the ones written, not the same objects); appending or inserting
+    a :class:`QueueEvent` stores its fields. Whatever bypasses a list subclass's methods
+    (``list.__len__(log)``, C code reading the list's slots) sees the values, not the events.
     """
 
     __slots__ = ()
 
-    def log(self, raw: _RawEvent) -> None:
-        _list.append(self, raw)
+    def _offset(self, index: SupportsIndex, what: str = "list index out of range") -> int:
+        """Where event *index* starts among the values; IndexError (saying *what*) if none."""
+        count = len(self)
+        position = operator.index(index)
+        if position < 0:
+            position += count
+        if not 0 <= position < count:
+            raise IndexError(what)
+        return position * _WIDTH
+
+    def _read(self, offset: int) -> QueueEvent:
+        return _event(*_list.__getitem__(self, slice(offset, offset + _WIDTH)))
+
+    def __len__(self) -> int:
+        values: int = _list.__len__(self)
+        return values // _WIDTH
 
     def append(self, event: QueueEvent) -> None:
-        _list.append(self, _raw(event))
+        _list.extend(self, _raw(event))
 
     def extend(self, events: Iterable[QueueEvent]) -> None:
-        _list.extend(self, [_raw(event) for event in events])
+        _list.extend(self, _raws(events))
 
     def insert(self, index: SupportsIndex, event: QueueEvent) -> None:
-        _list.insert(self, index, _raw(event))
+        count = len(self)
+        position = operator.index(index)
+        if position < 0:
+            position = max(0, position + count)
+        offset = min(position, count) * _WIDTH
+        _list.__setitem__(self, slice(offset, offset), _raw(event))
 
     def __iadd__(self, events: Iterable[QueueEvent]) -> Self:  # type: ignore[override]
         self.extend(events)
@@ -160,29 +289,67 @@ class _EventLog(list[QueueEvent]):
     @overload
     def __setitem__(self, index: slice, event: Iterable[QueueEvent]) -> None: ...
     def __setitem__(self, index: Any, event: Any) -> None:
-        if isinstance(index, slice):
-            _list.__setitem__(self, index, [_raw(each) for each in event])
-        else:
-            _list.__setitem__(self, index, _raw(event))
+        if not isinstance(index, slice):
+            raw = _raw(event)
+            offset = self._offset(index, "list assignment index out of range")
+            _list.__setitem__(self, slice(offset, offset + _WIDTH), raw)
+            return
+        start, stop, step = index.indices(len(self))
+        if step == 1:
+            values = _raws(event)
+            _list.__setitem__(self, slice(start * _WIDTH, max(start, stop) * _WIDTH), values)
+            return
+        events = list(event)
+        targets = range(start, stop, step)
+        if len(events) != len(targets):
+            raise ValueError(
+                f"attempt to assign sequence of size {len(events)} to extended slice of size "
+                f"{len(targets)}"
+            )
+        raws = [_raw(each) for each in events]
+        for position, raw in zip(targets, raws, strict=True):
+            offset = position * _WIDTH
+            _list.__setitem__(self, slice(offset, offset + _WIDTH), raw)
+
+    def __delitem__(self, index: SupportsIndex | slice) -> None:
+        if not isinstance(index, slice):
+            offset = self._offset(index, "list assignment index out of range")
+            _list.__delitem__(self, slice(offset, offset + _WIDTH))
+            return
+        start, stop, step = index.indices(len(self))
+        if step == 1:
+            _list.__delitem__(self, slice(start * _WIDTH, max(start, stop) * _WIDTH))
+            return
+        for position in sorted(range(start, stop, step), reverse=True):
+            offset = position * _WIDTH
+            _list.__delitem__(self, slice(offset, offset + _WIDTH))
 
     @overload
     def __getitem__(self, index: SupportsIndex) -> QueueEvent: ...
     @overload
     def __getitem__(self, index: slice) -> list[QueueEvent]: ...
     def __getitem__(self, index: Any) -> Any:
-        raw = _list.__getitem__(self, index)
         if isinstance(index, slice):
-            return [_event(each) for each in raw]
-        return _event(raw)
+            read = self._read
+            return [read(position * _WIDTH) for position in range(*index.indices(len(self)))]
+        return self._read(self._offset(index))
 
     def __iter__(self) -> Iterator[QueueEvent]:
-        return map(_event, _list.__iter__(self))
+        # The same iterator once per value: map takes an event's values in turn.
+        values = _list.__iter__(self)
+        return map(_event, *(values,) * _WIDTH)
 
     def __reversed__(self) -> Iterator[QueueEvent]:
-        return map(_event, _list.__reversed__(self))
+        values = _list.__reversed__(self)
+        return map(_event_backwards, *(values,) * _WIDTH)
 
     def pop(self, index: SupportsIndex = -1) -> QueueEvent:
-        return _event(_list.pop(self, index))
+        if not self:
+            raise IndexError("pop from empty list")
+        offset = self._offset(index, "pop index out of range")
+        event = self._read(offset)
+        _list.__delitem__(self, slice(offset, offset + _WIDTH))
+        return event
 
     def copy(self) -> list[QueueEvent]:
         return list(self)
@@ -198,6 +365,9 @@ class _EventLog(list[QueueEvent]):
 
     def remove(self, event: QueueEvent) -> None:
         del self[self.index(event)]
+
+    def reverse(self) -> None:
+        self[:] = list(reversed(self))
 
     def sort(self, *args: Any, **kwargs: Any) -> None:
         events = list(self)
@@ -236,6 +406,7 @@ class _EventLog(list[QueueEvent]):
     __rmul__ = __mul__
 
     def __imul__(self, times: SupportsIndex) -> Self:
+        # Whole events repeated: the values of each stay together.
         _list.__imul__(self, times)
         return self
 
@@ -415,8 +586,9 @@ class MemoryQueue(SingleWrites):
 
     :ivar events: every write in order (``claim``, ``renew``, ``settle:<kind>``, ...), including
         refused stale ones (``applied=False``). A list of :class:`QueueEvent` to its readers,
-        kept as plain tuples the garbage collector need not walk: each read builds the events
-        anew (equal, not the same objects).
+        kept as plain values in the list itself, so that logging a write allocates nothing the
+        garbage collector counts: each read builds the events anew (equal, not the same
+        objects).
     """
 
     _clock: Clock = attrs.field(factory=TrioClock, alias="clock")
@@ -451,13 +623,15 @@ class MemoryQueue(SingleWrites):
     )
     events: list[QueueEvent] = attrs.field(init=False, factory=_EventLog)
     _record: Callable[[_RawEvent], None] = attrs.field(init=False, repr=False)
-    """Appends an event to :attr:`events` as a tuple (see :class:`_EventLog`)."""
+    """Appends an event's ``_WIDTH`` values to :attr:`events`: the log's own ``list.extend``,
+    which takes them as they are (see :class:`_EventLog`); every call passes exactly that
+    many."""
     closed: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         events = self.events
         assert isinstance(events, _EventLog)
-        self._record = events.log
+        self._record = _list.extend.__get__(events)
 
     @property
     def clock(self) -> Clock:
@@ -520,17 +694,7 @@ class MemoryQueue(SingleWrites):
         **detail: Any,
     ) -> None:
         at = self._now() if at is None else at
-        self._record(
-            (
-                at,
-                op,
-                item_id,
-                version,
-                applied,
-                False,
-                *itertools.chain.from_iterable(detail.items()),
-            )
-        )
+        self._record((at, op, item_id, version, applied, *_detail_slots(detail)))
 
     def _item(self, item_id: str) -> WorkItem:
         try:
@@ -771,7 +935,7 @@ class MemoryQueue(SingleWrites):
             self._create_children(s, children, now)
         # As _log, spelled out.
         self._record(
-            (now, op, s.item_id, s.lease_version, True, False, "delay", s.delay, "error", s.error)
+            (now, op, s.item_id, s.lease_version, True, "delay", s.delay, "error", s.error)
         )
 
     def _create_children(
@@ -1219,7 +1383,19 @@ class MemoryQueue(SingleWrites):
                 self._push(self._leased, (item.spec_id, item.queue), expires, item)
             else:
                 self._store(item)
-            record((now, "claim", item.id, item.lease_version, True, False, "worker_id", worker_id))
+            record(
+                (
+                    now,
+                    "claim",
+                    item.id,
+                    item.lease_version,
+                    True,
+                    "worker_id",
+                    worker_id,
+                    _NO_PAIR,
+                    None,
+                )
+            )
             claimed.append(_copy(item))
         for item in (*expired, *put_back):
             # Not claimed this time (the limit, or its key): back in its heap, still claimable.
@@ -1244,7 +1420,9 @@ class MemoryQueue(SingleWrites):
                 and item.lease_expires_at <= self._now()
             )
         ):
-            self._record((now, "renew", lease.item_id, lease.version, False, True))
+            self._record(
+                (now, "renew", lease.item_id, lease.version, False, _SHARED, None, None, None)
+            )
             return LeaseStatus.LOST
         # In place, nothing pushed when the lease is extended (see the module doc); a shorter
         # lease than the last one needs an entry at its earlier expiry.
@@ -1253,7 +1431,7 @@ class MemoryQueue(SingleWrites):
         _SET_LEASE_EXPIRES_AT(item, expires)
         if not extended:
             self._push(self._leased, (item.spec_id, item.queue), expires, item)
-        self._record((now, "renew", lease.item_id, lease.version, True, True))
+        self._record((now, "renew", lease.item_id, lease.version, True, _SHARED, None, None, None))
         return LeaseStatus.CANCEL_REQUESTED if item.cancel_requested else LeaseStatus.HELD
 
     async def renew(
