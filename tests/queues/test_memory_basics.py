@@ -11,7 +11,15 @@ import trio
 
 from trio_supervise import ItemState, LeaseLost, MemoryQueue, Reschedule, Stop
 from trio_supervise._workflow import outcome_settlement
-from trio_supervise.queues import Lease, QueueEvent, SettleKind, Settlement, WorkItem, _memory
+from trio_supervise.queues import (
+    Lease,
+    NewItem,
+    QueueEvent,
+    SettleKind,
+    Settlement,
+    WorkItem,
+    _memory,
+)
 
 
 async def test_claim_follows_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
@@ -213,3 +221,57 @@ async def test_handed_out_items_are_frozen_work_items_of_their_own() -> None:
     assert claimed == again
     claimed.config["n"][1]["deep"] = False
     assert queue.items[item.id].config == {"n": [1, {"deep": True}]}
+
+
+async def test_no_reader_hands_out_a_stored_item(autojump_clock: trio.testing.MockClock) -> None:
+    """The queue changes its stored items in place by plain stores (they are a twin class
+    without the frozen ``__setattr__``): every method that returns an item returns a frozen
+    ``WorkItem`` of its own, never the stored object."""
+    queue = MemoryQueue()
+    out: list[WorkItem] = [
+        await queue.enqueue("spec", item_id="a", idempotency_key="k", config={"n": 0}),
+        await queue.enqueue("spec", item_id="b"),
+        *[
+            done.item
+            for done in await queue.enqueue_many([NewItem(spec_id="spec", idempotency_key="k")])
+        ],
+    ]
+    claimed = await queue.claim_due(["spec"], "w", 30, 2)
+    out += claimed
+    by_id = {item.id: item for item in claimed}
+    child = NewItem(spec_id="spec", item_id="child")
+    assert await queue.settle_many(
+        [
+            Settlement(
+                item_id="a",
+                lease_version=by_id["a"].lease_version,
+                kind=SettleKind.CONTINUE,
+                delay=0.0,
+                children=(child,),
+            )
+        ]
+    ) == [True]
+    _, claimed_too = await queue.settle_and_claim([], ["spec"], "w", 30, 1)
+    out += claimed_too
+    out += [
+        await queue.get("a"),
+        await queue.get_by_key("k"),
+        *await queue.list_items(),
+        *await queue.list_children("a"),
+        *queue.items.values(),
+        await queue.edit_config("child", {"m": 1}),
+        await queue.request_cancel("b"),
+        await queue.delete("child"),
+    ]
+    stored = {id(item) for item in queue._items.values()}
+    for item in out:
+        assert type(item) is WorkItem
+        assert id(item) not in stored
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            item.state = ItemState.DEAD  # type: ignore[misc]
+    # What a reader holds does not change when the stored item does.
+    [again] = claimed_too
+    before = await queue.get(again.id)
+    await queue.complete(again.id, again.lease_version)
+    assert before.state is ItemState.RUNNING
+    assert (await queue.get(again.id)).state is ItemState.COMPLETED
