@@ -147,7 +147,7 @@ _SHARED = _Marker("_SHARED")
 _PAIRS = _Marker("_PAIRS")
 _NO_PAIR = _Marker("_NO_PAIR")
 
-_NO_PAIRS = (_NO_PAIR, None, _NO_PAIR, None)
+_EMPTY_DETAIL = (_NO_PAIR, None, _NO_PAIR, None)
 """The detail slots of an event with an empty detail of its own."""
 _SHARED_DETAIL = (_SHARED, None, None, None)
 """The detail slots of an event whose detail is ``_NO_DETAIL``."""
@@ -180,27 +180,12 @@ def _event(
     return QueueEvent(at, op, item_id, version, detail, applied)
 
 
-def _event_backwards(
-    value2: Any,
-    key2: Any,
-    value1: Any,
-    key1: Any,
-    applied: Any,
-    version: Any,
-    item_id: Any,
-    op: Any,
-    at: Any,
-) -> QueueEvent:
-    """:func:`_event` for the values read from the end."""
-    return _event(at, op, item_id, version, applied, key1, value1, key2, value2)
-
-
 def _detail_slots(detail: Mapping[Any, Any]) -> tuple[Any, ...]:
     """The four detail slots of ``_RawEvent`` for *detail*."""
     if detail is _NO_DETAIL:
         return _SHARED_DETAIL
     if not detail:
-        return _NO_PAIRS
+        return _EMPTY_DETAIL
     if len(detail) <= 2 and all(type(key) is str for key in detail):
         pairs = tuple(itertools.chain.from_iterable(detail.items()))
         return pairs if len(pairs) == 4 else (*pairs, _NO_PAIR, None)
@@ -340,8 +325,7 @@ class _EventLog(list[QueueEvent]):
         return map(_event, *(values,) * _WIDTH)
 
     def __reversed__(self) -> Iterator[QueueEvent]:
-        values = _list.__reversed__(self)
-        return map(_event_backwards, *(values,) * _WIDTH)
+        return map(self._read, range(_list.__len__(self) - _WIDTH, -1, -_WIDTH))
 
     def pop(self, index: SupportsIndex = -1) -> QueueEvent:
         if not self:
@@ -514,6 +498,14 @@ def _check_copy() -> None:
 
 
 _check_copy()
+
+
+def _own(item: WorkItem) -> WorkItem:
+    """*item*, new and about to be stored, as a stored item is: an :class:`_OpenItem`, which the
+    hot paths change by plain stores. Done where items are created (an enqueue, a child), not
+    per write."""
+    _set(item, "__class__", _OpenItem)
+    return item
 
 
 _SWEEP_MIN = 256
@@ -720,12 +712,8 @@ class MemoryQueue(SingleWrites):
         return item
 
     def _store(self, item: WorkItem) -> None:
-        """Store *item* (replacing any older copy) and index it if it can be claimed.
-
-        A stored item is an :class:`_OpenItem` (it becomes one here, once), so that the hot
-        paths change it by plain stores."""
-        if item.__class__ is not _OpenItem:
-            _set(item, "__class__", _OpenItem)
+        """Store *item* (replacing any older copy) and index it if it can be claimed. A new
+        item is made the queue's own first (:func:`_own`)."""
         self._items[item.id] = item
         key = item.concurrency_key
         if key is not None:
@@ -1067,7 +1055,9 @@ class MemoryQueue(SingleWrites):
                 results[index] = Enqueued(item=self._out(existing[index]), created=False)
                 continue
             entry = checked[index]
-            item = created_item(entry, next(ids) if entry.item_id is None else entry.item_id, now)
+            item = _own(
+                created_item(entry, next(ids) if entry.item_id is None else entry.item_id, now)
+            )
             if entry.idempotency_key is not None:
                 if entry.idempotency_key in self._keys:
                     self._release(entry.idempotency_key)
@@ -1087,7 +1077,9 @@ class MemoryQueue(SingleWrites):
         key = child.idempotency_key
         if child.item_id in self._items or (key is not None and self._holder(key, now)):
             return None
-        item = replace_trusted(created_item(child, child.item_id or "", now), parent_id=parent_id)
+        item = _own(
+            replace_trusted(created_item(child, child.item_id or "", now), parent_id=parent_id)
+        )
         if key is not None:
             if key in self._keys:
                 self._release(key)
