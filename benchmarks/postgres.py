@@ -29,6 +29,7 @@ from ._common import (
     Config,
     NoopDriver,
     Result,
+    best_of,
     child_env,
     machine_cpu,
     noop_step,
@@ -247,8 +248,12 @@ def p2(config: Config) -> list[Result]:
     count = config.size(20_000, 5_000, 200)
     procrastinate_count = config.size(4_000, 600, 50)
     with bench_schema(config.dsn, TS_SCHEMA), bench_schema(config.dsn, FLOOR_SCHEMA):
-        ours = max(runner_rate(config.dsn, TS_SCHEMA, count) for _ in range(2))
-        floor = max(floor_rate(config.dsn, FLOOR_SCHEMA, count) for _ in range(2))
+        dsn = config.dsn
+        ours, floor = best_of(
+            2,
+            lambda: runner_rate(dsn, TS_SCHEMA, count),
+            lambda: floor_rate(dsn, FLOOR_SCHEMA, count),
+        )
     theirs = procrastinate_rate(config.dsn, procrastinate_count)
     return [
         Result(
@@ -624,8 +629,12 @@ def p7(config: Config) -> Result:
     assert config.dsn is not None
     count = config.size(30_000, 5_000, 200)
     with bench_schema(config.dsn, P7_SCHEMA):
-        one, one_cores = max(processes_rate(config.dsn, P7_SCHEMA, count, 1) for _ in range(2))
-        two, two_cores = max(processes_rate(config.dsn, P7_SCHEMA, count, 2) for _ in range(2))
+        dsn = config.dsn
+        (one, one_cores), (two, two_cores) = best_of(
+            2,
+            lambda: processes_rate(dsn, P7_SCHEMA, count, 1),
+            lambda: processes_rate(dsn, P7_SCHEMA, count, 2),
+        )
     cpus = os.cpu_count() or 1
     return Result(
         id="P7",

@@ -17,7 +17,7 @@ import trio
 
 from trio_supervise.queues._sqlite import SQLiteQueue
 
-from ._common import Config, Result, rate, wall
+from ._common import Config, Result, best_of, rate, wall
 from ._runs import noop_rate
 
 CONCURRENCY = 64
@@ -128,8 +128,9 @@ def floor_rate(directory: str, count: int) -> float:
 def p3(config: Config) -> Result:
     count = config.size(20_000, 5_000, 200)
     with tempfile.TemporaryDirectory(prefix="trio_supervise_bench_") as directory:
-        ours = max(runner_rate(directory, count) for _ in range(2))
-        floor = max(floor_rate(directory, count) for _ in range(2))
+        ours, floor = best_of(
+            2, lambda: runner_rate(directory, count), lambda: floor_rate(directory, count)
+        )
     return Result(
         id="P3",
         title="SQLite runner against the raw SQLite floor",

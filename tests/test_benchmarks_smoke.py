@@ -16,7 +16,7 @@ import pytest
 from trio_supervise import MemoryQueue, WorkItem
 
 benchmarks_main = pytest.importorskip("benchmarks.__main__")
-from benchmarks._common import Config, Result  # noqa: E402
+from benchmarks._common import Config, Result, best_of  # noqa: E402
 
 KEYS = {"ours", "baseline", "ratio", "better", "goal", "unit", "met"}
 
@@ -51,6 +51,25 @@ def test_p1_and_p4_in_process_report_the_documented_shape() -> None:
     assert p4["virtual_days"] >= 2  # the clock travelled (3 steps, a day apart)
     assert p4["real_clock_evals_per_s"] > 0
     assert p4["vs_real_clock"] == pytest.approx(p4["ours"] / p4["real_clock_evals_per_s"])
+
+
+def test_best_of_takes_turns_and_keeps_each_sides_best() -> None:
+    """The sides alternate round by round (a slow stretch lands on both), and each side's
+    best run counts, a tuple compared by its first element (the rate)."""
+    calls: list[str] = []
+    a_runs = iter([(1.0, "a1"), (3.0, "a2"), (2.0, "a3")])
+    b_runs = iter([5.0, 4.0, 6.0])
+
+    def a() -> tuple[float, str]:
+        calls.append("a")
+        return next(a_runs)
+
+    def b() -> float:
+        calls.append("b")
+        return next(b_runs)
+
+    assert best_of(3, a, b) == [(3.0, "a2"), 6.0]
+    assert calls == ["a", "b", "a", "b", "a", "b"]
 
 
 def test_a_lower_is_better_ratio_is_met_below_the_goal() -> None:
