@@ -14,4 +14,8 @@ See ``docs/benchmarks.md``. One module per family:
 - :mod:`benchmarks.bulk`: P10 (bulk enqueue against a multi-row INSERT floor);
 - :mod:`benchmarks.inflight`: P11 (10,000 leases in flight: renewal round, memory);
 - :mod:`benchmarks.supervision`: P5 (memory per idle supervised worker; retired, ``--only P5``).
+
+And beside them, :mod:`benchmarks.instructions` (``python -m benchmarks.instructions``): P1's and
+P4's instructions per item, counted by valgrind's callgrind, for the ratio without the machine's
+noise.
 """

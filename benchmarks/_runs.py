@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Callable
 
 import trio
 
 import trio_supervise as ts
 
 from ._common import NoopDriver, no_context, rate, wall
+
+timed_window: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext
+"""Entered around each :func:`run_until` (the runner's start to its drain's end): what
+:mod:`benchmarks.instructions` counts. Nothing by default."""
 
 
 async def run_until(
@@ -29,7 +35,7 @@ async def run_until(
     runner = ts.WorkflowRunner(
         queue=queue, registry=registry, settings=settings, build_context=no_context
     )
-    with trio.fail_after(limit):
+    with timed_window(), trio.fail_after(limit):
         async with trio.open_nursery() as nursery:
             await nursery.start(runner.run)
             await done.wait()

@@ -312,3 +312,68 @@ def test_machine_cpu_counts_the_cores_a_busy_loop_keeps_busy() -> None:
         while time.perf_counter() < deadline:
             pass
     assert 0.5 <= cpu.cores <= (os.cpu_count() or 1) + 0.1
+
+
+# -- benchmarks.instructions: the parts that run without valgrind ------------------------------
+
+
+def test_a_callgrind_dump_is_read_by_its_summary_then_its_totals(tmp_path: Path) -> None:
+    """A dump taken at a trigger has a ``totals:`` line that can exceed what was counted since
+    the zeroing; the ``summary:`` line is that count. A file with only totals falls back."""
+    from benchmarks.instructions import totals
+
+    both = tmp_path / "both.out"
+    both.write_text("events: Ir\nsummary: 589601587\nfn=(1) f\n1 5\ntotals: 622375912\n")
+    assert totals(str(both)) == 589_601_587
+    only = tmp_path / "only.out"
+    only.write_text("events: Ir\nfn=(1) f\n1 5\ntotals: 1234\n")
+    assert totals(str(only)) == 1234
+    neither = tmp_path / "neither.out"
+    neither.write_text("events: Ir\n")
+    with pytest.raises(RuntimeError, match="neither"):
+        totals(str(neither))
+
+
+def test_instruction_ratios_are_the_counted_pairs_only() -> None:
+    from benchmarks.instructions import ratios
+
+    assert ratios({"P1": 90.0, "P4": 100.0, "P4r": 96.0}) == {
+        "P1 / P4": pytest.approx(0.9),
+        "P1 / P4r": pytest.approx(0.9375),
+        "P4r / P4": pytest.approx(0.96),
+    }
+    assert ratios({"P1": 90.0}) == {}
+
+
+@pytest.mark.parametrize(("workload", "size"), [("P1", 40), ("P4", 2), ("P4r", 2)])
+def test_a_counted_child_marks_one_window_per_run(
+    workload: str, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside valgrind the markers are plain libc calls; the child's workload runs with its
+    timed window (the runner's start to its drain's end) entered once, and the module's window
+    is what it was after the test."""
+    from benchmarks import _runs, instructions
+
+    monkeypatch.setattr(_runs, "timed_window", _runs.timed_window)
+    entered = []
+    counted = instructions._counted
+
+    def spy() -> Any:
+        entered.append(workload)
+        return counted()
+
+    monkeypatch.setattr(instructions, "_counted", spy)
+    instructions.child(workload, size)
+    assert entered == [workload]
+
+
+def test_without_valgrind_the_count_says_so_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import instructions
+
+    monkeypatch.setattr(instructions.shutil, "which", lambda name: None)
+    assert instructions.main([]) == 2
+    assert "valgrind is not installed" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        instructions.main(["--only", "P9"])
