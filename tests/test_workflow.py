@@ -581,3 +581,48 @@ def test_raise_specific_unwraps_the_one_real_error() -> None:
     two = ExceptionGroup("x", [ValueError(), TypeError()])
     with pytest.raises(ExceptionGroup):
         raise_specific(two)
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        ts.Stop(),
+        ts.Stop(result={"n": 1}),
+        ts.Continue(delay=2.0),
+        ts.Reschedule(at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), config={"done": 1}),
+    ],
+)
+def test_an_outcome_s_settlement_is_a_frozen_settlement_like_any_other(outcome: Any) -> None:
+    """The settlement built per evaluation (filled by plain stores on a twin of its layout) is a
+    Settlement: exactly that class, frozen, equal to the one built field by field, and it
+    copies and pickles as one."""
+    import copy
+    import pickle
+
+    from trio_supervise._workflow import outcome_settlement
+
+    item = WorkItem(
+        id="i",
+        spec_id="s",
+        config={},
+        lease_version=3,
+        due_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        updated_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    )
+    settlement = outcome_settlement(outcome, item, driver_name="d", requeue_delay=1.0)
+    assert type(settlement) is Settlement
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        settlement.delay = 5.0  # type: ignore[misc]
+    by_fields = Settlement(
+        item_id="i",
+        lease_version=3,
+        kind=settlement.kind,
+        delay=settlement.delay,
+        at=settlement.at,
+        config=settlement.config,
+        result=settlement.result,
+    )
+    assert settlement == by_fields
+    assert copy.copy(settlement) == settlement
+    assert pickle.loads(pickle.dumps(settlement)) == settlement
