@@ -406,33 +406,44 @@ class _Reason(enum.IntEnum):
     LOST = 4
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, init=False)
 class _InFlight:
     """An item this runner holds a lease on, from claim until its outcome is written."""
 
     item: WorkItem
     renewed_at: float
-    scope: trio.CancelScope | None = None
+    key: tuple[str, int]
+    """``(item id, lease version)``: its key in the runner's in-flight set."""
+    scope: trio.CancelScope | None
     """The evaluator's scope while it evaluates this item (None before and after): cancelling it
     stops this evaluation and nothing else."""
-    reason: _Reason | None = None
-    detail: str = ""
-    settling: bool = False
+    reason: _Reason | None
+    detail: str
+    settling: bool
     """The outcome is being written: from now on the write's result, not a renewal, is the truth."""
-    write_failures: int = 0
+    write_failures: int
     """Failed attempts at writing the outcome so far."""
-    first_write_failure: float | None = None
-    claimed_at: float = attrs.field(
-        init=False, default=attrs.Factory(lambda self: self.renewed_at, takes_self=True)
-    )
-    evaluating_since: float | None = None
+    first_write_failure: float | None
+    claimed_at: float
+    evaluating_since: float | None
     """When its driver started, while it runs."""
-    lease: Lease | None = None
+    lease: Lease | None
     """The lease the renewals send, built at the first renewal."""
 
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.item.id, self.item.lease_version)
+    def __init__(self, item: WorkItem, renewed_at: float) -> None:
+        # Spelled out, one per claimed item: attrs' own would call a factory for claimed_at,
+        # and a key property would build its tuple at every look-up (issue 17).
+        self.item = item
+        self.renewed_at = self.claimed_at = renewed_at
+        self.key = (item.id, item.lease_version)
+        self.scope = None
+        self.reason = None
+        self.detail = ""
+        self.settling = False
+        self.write_failures = 0
+        self.first_write_failure = None
+        self.evaluating_since = None
+        self.lease = None
 
     def stop(self, reason: _Reason, detail: str = "") -> None:
         if self.reason is None or reason > self.reason:
