@@ -1176,7 +1176,12 @@ class WorkflowRunner(Generic[ContextT]):
                         entry.scope = None
                         current = None
                         self._hand_over(entry, settler, *found)
-                        if _context_changed(started):
+                        # _context_changed, spelled out: once per evaluation.
+                        try:
+                            changed = contextvars.copy_context() != started
+                        except Exception:
+                            changed = True
+                        if changed:
                             self._retire(pool)
                             return
                         if entry.reason is not None and scope.cancel_called:
@@ -1432,7 +1437,8 @@ class WorkflowRunner(Generic[ContextT]):
                 error=text,
             )
             return None
-        self._queue_answered()
+        if self._state is _BACKING_OFF and not self._claim_failures:  # _queue_answered's test
+            self._state = _RUNNING
         if applied:
             self._metrics.tally_settled(settlement.kind, item.spec_id)  # see _flush_freed
             if self._state is _DRAINING:

@@ -466,7 +466,8 @@ def _copier() -> Callable[[WorkItem], WorkItem]:
         "def _copy(item, _new=_new, _open=_open, _cls=_cls, _json=_json):",
         "    new = _new(_open)",
         *(
-            f"    new.{name} = _json(item.{name})"
+            # A result is None until the item completes: no copy_json call for it.
+            f"    new.{name} = None if (value := item.{name}) is None else _json(value)"
             if name in json_fields
             else f"    new.{name} = item.{name}"
             for name in names
@@ -892,7 +893,8 @@ class MemoryQueue(SingleWrites):
             finished.lease_owner = None
             finished.lease_expires_at = None
             self._store(item)
-            self._child_finished(s.item_id, now)
+            if self._fan_in:  # _child_finished's own first test, without the call
+                self._child_finished(s.item_id, now)
         elif kind == _RETRY:
             self._requeue(
                 item,
