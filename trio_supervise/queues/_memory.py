@@ -57,6 +57,7 @@ from ._protocol import (
     SettleKind,
     Settlement,
     SingleWrites,
+    UnfrozenItem,
     UniqueScope,
     WorkItem,
     append_error,
@@ -428,29 +429,8 @@ _set = object.__setattr__
 _new_object = object.__new__
 
 
-class _OpenItem(WorkItem):
-    """:class:`WorkItem`'s layout (no slot of its own) without the frozen class's
-    ``__setattr__``: the class of every item the queue stores, and of a copy while
-    :func:`_copy` builds it. Both are changed by plain attribute stores: a claim, a settlement
-    and a renewal change the stored item in place, and a copy's fields are written into an
-    ``_OpenItem`` that then becomes the :class:`WorkItem` it is (``__class__`` assignment,
-    allowed between classes of one layout), as the PostgreSQL queue decodes a claimed row.
-    Never seen outside the queue: whatever leaves it is a copy, a ``WorkItem``.
-
-    A slot's setter called as a function costs five times a plain store on a slot (one
-    specialised bytecode: 41 against 8 ns), a copy is made per claimed item, 29 fields each,
-    and a claim and a reschedule change 13 fields of the stored item between them. Both
-    ``__setattr__`` and ``__delattr__`` are object's own, so the class keeps CPython's generic
-    attribute setter that the bytecode specialises on.
-    """
-
-    __slots__ = ()
-    __setattr__ = object.__setattr__
-    __delattr__ = object.__delattr__
-
-
 def _copier() -> Callable[[WorkItem], WorkItem]:
-    """Build ``_copy``: every :class:`WorkItem` field read and stored into an :class:`_OpenItem`,
+    """Build ``_copy``: every :class:`WorkItem` field read and stored into an :class:`UnfrozenItem`,
     which then becomes a :class:`WorkItem`.
 
     Generated from ``attrs.fields``, so a field added to ``WorkItem`` is copied too (and
@@ -477,7 +457,7 @@ def _copier() -> Callable[[WorkItem], WorkItem]:
     ]
     namespace: dict[str, Any] = {
         "_new": _new_object,
-        "_open": _OpenItem,
+        "_open": UnfrozenItem,
         "_cls": WorkItem,
         "_json": copy_json,
     }
@@ -502,10 +482,10 @@ _check_copy()
 
 
 def _own(item: WorkItem) -> WorkItem:
-    """*item*, new and about to be stored, as a stored item is: an :class:`_OpenItem`, which the
+    """*item*, new and about to be stored, as a stored item is: an :class:`UnfrozenItem`, which the
     hot paths change by plain stores. Done where items are created (an enqueue, a child), not
     per write."""
-    _set(item, "__class__", _OpenItem)
+    _set(item, "__class__", UnfrozenItem)
     return item
 
 
@@ -826,7 +806,7 @@ class MemoryQueue(SingleWrites):
         """``_requeue(item, due_at, now, error_count=0, attempt=0)``, spelled out: an item
         evaluated fine and due again (a continued or rescheduled step) is a settlement's hot
         path too."""
-        stored: Any = item  # an _OpenItem: plain stores
+        stored: Any = item  # an UnfrozenItem: plain stores
         stored.updated_at = now
         stored.state = _QUEUED
         stored.due_at = due_at
@@ -868,14 +848,14 @@ class MemoryQueue(SingleWrites):
         if kind == _RESCHEDULE:
             assert s.at is not None
             # The runner's settlements carry their config checked and copied already.
-            stored: Any = item  # an _OpenItem: plain stores
+            stored: Any = item  # an UnfrozenItem: plain stores
             stored.config = s.config if s._checked else check_json(s.config)
             self._requeue_evaluated(item, s.at, now)
         elif kind == _CONTINUE:
             self._requeue_evaluated(item, now + dt.timedelta(seconds=s.delay), now)
         elif kind in _FINISHED:
             # As _put, spelled out: a completion is the settlement's hot path.
-            finished: Any = item  # an _OpenItem: plain stores
+            finished: Any = item  # an UnfrozenItem: plain stores
             if kind is _COMPLETE:
                 # As the SQL backends: a completion stores its result, None included (a
                 # retried item completed again without one keeps none of its old one).
@@ -1355,7 +1335,7 @@ class MemoryQueue(SingleWrites):
                         self._push(self._queued, home, item.due_at, item)
                     continue
             # As _put, spelled out: this is the claim's hot path.
-            claimed_item: Any = item  # an _OpenItem: plain stores
+            claimed_item: Any = item  # an UnfrozenItem: plain stores
             claimed_item.updated_at = now
             claimed_item.state = _RUNNING
             claimed_item.lease_owner = worker_id
@@ -1412,7 +1392,7 @@ class MemoryQueue(SingleWrites):
         # In place, nothing pushed when the lease is extended (see the module doc); a shorter
         # lease than the last one needs an entry at its earlier expiry.
         extended = item.lease_expires_at is not None and expires >= item.lease_expires_at
-        renewed: Any = item  # an _OpenItem: plain stores
+        renewed: Any = item  # an UnfrozenItem: plain stores
         renewed.updated_at = now
         renewed.lease_expires_at = expires
         if not extended:

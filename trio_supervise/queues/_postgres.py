@@ -59,7 +59,7 @@ from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from . import _sql
 from ._outbox import psycopg_savepoint
-from ._protocol import MAX_ERRORS, ItemState, JSONValue, Lease, WorkItem
+from ._protocol import MAX_ERRORS, ItemState, JSONValue, Lease, UnfrozenItem, WorkItem
 from ._sql import redact_dsn, scrub_dsn
 from ._sqlbase import (
     NEW_ROW_COLUMNS,
@@ -153,24 +153,6 @@ def _utc(value: dt.datetime) -> dt.datetime:
     return value if value.tzinfo is _UTC else utc(value)
 
 
-class _Unfrozen(WorkItem):
-    """:class:`WorkItem`'s layout (no slot of its own) without the frozen class's
-    ``__setattr__``: a claimed row's fields are written into one by plain attribute stores,
-    and the object then becomes the :class:`WorkItem` it was built as (``__class__``
-    assignment, allowed between classes of one layout). Never seen outside
-    :func:`_decode_claimed`.
-
-    A store on a frozen attrs class goes through a slot's setter called as a function (about
-    60 ns a field on this machine, 29 fields an item); a plain store on a slot is one
-    specialised bytecode (about 10 ns). Both ``__setattr__`` and ``__delattr__`` are object's
-    own, so the class keeps CPython's generic attribute setter that the bytecode specialises on.
-    """
-
-    __slots__ = ()
-    __setattr__ = object.__setattr__
-    __delattr__ = object.__delattr__
-
-
 @functools.cache
 def _item_decoder(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], WorkItem]:
     """The decoder of claimed rows with these *columns*: the claims' ``RETURNING`` lists, which
@@ -189,7 +171,7 @@ def _decode_claimed(row: Sequence[Any]) -> WorkItem:
     What :meth:`SQLQueue._item` does for a dict row, in a fraction of the time: no dict per row,
     no ``json.loads`` for the common empty config and error history, no ``WorkItem(...)``
     converters on datetimes that psycopg loaded as UTC, and the fields stored through
-    :class:`_Unfrozen`. A time in another zone (a session whose time zone is not UTC) is
+    :class:`UnfrozenItem`. A time in another zone (a session whose time zone is not UTC) is
     converted as the converters would. A field added to WorkItem is added here (the check at
     import, :func:`_check_decoder`, fails until it is) and to the claims' ``RETURNING``.
     """
@@ -200,7 +182,7 @@ def _decode_claimed(row: Sequence[Any]) -> WorkItem:
         waiting_children, unique_scope, unique_until, released_key, concurrency_key,
         concurrency_limit, *_,
     ) = row  # fmt: skip
-    item: Any = _new_object(_Unfrozen)
+    item: Any = _new_object(UnfrozenItem)
     item.id = id_
     item.spec_id = spec_id
     item.tenant_id = tenant_id
