@@ -327,7 +327,8 @@ async def test_a_non_json_config_is_refused_at_enqueue(
 async def test_a_driver_rescheduling_with_a_non_json_config_is_an_item_error(
     autojump_clock: trio.testing.MockClock, config: Any
 ) -> None:
-    """Reschedule(config=NaN...) is an item error naming the spec; the old config is kept."""
+    """Reschedule(config=NaN...) is an outcome that cannot be stored: the driver ran, so the
+    item goes dead at once (issue 29), the error naming the spec; the old config is kept."""
     queue = MemoryQueue()
     await queue.enqueue("resched", item_id="bad", config={"step": 1})
     await queue.enqueue("resched", item_id="good")
@@ -337,10 +338,11 @@ async def test_a_driver_rescheduling_with_a_non_json_config_is_an_item_error(
     bad = await queue.get("bad")
     assert bad.last_error is not None
     assert bad.last_error.startswith(
-        "rescheduled config for spec 'resched' is not JSON-compatible: "
+        "the reschedule outcome could not be stored: rescheduled config for spec 'resched' is "
+        "not JSON-compatible: "
     )
     assert bad.config == {"step": 1}
-    assert bad.state is ItemState.QUEUED
+    assert bad.state is ItemState.DEAD
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -87,16 +87,20 @@ async def test_many_parents_fan_in_under_the_runner(
 async def test_a_bad_child_is_the_parents_item_error(
     autojump_clock: trio.testing.MockClock, harness: Harness
 ) -> None:
-    """A child whose config is not JSON fails the parent's evaluation (retried as an error,
-    the reason naming the child); no child is written and the runner keeps running."""
+    """A child whose config is not JSON makes the parent's outcome unstorable: the parent ran,
+    so it goes dead at once (never evaluated again for it), the reason naming the child; no
+    child is written and the runner keeps running."""
     runner = await harness.run_drivers(Parent(child_config={"x": object()}), context=harness.queue)
     await harness.queue.enqueue("parent", item_id="p", config={"n": 2})
-    await harness.wait_until(lambda: harness.history.select("settled", "p", "retry"), timeout=60)
+    await harness.wait_until(lambda: harness.history.select("settled", "p", "dead"), timeout=60)
     parent = await harness.queue.get("p")
+    assert parent.state is ItemState.DEAD
     assert parent.last_error is not None
     assert parent.last_error.startswith(
-        "children[0] of spec 'parent': config is not JSON-compatible"
+        "the continue outcome could not be stored: children[0] of spec 'parent': config is not "
+        "JSON-compatible"
     )
+    assert len(harness.history.select("claimed", "p")) == 1
     assert await harness.queue.list_children("p") == []
     assert runner.state is ts.RunnerState.RUNNING
 

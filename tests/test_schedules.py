@@ -33,7 +33,15 @@ from trio_supervise import (
 from trio_supervise._cli import main
 from trio_supervise._maintenance import MAINTENANCE_RESTART, maintenance_children
 from trio_supervise._schedules import missed_fires
-from trio_supervise.queues import MemoryQueue, PostgresQueue, SQLiteQueue, WorkItem, WorkQueue
+from trio_supervise.queues import (
+    Enqueued,
+    MemoryQueue,
+    NewItem,
+    PostgresQueue,
+    SQLiteQueue,
+    WorkItem,
+    WorkQueue,
+)
 
 from .queues.conftest import pg_schema
 
@@ -359,6 +367,14 @@ class FlakyQueue(MemoryQueue):
     async def get(self, item_id: str) -> WorkItem:
         self._check_up()
         return await super().get(item_id)
+
+    async def fire_schedule(self, name: str, fire: dt.datetime, entry: NewItem) -> Enqueued | None:
+        self._check_up()
+        return await super().fire_schedule(name, fire, entry)
+
+    async def last_fires(self, names: Sequence[str]) -> dict[str, dt.datetime]:
+        self._check_up()
+        return await super().last_fires(names)
 
 
 async def test_a_fire_is_retried_until_the_database_is_back(

@@ -9,10 +9,12 @@ holds claims, renewals or settlements up for long. Any number of service process
 database at once: on PostgreSQL each batch skips the rows another pruner has locked
 (``FOR UPDATE SKIP LOCKED``), on SQLite writers take turns; an item is deleted once.
 
-Schedules find their past fires by the fires' items (see :mod:`trio_supervise._schedules`), so
-a schedule that catches missed fires up needs its finished items for at least its
+Schedules record their last fire apart from its item (see :mod:`trio_supervise._schedules`), so
+pruning never makes a fire run again. Until a schedule's first recorded fire (a database migrated
+from a release that did not record fires) its catch-up finds past fires by their items, so a
+schedule that catches missed fires up keeps its finished items for at least its
 ``catch_up_window``: a shorter retention is raised to that window (and the pruner says so once,
-in its log), since deleting them would make a missed fire look new, or a fire run twice.
+in its log).
 
 Deleted items are counted in ``trio_supervise_pruned_items_total{state}`` and logged.
 """

@@ -67,17 +67,19 @@ from ._workflow import (
     ContextT,
     DriverRegistry,
     RunnerSettings,
+    StopReason,
     attempts_exhausted,
     describe_error,
     describe_failure,
     evaluate_item,
-    failure_settlement,
     first_line,
     log_dead,
     log_failure,
     log_fields,
     open_context,
     raise_specific,
+    settlement_after,
+    settlement_before,
     write_retry_delay,
 )
 from .queues._protocol import (
@@ -397,13 +399,9 @@ def lease_risk(
     )
 
 
-class _Reason(enum.IntEnum):
-    """Why an evaluation's scope was cancelled; a higher value overrides a lower one."""
-
-    SHUTDOWN = 1
-    RENEWAL_FAILED = 2
-    CANCEL_REQUESTED = 3
-    LOST = 4
+_Reason = StopReason
+_LOST = StopReason.LOST
+_FAILED = (SettleKind.RETRY, SettleKind.DEAD)
 
 
 @attrs.define(eq=False, init=False)
@@ -1293,23 +1291,15 @@ class WorkflowRunner(Generic[ContextT]):
         runner's own hand-over of the previous outcome, a few microseconds.
         """
         item = entry.item
-        settings = self._settings
-        if item.cancel_requested:
-            entry.stop(_Reason.CANCEL_REQUESTED, "cancel requested before evaluation")
         settlement: Settlement | None = None
         error: str | None = None
         failure: Exception | None = None
-        limit = settings.max_attempts
-        if (
-            entry.reason is None
-            and limit is not None
-            and item.attempt > limit
-            and (settlement := attempts_exhausted(item, settings))
+        if entry.reason is None and (
+            item.cancel_requested or (item.attempt > (self._settings.max_attempts or item.attempt))
         ):
-            # Claimed too often (say, its worker killed mid-evaluation every time): dead.
-            self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
-            self._record_error(item.id, item.spec_id, str(settlement.error))
-            log_dead(logger, settings.worker_id, item, str(settlement.error))
+            # Not evaluated (the rule's first half): cancelled, or claimed too often (say, its
+            # worker killed mid-evaluation every time): dead. _outcome observes it.
+            settlement = settlement_before(item, self._settings)
         elif entry.reason is None:
             entry.evaluating_since = self._time() if since is None else since
             try:
@@ -1317,7 +1307,7 @@ class WorkflowRunner(Generic[ContextT]):
                     self._registry.for_spec(item.spec_id),
                     context,
                     item,
-                    requeue_delay=settings.requeue_delay,
+                    requeue_delay=self._settings.requeue_delay,
                 )
             except Exception as exc:
                 error, failure = describe_failure(exc), exc
@@ -1334,37 +1324,34 @@ class WorkflowRunner(Generic[ContextT]):
         item = entry.item
         settings = self._settings
         reason = entry.reason
-        # Most evaluations were not stopped: no case to compare (a case costs about 60 ns).
-        if reason is not None:
-            match reason:
-                case _Reason.LOST:
-                    self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
-                    self._record_error(item.id, item.spec_id, f"lease lost: {entry.detail}")
-                    self._emit(RunnerEventKind.OUTCOME, item, detail="lease-lost")
-                    return None
-                case _Reason.CANCEL_REQUESTED:
-                    settlement = Settlement(
-                        item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL
-                    )
-                case _Reason.RENEWAL_FAILED:
-                    error, failure = f"lease renewal failed: {entry.detail}", None
-                case _Reason.SHUTDOWN if settlement is None:
-                    # Cancelled (or failed while being cancelled) by shutdown: hand it back at once.
-                    error = None
-                    settlement = Settlement(
-                        item_id=item.id, lease_version=item.lease_version, kind=SettleKind.RELEASE
-                    )
-        if error is not None or settlement is None:
-            error = error or "evaluation was cancelled"
-            self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
-            self._record_error(item.id, item.spec_id, first_line(error))
-            settlement = failure_settlement(item, error, settings, self._jitter)
-            log_failure(logger, settings, item, settlement, failure)
-        elif settlement.kind is _DEAD and settlement.error is not None:
-            # Failed for good by the evaluation itself (Discard, a config that cannot fit).
+        # Most evaluations end with an outcome and were not stopped: no rule to apply (the
+        # rule, settlement_after, returns the outcome itself then).
+        if reason is not None or error is not None or settlement is None:
+            if reason is _LOST:
+                self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
+                self._record_error(item.id, item.spec_id, f"lease lost: {entry.detail}")
+                self._emit(RunnerEventKind.OUTCOME, item, detail="lease-lost")
+                return None
+            decided = settlement_after(
+                item, settlement, error, reason, entry.detail, settings, self._jitter
+            )
+            assert decided is not None  # only a lost lease writes nothing
+            failed = decided is not settlement and decided.kind in _FAILED
+            settlement = decided
+            if failed:
+                self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
+                self._record_error(item.id, item.spec_id, first_line(decided.error))
+                log_failure(logger, settings, item, decided, None if reason else failure)
+        else:
+            failed = False
+        if settlement.kind is _DEAD and settlement.error is not None and not failed:
+            # Failed for good without an error of its own: by the evaluation itself (Discard,
+            # a config that cannot fit, an outcome that cannot be stored), or unevaluated (it
+            # was claimed more than max_attempts times).
             self._metrics.for_spec(self._metrics.failed, item.spec_id).inc()
             self._record_error(item.id, item.spec_id, first_line(settlement.error))
-            log_dead(logger, settings.worker_id, item, settlement.error, evaluated=True)
+            evaluated = attempts_exhausted(item, settings) is None
+            log_dead(logger, settings.worker_id, item, settlement.error, evaluated=evaluated)
         if item.parent_id is None:
             _S_PARENTLESS(settlement, True)
         if self._on_event is not None:

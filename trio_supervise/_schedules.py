@@ -13,11 +13,16 @@ local time that day); in the hour repeated by fall-back a fixed-time job fires o
 time), while a job of hourly granularity or finer fires on both passes (``0 * * * *`` fires at
 02:00 summer time and again at 02:00 winter time).
 
+Each fire is enqueued with :meth:`WorkQueue.fire_schedule`, which records it as the schedule's
+last fire in the same transaction: a fire at or before the last one recorded is never enqueued
+again, by any process, even once its item has been pruned.
+
 Missed fires (the process was down, or the database was unreachable at a fire) follow the
-schedule's :class:`MissedFires` policy. They are found from the deterministic ids, with no state
-of their own: looking back from now, fire by fire (at most ``catch_up_window`` seconds, and at
-most :data:`SCAN_LIMIT` fires), the missed ones are those after the latest fire that has an item.
-A schedule with no item in that window is taken as new, and nothing is caught up.
+schedule's :class:`MissedFires` policy: looking back from now, fire by fire (at most
+``catch_up_window`` seconds, and at most :data:`SCAN_LIMIT` fires), the missed ones are those
+after the last fire recorded (in a database from before fires were recorded: after the latest
+fire that has an item). A schedule with none in that window is taken as new, and nothing is
+caught up.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from .queues import WorkQueue
 from .queues._protocol import (
     MAX_NAME_LENGTH,
     JSONValue,
+    NewItem,
     check_json,
     shown_value,
     validate_spec_id,
@@ -327,10 +333,18 @@ async def _retrying(
 
 async def _enqueue_fire(queue: WorkQueue, schedule: Schedule, fire: dt.datetime) -> None:
     key = schedule.item_id(fire)
+    entry = NewItem(
+        spec_id=schedule.spec_id,
+        config=schedule.config,
+        due_at=fire,
+        item_id=key,
+        idempotency_key=key,
+    )
     with contextlib.suppress(DuplicateItem):  # another process was first: once all the same
-        await queue.enqueue(
-            schedule.spec_id, config=schedule.config, due_at=fire, item_id=key, idempotency_key=key
-        )
+        # Recorded as the schedule's last fire with the item, in one transaction: a fire at or
+        # before the last one recorded (another process's, or ours before a restart) is never
+        # enqueued again, even once its item is pruned.
+        await queue.fire_schedule(schedule.name, fire, entry)
 
 
 async def _exists(queue: WorkQueue, item_id: str) -> bool:
@@ -345,19 +359,23 @@ async def missed_fires(queue: WorkQueue, schedule: Schedule, now: dt.datetime) -
     """The fires before *now* that *schedule*'s policy says to enqueue, oldest first.
 
     Looking back from *now* (at most ``catch_up_window`` seconds and :data:`SCAN_LIMIT` fires),
-    the missed fires are those after the latest one that has an item; with none found, nothing
-    was missed (a new schedule does not backfill). ``skip`` enqueues none of them, ``latest`` the
-    newest, ``all`` the newest ``max_catch_up``.
+    the missed fires are those after the last fire recorded for the schedule
+    (:meth:`WorkQueue.last_fires`; a database from before fires were recorded: the latest fire
+    that has an item); with none found, nothing was missed (a new schedule does not backfill).
+    ``skip`` enqueues none of them, ``latest`` the newest, ``all`` the newest ``max_catch_up``.
     """
     if schedule.missed is MissedFires.SKIP:
         return []
     oldest = now - dt.timedelta(seconds=schedule.catch_up_window)
+    last = (await queue.last_fires([schedule.name])).get(schedule.name)
     missing: list[dt.datetime] = []
     found = False
     for fire in schedule.fires_before(now):
         if fire < oldest or len(missing) >= SCAN_LIMIT:
             break
-        if await _exists(queue, schedule.item_id(fire)):
+        # The last fire recorded is the truth (its items may have been pruned since); before
+        # fires were recorded, the fire's item is looked for.
+        if (fire <= last) if last is not None else await _exists(queue, schedule.item_id(fire)):
             found = True
             break
         missing.append(fire)

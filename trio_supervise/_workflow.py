@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import enum
 import inspect
 import logging
 import os
@@ -810,8 +811,35 @@ _COMPLETE = SettleKind.COMPLETE
 def outcome_settlement(
     outcome: object, item: WorkItem, *, driver_name: str, requeue_delay: float
 ) -> Settlement:
-    """The write-back for a driver's *outcome*; :class:`TypeError`/:class:`ValueError` (a
-    :class:`ConfigError`) if unfit, children included."""
+    """The write-back for a driver's *outcome*, every part of it checked for storage here, once.
+
+    The driver has returned: its side effects have happened, so an outcome that cannot be
+    written (a result or rescheduled config no backend can store, an unfit child, a child id
+    past the limit, more children than an outcome may create, a value that is no outcome at
+    all) must never make the item run again. It settles the item ``dead`` at once, saying which
+    part could not be stored and why (``the complete outcome could not be stored: result for
+    spec 'x' is not JSON-compatible: ...``); ``items retry`` revives it once fixed."""
+    try:
+        return _outcome_settlement(outcome, item, driver_name, requeue_delay)
+    except (ValueError, TypeError, OverflowError, RecursionError) as error:
+        return unstorable_settlement(item, outcome, error)
+
+
+def unstorable_settlement(item: WorkItem, outcome: object, error: BaseException) -> Settlement:
+    """``dead``: *outcome* (a driver's) could not be stored, for *error*."""
+    if isinstance(error, _NotAnOutcome):
+        return _dead(item, str(error))
+    kind = _OUTCOME_KINDS.get(type(outcome))
+    plain = isinstance(error, ValueError | TypeError) and str(error)
+    return _dead(
+        item,
+        f"the {kind} outcome could not be stored: {error if plain else describe_error(error)}",
+    )
+
+
+def _outcome_settlement(
+    outcome: object, item: WorkItem, driver_name: str, requeue_delay: float
+) -> Settlement:
     item_id, version = item.id, item.lease_version
     # Reschedule first: a scheduled workflow's every step (issue 17's P4) is one.
     if isinstance(outcome, Reschedule):
@@ -864,9 +892,20 @@ def outcome_settlement(
             result=result,
             children=_checked_children(outcome.children, item),
         )
-    raise TypeError(
+    raise _NotAnOutcome(
         f"driver '{driver_name}' returned {outcome!r}, not Continue, Reschedule or Stop"
     )
+
+
+class _NotAnOutcome(TypeError):
+    """A driver returned something that is no outcome (said as the error, without its type)."""
+
+
+_OUTCOME_KINDS: dict[type, SettleKind] = {
+    Continue: SettleKind.CONTINUE,
+    Reschedule: SettleKind.RESCHEDULE,
+    Stop: SettleKind.COMPLETE,
+}
 
 
 def _plain_settlement(
@@ -991,6 +1030,19 @@ def _dead(item: WorkItem, error: str) -> Settlement:
     )
 
 
+class StopReason(enum.IntEnum):
+    """Why an evaluation was stopped from outside; a higher value overrides a lower one."""
+
+    SHUTDOWN = 1
+    """Shutdown's grace period ran out (or the service stops at once)."""
+    RENEWAL_FAILED = 2
+    """Renewals kept failing and the lease would run out before the next one."""
+    CANCEL_REQUESTED = 3
+    """Someone asked for the item to be cancelled."""
+    LOST = 4
+    """The queue refused the lease: another worker may hold the item now."""
+
+
 def attempts_exhausted(item: WorkItem, settings: RunnerSettings) -> Settlement | None:
     """A ``dead`` settlement if *item* was claimed more than ``max_attempts`` times, else None."""
     limit = settings.max_attempts
@@ -1002,6 +1054,62 @@ def attempts_exhausted(item: WorkItem, settings: RunnerSettings) -> Settlement |
         kind=SettleKind.DEAD,
         error=f"exceeded max_attempts ({limit})",
     )
+
+
+# -- the settlement rule: what an evaluation's end writes, for every executor ------------------
+
+
+def settlement_before(item: WorkItem, settings: RunnerSettings) -> Settlement | None:
+    """What to write for a claimed *item* without evaluating it, or None to evaluate it.
+
+    Claimed with ``cancel_requested`` set (its owner died before settling it): ``cancel``.
+    Claimed more than ``max_attempts`` times: ``dead`` (:func:`attempts_exhausted`).
+    """
+    if item.cancel_requested:
+        return Settlement(item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL)
+    return attempts_exhausted(item, settings)
+
+
+def settlement_after(
+    item: WorkItem,
+    outcome: Settlement | None,
+    error: str | None,
+    stopped: StopReason | None,
+    detail: str,
+    settings: RunnerSettings,
+    jitter: Jitter,
+) -> Settlement | None:
+    """The one rule for what an evaluation's end writes; None when nothing may be written.
+
+    *outcome* is the settlement of what the driver returned (:func:`evaluate_item`), None if
+    it returned nothing; *error* the failure's text when it raised; *stopped* why it was
+    stopped from outside, if it was (*detail* says more). In order:
+
+    - the lease was lost: nothing (a write would be refused; another worker may hold it);
+    - the driver returned an outcome: that outcome, whatever stopped the evaluation after it
+      returned (its side effects happened: running it again would do them twice);
+    - cancellation was requested: ``cancel``;
+    - shutdown stopped it: ``release`` (due again at once, the attempt taken back);
+    - renewals failed: the error ``lease renewal failed: <detail>``;
+    - otherwise (it raised, timed out, or was cancelled): :func:`failure_settlement`, ``retry``
+      after the backoff, or ``dead`` at ``max_errors``.
+    """
+    if stopped is None:
+        if error is None and outcome is not None:
+            return outcome
+    elif stopped is StopReason.LOST:
+        return None
+    elif error is None and outcome is not None:
+        return outcome
+    elif stopped is StopReason.CANCEL_REQUESTED:
+        return Settlement(item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL)
+    elif stopped is StopReason.SHUTDOWN:
+        return Settlement(
+            item_id=item.id, lease_version=item.lease_version, kind=SettleKind.RELEASE
+        )
+    else:
+        error = f"lease renewal failed: {detail}"
+    return failure_settlement(item, error or "evaluation was cancelled", settings, jitter)
 
 
 def failure_settlement(
@@ -1022,6 +1130,19 @@ def failure_settlement(
         lease_version=item.lease_version,
         kind=SettleKind.RETRY,
         delay=delay,
+        error=error,
+    )
+
+
+def unbuilt_settlement(item: WorkItem, error: str, settings: RunnerSettings) -> Settlement:
+    """The drivers' context failed to build for a claim of *item*: not the item's fault. Its
+    lease is handed back (due after ``requeue_delay``, the attempt taken back) with *error*
+    recorded (the error count and history), and it never goes dead for it."""
+    return Settlement(
+        item_id=item.id,
+        lease_version=item.lease_version,
+        kind=SettleKind.RELEASE,
+        delay=settings.requeue_delay,
         error=error,
     )
 
@@ -1053,6 +1174,15 @@ def raise_specific(group: BaseExceptionGroup[BaseException]) -> None:
 # -- one due pass -----------------------------------------------------------------------------
 
 
+def writes_batches(queue: object) -> bool:
+    """Whether *queue* takes settlements whole (``settle_many``, beside ``renew_many``): every
+    backend of this package does. A queue written to the seed's protocol alone (``release``,
+    ``reschedule``, ``complete``, ``mark_error``) gets each settlement as those calls."""
+    return callable(getattr(type(queue), "renew_many", None)) and callable(
+        getattr(type(queue), "settle_many", None)
+    )
+
+
 async def _write(
     queue: WorkQueue,
     settlement: Settlement,
@@ -1061,7 +1191,8 @@ async def _write(
     settings: RunnerSettings,
     jitter: Jitter,
 ) -> None:
-    """Write *settlement* with the single-item queue methods (the seed's mapping).
+    """Write *settlement*: whole, with ``settle_many``, to a queue that takes settlements
+    (:func:`writes_batches`), else with the seed's single-item writes.
 
     A write that fails transiently is written again after a backoff while the lease is valid
     (:func:`write_retry_delay`; *lease_left* says how long it has); a failure given up, and a
@@ -1090,6 +1221,8 @@ async def _write(
 
     steps: list[Callable[[], Awaitable[None]]]
     match settlement.kind:
+        case _ if writes_batches(queue):
+            steps = [settle]  # one fenced write, as the runner's (attempts counted alike)
         case _ if settlement.children or settlement.wait_for_children:
             steps = [settle]  # the children are written with the outcome, in one transaction
         case SettleKind.CONTINUE:
@@ -1100,6 +1233,10 @@ async def _write(
             steps = [complete]
         case SettleKind.RETRY:
             steps = [mark_error, release]  # each retried alone: an error is counted once
+        case SettleKind.RELEASE if settlement.error is not None:
+            steps = [mark_error, release]
+        case SettleKind.RELEASE:
+            steps = [release]
         case _:
             steps = [settle]
     for step in steps:
@@ -1128,6 +1265,15 @@ async def _write(
                     error=text,
                     backoff_s=delay,
                 )
+                if isinstance(error, LeaseLost):
+                    logger.warning(
+                        "%s of item %r refused: the lease was lost (another worker may run the "
+                        "item); nothing was written",
+                        settlement.kind,
+                        item_id,
+                        extra=fields,
+                    )
+                    return
                 if delay is None:
                     logger.warning(
                         "writing %s for item %r failed: %s; giving up, its lease will expire "
@@ -1189,7 +1335,7 @@ async def run_due_pass(
             context = await stack.enter_async_context(open_context(build_context))
         except Exception as error:
             await _release_unbuilt(
-                queue, items, describe_error(error), settings.requeue_delay, settings.worker_id
+                queue, items, describe_error(error), settings, jitter, claimed_at
             )
             raise
         return await _evaluate_claimed(
@@ -1247,31 +1393,36 @@ def log_dead(
 
 
 async def _release_unbuilt(
-    queue: WorkQueue, items: Sequence[WorkItem], text: str, requeue_delay: float, worker: str
+    queue: WorkQueue,
+    items: Sequence[WorkItem],
+    text: str,
+    settings: RunnerSettings,
+    jitter: Jitter,
+    claimed_at: float,
 ) -> None:
-    """The context failed to build: every claimed item gets the error and is released."""
+    """The context failed to build: every claimed item is handed back with the error recorded
+    (:func:`unbuilt_settlement`), in one ``settle_many`` when the queue takes settlements."""
+    settlements = [unbuilt_settlement(item, text, settings) for item in items]
 
-    def failed(what: str, item: WorkItem, error: Exception) -> None:
-        reason = describe_error(error)
-        logger.warning(
-            "the context failed to build, and %s of item %r (spec %r) failed too: %s; "
-            "its lease will expire and another claim runs it",
-            what,
-            item.id,
-            item.spec_id,
-            reason,
-            extra=log_fields(worker, item, error=reason),
-        )
+    def lease_left() -> float:
+        return claimed_at + settings.lease - trio.current_time()
 
-    for item in items:
+    if writes_batches(queue):
         try:
-            await queue.mark_error(item.id, item.lease_version, text)
-        except Exception as write_error:
-            failed("mark_error", item, write_error)
-        try:
-            await queue.release(item.id, item.lease_version, requeue_delay)
-        except Exception as write_error:
-            failed("release", item, write_error)
+            await queue.settle_many(settlements)
+            return
+        except Exception as error:
+            reason = describe_error(error)
+            logger.warning(
+                "the context failed to build, and handing its %d items back failed too: %s; "
+                "their leases will expire and another claim runs them",
+                len(items),
+                reason,
+                extra=log_fields(settings.worker_id, error=reason),
+            )
+            return
+    for settlement in settlements:
+        await _write(queue, settlement, lease_left=lease_left, settings=settings, jitter=jitter)
 
 
 async def _evaluate_claimed(
@@ -1289,33 +1440,32 @@ async def _evaluate_claimed(
 
     async def run_one(item: WorkItem) -> None:
         nonlocal failed
-        cancel = Settlement(
-            item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL
-        )
         renewed_at = claimed_at
 
         def lease_left() -> float:
             return renewed_at + settings.lease - trio.current_time()
 
-        if item.cancel_requested:
-            await _write(queue, cancel, lease_left=lease_left, settings=settings, jitter=jitter)
-            return
-        exhausted = attempts_exhausted(item, settings)
-        if exhausted is not None:
-            failed += 1
-            log_dead(logger, settings.worker_id, item, str(exhausted.error))
-            await _write(queue, exhausted, lease_left=lease_left, settings=settings, jitter=jitter)
+        unevaluated = settlement_before(item, settings)
+        if unevaluated is not None:
+            if unevaluated.kind is SettleKind.DEAD:
+                failed += 1
+                log_dead(logger, settings.worker_id, item, str(unevaluated.error))
+            await _write(
+                queue, unevaluated, lease_left=lease_left, settings=settings, jitter=jitter
+            )
             return
         scope = trio.CancelScope()
-        renewal_error: str | None = None
-        cancel_requested = False
+        stopped: StopReason | None = None
+        detail = ""
         writing = False
 
         async def renew() -> None:
             # While the outcome is being written the lease is renewed on, so that a write
             # retried after a transient failure still holds it; a failed renewal then is only
             # less lease left (the write's retries watch it), a lost lease ends the renewals.
-            nonlocal renewal_error, cancel_requested, renewed_at
+            # A failed renewal before that is the seed's "lease renewal failed" error, a
+            # refused one included (the error's write is fenced: a stale one changes nothing).
+            nonlocal stopped, detail, renewed_at
             while True:
                 await trio.sleep(settings.renew_interval)
                 try:
@@ -1326,23 +1476,23 @@ async def _evaluate_claimed(
                     if writing and not isinstance(error, LeaseLost):
                         continue
                     if not writing:
-                        renewal_error = f"lease renewal failed: {describe_error(error)}"
+                        stopped, detail = StopReason.RENEWAL_FAILED, describe_error(error)
                         scope.cancel()
                     return
                 renewed_at = trio.current_time()
                 if status is LeaseStatus.CANCEL_REQUESTED and not writing:
-                    cancel_requested = True
+                    stopped, detail = StopReason.CANCEL_REQUESTED, "cancel requested"
                     scope.cancel()
                     return
 
-        settlement: Settlement | None = None
+        outcome: Settlement | None = None
         error: str | None = None
         failure: Exception | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(renew)
             with scope:
                 try:
-                    settlement = await evaluate_item(
+                    outcome = await evaluate_item(
                         registry.for_spec(item.spec_id),
                         context,
                         item,
@@ -1351,21 +1501,14 @@ async def _evaluate_claimed(
                 except Exception as exc:
                     error, failure = describe_failure(exc), exc
             writing = True
-            if cancel_requested:
-                settlement = cancel
-            else:
-                if renewal_error is not None:
-                    error, failure = renewal_error, None
-                if error is not None or settlement is None:
-                    failed += 1
-                    error = error or "evaluation was cancelled"
-                    settlement = failure_settlement(item, error, settings, jitter)
-                    log_failure(logger, settings, item, settlement, failure)
-                elif settlement.kind is SettleKind.DEAD:  # Discard, or a config that cannot fit
-                    failed += 1
-                    log_dead(
-                        logger, settings.worker_id, item, str(settlement.error), evaluated=True
-                    )
+            settlement = settlement_after(item, outcome, error, stopped, detail, settings, jitter)
+            assert settlement is not None  # only a lost lease writes nothing: not here
+            if settlement is not outcome and settlement.kind in (SettleKind.RETRY, SettleKind.DEAD):
+                failed += 1
+                log_failure(logger, settings, item, settlement, None if stopped else failure)
+            elif settlement.kind is SettleKind.DEAD:  # Discard, an unfit config or outcome
+                failed += 1
+                log_dead(logger, settings.worker_id, item, str(settlement.error), evaluated=True)
             await _write(queue, settlement, lease_left=lease_left, settings=settings, jitter=jitter)
             nursery.cancel_scope.cancel()
 

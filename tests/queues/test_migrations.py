@@ -214,7 +214,11 @@ def _pg_shape(dsn: str, schema: str) -> dict[str, Any]:
             f'SELECT version FROM "{schema}".trio_supervise_schema_version ORDER BY version'
         ).fetchall()
     return {
-        "columns": columns,
+        # A default naming a sequence names its schema (not on this connection's search path).
+        "columns": [
+            (*row[:5], None if row[5] is None else row[5].replace(f"{schema}.", "S."))
+            for row in columns
+        ],
         "indexes": indexes,
         "constraints": [(t.replace(schema, "S"), n, d) for t, n, d in constraints],
         "versions": versions,
@@ -317,7 +321,7 @@ async def _check_upgraded(queue: WorkQueue) -> None:
     assert dict(await queue.counts()) == {("spec", ItemState.RUNNING): len(V1_ROWS)}
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 4])
 async def test_sqlite_older_version_with_items_migrates_losing_nothing(
     tmp_path: Path, version: int
 ) -> None:
@@ -342,7 +346,7 @@ async def test_sqlite_older_version_with_items_migrates_losing_nothing(
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("version", [1, 2, 4, 5, 6])
+@pytest.mark.parametrize("version", [1, 2, 4, 5, 6, 7])
 async def test_postgres_older_version_with_items_migrates_losing_nothing(version: int) -> None:
     """A schema of an older version with items in every state, two of them holding keys,
     migrates to the latest (the claim, lease, key, spec and listing indexes rebuilt on the
@@ -390,3 +394,73 @@ async def test_postgres_older_version_with_items_migrates_losing_nothing(version
             pytest.raises(psycopg.errors.UniqueViolation),
         ):
             conn.execute(twin)
+
+
+# -- item incarnations (SQLite 0005, PostgreSQL 0008): a parent and its children upgraded ------
+
+
+async def _check_incarnations(queue: WorkQueue) -> None:
+    """A parent written before the migration still lists its children; the first claim after it
+    gets a version above every stored one (parent versions included); a child no longer waited
+    for by a cancelled parent may be deleted."""
+    assert [c.id for c in await queue.list_children("parent")] == ["parent.5.0000", "parent.5.0001"]
+    claimed = await queue.claim_due(["spec"], "w", 30, 10)
+    assert sorted(item.id for item in claimed) == ["orphan", "parent.5.0001", "queued"]
+    assert min(item.lease_version for item in claimed) > 9
+    for item in claimed:
+        assert await queue.release(item.id, item.lease_version, 0) is None
+    assert (await queue.get("cancelled-parent")).waiting_children == 0
+    await queue.delete("orphan")
+
+
+def _incarnation_rows() -> list[tuple[str, str, str | None, int | None, int, int]]:
+    # id, state, parent_id, parent_version, lease_version, waiting_children
+    return [
+        ("queued", "queued", None, None, 3, 0),
+        ("parent", "completed", None, None, 5, 0),
+        ("parent.5.0000", "completed", "parent", None, 1, 0),
+        ("parent.5.0001", "queued", "parent", None, 0, 0),
+        ("cancelled-parent", "cancelled", None, None, 9, 1),
+        ("orphan", "queued", "cancelled-parent", 9, 0, 0),
+    ]
+
+
+async def test_sqlite_version_4_with_children_migrates_keeping_lineage(tmp_path: Path) -> None:
+    """Migration 0005 keeps a parent's children listed, starts lease versions above every
+    stored one, and ends the wait of a parent cancelled while waiting."""
+    path = tmp_path / "v4.db"
+    assert _sqlite_migrate(path, fresh=False, upto=4) == 4
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, parent_id, "
+            "parent_version, lease_version, waiting_children, created_at, updated_at) "
+            "VALUES (?, 'spec', ?, 0, ?, ?, ?, ?, 0, 0)",
+            _incarnation_rows(),
+        )
+    clock = ManualClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
+    async with await SQLiteQueue.connect(path, clock=clock) as queue:
+        await _check_incarnations(queue)
+
+
+@pytest.mark.postgres
+async def test_postgres_version_7_with_children_migrates_keeping_lineage() -> None:
+    """Migration 0008 keeps a parent's children listed, starts lease versions above every
+    stored one, and ends the wait of a parent cancelled while waiting."""
+    import psycopg
+
+    with pg_schema() as (dsn, schema):
+        with _postgres.open_connection(dsn, schema=schema) as conn:
+            assert _postgres.migrate_connection(conn, where=schema, schema=schema, upto=7) == 7
+        with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
+            for row in _incarnation_rows():
+                conn.execute(
+                    "INSERT INTO trio_supervise_items (id, spec_id, state, due_at, parent_id, "
+                    "parent_version, lease_version, waiting_children, created_at, updated_at) "
+                    "VALUES (%s, 'spec', %s, to_timestamp(0), %s, %s, %s, %s, now(), now())",
+                    row,
+                )
+        clock = ManualClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, clock=clock
+        ) as queue:
+            await _check_incarnations(queue)

@@ -194,6 +194,7 @@ async def test_the_claim_is_served_by_the_claim_index(tmp_path: Path) -> None:
         "limit": 10,
         "worker_id": "w",
         "lease_us": 10**6,
+        "version": 1,
     }
     plan = _plan(path, _sql.load_queries("sqlite")["claim_due"], params)
     assert "trio_supervise_items_claim_idx" in plan

@@ -313,7 +313,9 @@ class QueueMachine(RuleBasedStateMachine):
                 f"children[{poisoned[0]}]: {POISON_REASON}",
             )
         later = self.now() + dt.timedelta(seconds=s.delay)
-        if s.kind in (SettleKind.RETRY, SettleKind.DEAD):
+        if s.kind in (SettleKind.RETRY, SettleKind.DEAD) or (
+            s.kind is SettleKind.RELEASE and s.error is not None
+        ):
             assert s.error is not None
             item.add_error(self.now(), s.error)
         match s.kind:
@@ -321,8 +323,11 @@ class QueueMachine(RuleBasedStateMachine):
                 item.requeue(later)
                 item.error_count = item.attempt = 0
             case SettleKind.RELEASE:
+                # Handed back; with an error (not the item's own) it is recorded, never dead.
                 item.requeue(later)
                 item.attempt = max(item.attempt - 1, 0)
+                if s.error is not None:
+                    item.error_count, item.last_error = item.error_count + 1, s.error
             case SettleKind.RESCHEDULE:
                 assert s.at is not None
                 item.requeue(s.at)
@@ -373,6 +378,18 @@ class QueueMachine(RuleBasedStateMachine):
         if s.wait_for_children:
             parent.waiting_children = created
             parent.due_at = WAITING_DUE_AT if created else self.now()
+
+    def still_waited(self, child: Model) -> bool:
+        """Whether *child*'s parent still waits for it (a cancelled parent waits no more)."""
+        if child.waited_by is None:
+            return False
+        parent = self.model.get(child.waited_by[0])
+        return (
+            parent is not None
+            and parent.state is ItemState.QUEUED
+            and parent.lease_version == child.waited_by[1]
+            and parent.waiting_children > 0
+        )
 
     def child_finished(self, child: Model) -> None:
         """*child* finished: one less for the parent that waits for it, once."""
@@ -727,6 +744,7 @@ class QueueMachine(RuleBasedStateMachine):
         if kind is SettleKind.COMPLETE:
             got = outcome(self.portal, q.complete, m.id, s.lease_version)
         elif kind is SettleKind.RELEASE:
+            s = attrs.evolve(s, error=None)  # the seed's release carries no error
             got = outcome(self.portal, q.release, m.id, s.lease_version, delay)
         elif kind is SettleKind.RESCHEDULE:
             assert s.at is not None
@@ -957,6 +975,7 @@ class QueueMachine(RuleBasedStateMachine):
         got = outcome(self.portal, self.queue.request_cancel, m.id)
         if m.state is ItemState.QUEUED:
             m.state, m.cancel_requested = ItemState.CANCELLED, True
+            m.waiting_children = 0  # a cancelled parent waits no more
             self.child_finished(m)
         elif m.state is ItemState.RUNNING:
             m.cancel_requested = True
@@ -990,7 +1009,7 @@ class QueueMachine(RuleBasedStateMachine):
             return
         m = self.pick(index)
         got = outcome(self.portal, self.queue.delete, m.id)
-        if m.state is ItemState.RUNNING or m.waiting_children > 0 or m.waited_by is not None:
+        if m.state is ItemState.RUNNING or m.waiting_children > 0 or self.still_waited(m):
             # Running, waiting for children, or a child its parent still counts on: refused.
             assert got is ItemStateError
             return

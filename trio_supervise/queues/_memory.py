@@ -65,6 +65,7 @@ from ._protocol import (
     check_config,
     check_entries,
     check_json,
+    check_name,
     check_prune,
     check_queue_name,
     copy_json,
@@ -569,6 +570,8 @@ class MemoryQueue(SingleWrites):
     """Per ``(spec id, queue)``, running items by ``(lease_expires_at, id)``."""
     _paused: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
     """Paused queues, with when they were paused."""
+    _last_fires: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
+    """Each schedule's last enqueued fire (see :meth:`fire_schedule`)."""
     _fan_in: dict[str, tuple[str, int]] = attrs.field(init=False, factory=dict)
     """Per waited-for child not yet finished: its parent's id and lease version (the SQL
     backends' ``parent_version`` column)."""
@@ -885,12 +888,23 @@ class MemoryQueue(SingleWrites):
                 errors=_with_error(item, now, s.error),
             )
         elif kind == _RELEASE:
-            self._requeue(
-                item,
-                now + dt.timedelta(seconds=s.delay),
-                now,
-                attempt=max(item.attempt - 1, 0),
-            )
+            if s.error is None:
+                self._requeue(
+                    item,
+                    now + dt.timedelta(seconds=s.delay),
+                    now,
+                    attempt=max(item.attempt - 1, 0),
+                )
+            else:  # handed back with an error that is not the item's own: recorded, never dead
+                self._requeue(
+                    item,
+                    now + dt.timedelta(seconds=s.delay),
+                    now,
+                    attempt=max(item.attempt - 1, 0),
+                    error_count=item.error_count + 1,
+                    last_error=s.error,
+                    errors=_with_error(item, now, s.error),
+                )
         if children or s.wait_for_children:
             self._create_children(s, children, now)
         # As _log, spelled out.
@@ -923,6 +937,19 @@ class MemoryQueue(SingleWrites):
                 waiting_children=created,
                 due_at=WAITING_DUE_AT if created else now,
             )
+
+    def _waited_for(self, item_id: str) -> bool:
+        """Whether *item_id* is a child whose parent still waits for it."""
+        waited = self._fan_in.get(item_id)
+        if waited is None:
+            return False
+        parent = self._items.get(waited[0])
+        return (
+            parent is not None
+            and parent.state is ItemState.QUEUED
+            and parent.lease_version == waited[1]
+            and parent.waiting_children > 0
+        )
 
     def _child_finished(self, item_id: str, now: dt.datetime) -> None:
         """*item_id* finished: if its parent waits for it, one less to wait for (once)."""
@@ -1014,6 +1041,9 @@ class MemoryQueue(SingleWrites):
 
     async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
         await trio.lowlevel.checkpoint()
+        return self._enqueue_many(entries)
+
+    def _enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
         checked = check_entries(entries)
         sent, repeats = plan_batch(checked)
         now = self._now()
@@ -1139,7 +1169,10 @@ class MemoryQueue(SingleWrites):
         item = self._item(item_id)
         if item.state is ItemState.QUEUED:
             now = self._now()
-            item = self._put(item, now, state=ItemState.CANCELLED, cancel_requested=True)
+            # A parent cancelled while it waits for children waits no more.
+            item = self._put(
+                item, now, state=ItemState.CANCELLED, cancel_requested=True, waiting_children=0
+            )
             self._child_finished(item_id, now)
         elif item.state is ItemState.RUNNING and not item.cancel_requested:
             item = self._put(item, cancel_requested=True)
@@ -1198,9 +1231,12 @@ class MemoryQueue(SingleWrites):
         return counts
 
     def _remove(self, item: WorkItem) -> None:
-        """Forget *item* (its heap entries go stale and are dropped as usual)."""
+        """Forget *item* (its heap entries go stale and are dropped as usual). Its children
+        stay, no longer listed under its id: an item created with that id later is another
+        incarnation, with children of its own (the SQL backends' ``parent_incarnation``)."""
         del self._items[item.id]
         self._entries.pop(item.id, None)
+        self._children_of.pop(item.id, None)
         if item.idempotency_key is not None and self._keys.get(item.idempotency_key) == item.id:
             del self._keys[item.idempotency_key]
 
@@ -1211,7 +1247,7 @@ class MemoryQueue(SingleWrites):
             raise ItemStateError(f"item {item_id!r} is running; cancel it first")
         if getattr(item, "waiting_children", 0):
             raise ItemStateError(f"item {item_id!r} is waiting for its children")
-        if item_id in self._fan_in:
+        if self._waited_for(item_id):
             raise ItemStateError(
                 f"item {item_id!r} is a child its parent waits for; cancel it first (the parent "
                 "counts it), then delete it"
@@ -1543,6 +1579,24 @@ class MemoryQueue(SingleWrites):
             wait = float("inf") if next_due is None else (next_due - self._now()).total_seconds()
             with trio.move_on_after(wait):
                 await self._changes.wait_value(_other_than(generation))
+
+    # -- schedules ---------------------------------------------------------------------------
+
+    async def fire_schedule(self, name: str, fire: dt.datetime, entry: NewItem) -> Enqueued | None:
+        await trio.lowlevel.checkpoint()
+        check_name(name, "schedule name")
+        fire = utc(fire)
+        check_entries([entry])  # refused before anything is recorded
+        last = self._last_fires.get(name)
+        if last is not None and fire <= last:
+            return None
+        [done] = self._enqueue_many([entry])  # no checkpoint in between: one step
+        self._last_fires[name] = fire
+        return done
+
+    async def last_fires(self, names: Sequence[str]) -> dict[str, dt.datetime]:
+        await trio.lowlevel.checkpoint()
+        return {name: self._last_fires[name] for name in names if name in self._last_fires}
 
     # -- queues ------------------------------------------------------------------------------
 

@@ -684,6 +684,13 @@ class PostgresQueue(SQLQueue):
     _first_cursor: ClassVar[dt.datetime] = _MIN_TIME
 
     @staticmethod
+    @contextlib.contextmanager
+    def _snapshot(conn: psycopg.Connection[Row]) -> Iterator[None]:
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield
+
+    @staticmethod
     def _transaction(conn: psycopg.Connection[Row]) -> contextlib.AbstractContextManager[Any]:
         return conn.transaction()
 

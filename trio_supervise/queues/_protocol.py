@@ -182,6 +182,7 @@ __all__ = [
     "QueueInfo",
     "check_config",
     "check_concurrency",
+    "check_name",
     "check_priority",
     "check_prune",
     "check_queue_name",
@@ -387,6 +388,22 @@ def check_identifier(value: object, what: str) -> None:
         )
 
 
+def check_name(value: object, what: str) -> str:
+    """Refuse a name (a schedule's, say) that is not a non-empty storable string of at most
+    :data:`MAX_NAME_LENGTH` characters, naming *what*."""
+    from .._errors import ConfigError
+
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters, "
+            f"got {shown_value(value)}"
+        )
+    problem = _unstorable(value)
+    if problem is not None:
+        raise ConfigError(f"{what} must not contain {problem}")
+    return value
+
+
 def check_priority(priority: object) -> int:
     """Refuse a priority that is not an integer from MIN_PRIORITY to MAX_PRIORITY."""
     if (
@@ -403,17 +420,7 @@ def check_priority(priority: object) -> int:
 
 def check_queue_name(queue: object) -> str:
     """Refuse a queue name that is not a non-empty storable string of at most 200 characters."""
-    from .._errors import ConfigError
-
-    if not isinstance(queue, str) or not queue or len(queue) > MAX_NAME_LENGTH:
-        raise ValueError(
-            f"queue must be a non-empty string of at most {MAX_NAME_LENGTH} characters, "
-            f"got {shown_value(queue)}"
-        )
-    problem = _unstorable(queue)
-    if problem is not None:
-        raise ConfigError(f"queue must not contain {problem}")
-    return queue
+    return check_name(queue, "queue")
 
 
 DEFAULT_CONCURRENCY_LIMIT = 1
@@ -428,22 +435,13 @@ def check_concurrency(key: object, limit: object) -> tuple[str | None, int | Non
     Both None: no key. A key without a limit gets :data:`DEFAULT_CONCURRENCY_LIMIT`. A limit
     without a key is refused (it would limit nothing).
     """
-    from .._errors import ConfigError
-
     if key is None:
         if limit is not None:
             raise ValueError(
                 f"concurrency_limit needs a concurrency_key, got limit {limit!r} without a key"
             )
         return None, None
-    if not isinstance(key, str) or not key or len(key) > MAX_NAME_LENGTH:
-        raise ValueError(
-            f"concurrency_key must be a non-empty string of at most {MAX_NAME_LENGTH} "
-            f"characters, got {shown_value(key)}"
-        )
-    problem = _unstorable(key)
-    if problem is not None:
-        raise ConfigError(f"concurrency_key must not contain {problem}")
+    key = check_name(key, "concurrency_key")
     if limit is None:
         return key, DEFAULT_CONCURRENCY_LIMIT
     if (
@@ -1177,7 +1175,10 @@ class SettleKind(enum.StrEnum):
     DEAD = "dead"
     """Failed with ``error`` for the last time: never claimed again until retried by hand."""
     RELEASE = "release"
-    """Lease handed back without an outcome (shutdown); due again after ``delay``. Errors kept."""
+    """Lease handed back without an outcome (shutdown); due again after ``delay``, the claim's
+    attempt taken back. Errors kept; with an ``error`` (a failure that is not the item's own,
+    such as a drivers' context that failed to build) it is recorded too (the error count, the
+    history), and the item never goes dead for it."""
 
 
 @attrs.frozen(kw_only=True)
@@ -1518,6 +1519,22 @@ class WorkQueue(Protocol):
         return early spuriously. Callers bound the wait with a cancel scope (the poll interval):
         ``with trio.move_on_after(poll_interval): await queue.wait_for_work(spec_ids)``.
         """
+        ...
+
+    # -- schedules ---------------------------------------------------------------------------
+
+    async def fire_schedule(self, name: str, fire: dt.datetime, entry: NewItem) -> Enqueued | None:
+        """Enqueue *entry* as schedule *name*'s fire at *fire*, unless a fire at or after
+        *fire* was recorded for it already: then nothing is written and None is returned.
+
+        Recording the fire and enqueueing its item are one transaction, so across any number
+        of schedulers each fire is enqueued once, and never again once its item is pruned.
+        The entry is checked as ``enqueue_many`` checks one; its idempotency key (the fire's
+        deterministic id) makes a fire enqueued before fires were recorded one too."""
+        ...
+
+    async def last_fires(self, names: Sequence[str]) -> dict[str, dt.datetime]:
+        """The last fire recorded for each of the schedules *names* that has one."""
         ...
 
     # -- queues ------------------------------------------------------------------------------

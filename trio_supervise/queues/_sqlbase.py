@@ -42,6 +42,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 import attrs
 import trio
 
+from .._clock import utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost, QueueError
 from . import _sql
 from ._protocol import (
@@ -65,6 +66,7 @@ from ._protocol import (
     check_config,
     check_entries,
     check_json,
+    check_name,
     check_prune,
     check_queue_name,
     check_unique,
@@ -236,6 +238,13 @@ class SQLQueue(SingleWrites):
         """What one writing statement runs in: SQLite takes the write lock up front
         (``BEGIN IMMEDIATE``); a PostgreSQL statement in autocommit needs nothing more (a
         ``BEGIN``/``COMMIT`` pair would cost two round trips on every claim)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _snapshot(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """A read-only transaction whose statements all see one snapshot of the database, for
+        a read that takes several statements (a page of items, the queues): an item that moves
+        between two of them is seen once, where it was (PostgreSQL: ``REPEATABLE READ``;
+        SQLite: a deferred transaction on the reader connection)."""
         raise NotImplementedError  # pragma: no cover
 
     def _now(self) -> Any:
@@ -753,7 +762,10 @@ class SQLQueue(SingleWrites):
         queries, start = self._queries, self._first_cursor
 
         def run(conn: Any) -> list[Any]:
-            return _sql.list_page(conn, queries, params, states=states, after=after, start=start)
+            with self._snapshot(conn):  # one statement per state: one snapshot for them all
+                return _sql.list_page(
+                    conn, queries, params, states=states, after=after, start=start
+                )
 
         return [self._item(row) for row in await self._run(run, read=True)]
 
@@ -1300,6 +1312,37 @@ class SQLQueue(SingleWrites):
             with trio.move_on_after(float("inf") if at is None else wait):
                 await self._wait_changed(generation, mark)
 
+    # -- schedules ---------------------------------------------------------------------------
+
+    async def fire_schedule(self, name: str, fire: dt.datetime, entry: NewItem) -> Enqueued | None:
+        batch = self._prepare([entry])
+        params = {
+            "name": check_name(name, "schedule name"),
+            "fire": self._time(utc(fire)),
+            "now": self._now(),
+        }
+        queries = self._queries
+
+        def run(conn: Any) -> Enqueued | None:
+            with self._transaction(conn):
+                recorded = conn.execute(queries["record_fire"], params).fetchone()
+                if recorded is None:
+                    return None
+                done, _ = self._write_batch(conn, batch, notify=True, check_ids=True)
+                return done[0]
+
+        # Not retried on a dead connection: the commit may have landed (see _run).
+        enqueued = await self._run(run, retry=False)
+        if enqueued is not None and enqueued.created:
+            self._changed()
+        return enqueued
+
+    async def last_fires(self, names: Sequence[str]) -> dict[str, dt.datetime]:
+        params = {"names": self._ids(list(names))}
+        query = self._queries["last_fires"]
+        rows = await self._run(lambda conn: conn.execute(query, params).fetchall(), read=True)
+        return {row["name"]: self._from_time(row["last_fire_at"]) for row in rows}
+
     # -- queues ------------------------------------------------------------------------------
 
     async def pause_queue(self, queue: str) -> bool:
@@ -1333,10 +1376,11 @@ class SQLQueue(SingleWrites):
         queries = self._queries
 
         def run(conn: Any) -> tuple[list[Row], list[Row]]:
-            return (
-                conn.execute(queries["paused_queues"]).fetchall(),
-                conn.execute(queries["queue_counts"]).fetchall(),
-            )
+            with self._snapshot(conn):
+                return (
+                    conn.execute(queries["paused_queues"]).fetchall(),
+                    conn.execute(queries["queue_counts"]).fetchall(),
+                )
 
         paused_rows, count_rows = await self._run(run, read=True)
         paused = {row["queue"]: self._from_time(row["paused_at"]) for row in paused_rows}

@@ -166,6 +166,14 @@ _new_object = object.__new__
 _FIELDS = tuple(field.name for field in attrs.fields(WorkItem))
 
 
+def _next(conn: sqlite3.Connection | sqlite3.Cursor, counter: str) -> int:
+    """A number the database's *counter* (``next_version``: a claim's lease version;
+    ``next_incarnation``: an insert's incarnation) never gave before, inside a write
+    transaction (schema 0005)."""
+    number: int = conn.execute(_Q[counter]).fetchone()[0]
+    return number
+
+
 @functools.cache
 def _item_decoder(columns: tuple[str, ...]) -> Callable[[sqlite3.Row], WorkItem]:
     """Rows with these *columns* (in this order) as :class:`WorkItem`s, read by position.
@@ -617,6 +625,16 @@ class SQLiteQueue(SQLQueue):
     _first_cursor: ClassVar[int] = _MIN_US
     _no_limit: ClassVar[int] = -1
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+        # A deferred transaction: in WAL mode its first read fixes the snapshot it reads.
+        conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            conn.execute("COMMIT")
+
     def _transaction(self, conn: sqlite3.Connection) -> _Transaction:
         return _Transaction(conn)
 
@@ -657,7 +675,8 @@ class SQLiteQueue(SQLQueue):
         notify: bool,
     ) -> tuple[int, dt.datetime]:
         columns = list(zip(*rows, strict=True))
-        params: dict[str, Any] = {"now": now}
+        incarnation = _next(cur, "next_incarnation")
+        params: dict[str, Any] = {"now": now, "incarnation": incarnation}
         varying = [True]  # the id
         for name, column in zip(NEW_ROW_COLUMNS[1:], columns[1:], strict=True):
             same = column.count(column[0]) == len(column)
@@ -670,7 +689,10 @@ class SQLiteQueue(SQLQueue):
             # conversion, which is not correctly rounded on every build: bound as a double.
             cur.executemany(
                 _Q["enqueue"] if keyed else _ENQUEUE_UNKEYED,
-                [dict(zip(NEW_ROW_COLUMNS, row, strict=True), now=now) for row in rows],
+                [
+                    dict(zip(NEW_ROW_COLUMNS, row, strict=True), now=now, incarnation=incarnation)
+                    for row in rows
+                ],
             )
             return cur.rowcount, _from_us(now)
         # One statement reading one JSON array: SQLite's fastest multi-row form. The strings
@@ -680,6 +702,13 @@ class SQLiteQueue(SQLQueue):
         params["rows"] = json.dumps(values, ensure_ascii=False)
         cur.execute(_enqueue_rows_query(tuple(varying), keyed), params)
         return cur.rowcount, _from_us(now)
+
+    def _claim_in(self, conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
+        # The claim's lease version, from the database's counter (see next_version).
+        rows: list[Any] = conn.execute(
+            _Q["claim_due"], {**params, "version": _next(conn, "next_version")}
+        ).fetchall()
+        return rows
 
     def _renew_rows(
         self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int

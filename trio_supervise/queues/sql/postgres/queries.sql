@@ -45,7 +45,7 @@ WITH inserted AS (
     INSERT INTO trio_supervise_items AS i (
         id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
         created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-        concurrency_key, concurrency_limit
+        concurrency_key, concurrency_limit, incarnation
     )
     SELECT n.id,
         coalesce(n.spec_id, %(spec_id)s::text),
@@ -63,7 +63,9 @@ WITH inserted AS (
         coalesce(%(now)s::timestamptz, now())
             + coalesce(n.period_us, %(period_us)s::bigint) * interval '1 microsecond',
         coalesce(n.concurrency_key, %(concurrency_key)s::text),
-        coalesce(n.concurrency_limit, %(concurrency_limit)s::int)
+        coalesce(n.concurrency_limit, %(concurrency_limit)s::int),
+        -- One number of the sequence for the statement's rows (schema 0008).
+        (SELECT nextval('trio_supervise_incarnations'))
     FROM unnest(
         %(ids)b::text[], %(spec_ids)b::text[], %(tenant_ids)b::text[], %(subject_ids)b::text[],
         %(configs)b::text[], %(due_ats)s::timestamptz[], %(keys)b::text[], %(priorities)s::int[],
@@ -179,9 +181,11 @@ HAVING sum(n) > 0;
 
 -- name: request_cancel
 -- Queued: cancelled at once. Running: flagged for its owner. Otherwise: unchanged.
+-- A parent cancelled while it waits for children waits no more.
 UPDATE trio_supervise_items SET
     state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
     cancel_requested = cancel_requested OR state IN ('queued', 'running'),
+    waiting_children = CASE WHEN state = 'queued' THEN 0 ELSE waiting_children END,
     updated_at = CASE
         WHEN state = 'queued' OR (state = 'running' AND NOT cancel_requested)
         THEN coalesce(%(now)s::timestamptz, now())
@@ -265,7 +269,7 @@ WITH live AS MATERIALIZED (
     lease_owner = %(worker_id)s,
     lease_expires_at = coalesce(%(now)s::timestamptz, now())
         + %(lease_us)s::bigint * interval '1 microsecond',
-    lease_version = i.lease_version + 1,
+    lease_version = greatest(i.lease_version + 1, nextval('trio_supervise_lease_versions')),
     attempt = i.attempt + 1,
     updated_at = coalesce(%(now)s::timestamptz, now())
     FROM head
@@ -400,7 +404,7 @@ UPDATE trio_supervise_items AS i SET
     lease_owner = %(worker_id)s,
     lease_expires_at = coalesce(%(now)s::timestamptz, now())
         + %(lease_us)s::bigint * interval '1 microsecond',
-    lease_version = i.lease_version + 1,
+    lease_version = greatest(i.lease_version + 1, nextval('trio_supervise_lease_versions')),
     attempt = i.attempt + 1,
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM ranked
@@ -466,11 +470,11 @@ UPDATE trio_supervise_items AS i SET
     result = CASE WHEN s.kind = 'complete' THEN s.result::jsonb ELSE i.result END,
     error_count = CASE
         WHEN s.kind IN ('continue', 'reschedule') THEN 0
-        WHEN s.kind IN ('retry', 'dead') THEN i.error_count + 1
+        WHEN s.kind IN ('retry', 'dead') OR (s.kind = 'release' AND s.error IS NOT NULL) THEN i.error_count + 1
         ELSE i.error_count
     END,
-    last_error = CASE WHEN s.kind IN ('retry', 'dead') THEN s.error ELSE i.last_error END,
-    errors = CASE WHEN s.kind IN ('retry', 'dead') THEN (
+    last_error = CASE WHEN s.kind IN ('retry', 'dead') OR (s.kind = 'release' AND s.error IS NOT NULL) THEN s.error ELSE i.last_error END,
+    errors = CASE WHEN s.kind IN ('retry', 'dead') OR (s.kind = 'release' AND s.error IS NOT NULL) THEN (
             -- The history with this error appended (lease owner and attempt as stored), the newest
             -- max_errors kept; SET reads the row as it was, so errors is the old array.
             SELECT jsonb_agg(e.value ORDER BY e.n)
@@ -517,9 +521,14 @@ SELECT (SELECT array_agg(ord) FROM settled) AS ords,
     (SELECT count(pg_notify(%(channel)s::text, spec_id)) FROM woken) AS notified;
 
 -- name: set_parents
--- The children a settlement just enqueued (in its transaction): their parent, and the parent's
--- lease version when it waits for them.
-UPDATE trio_supervise_items AS i SET parent_id = c.parent_id, parent_version = c.parent_version
+-- The children a settlement just enqueued (in its transaction): their parent and the parent's
+-- incarnation, and the parent's lease version when it waits for them.
+UPDATE trio_supervise_items AS i SET
+    parent_id = c.parent_id,
+    parent_version = c.parent_version,
+    parent_incarnation = (
+        SELECT p.incarnation FROM trio_supervise_items AS p WHERE p.id = c.parent_id
+    )
 FROM unnest(%(ids)s::text[], %(parent_ids)s::text[], %(parent_versions)s::bigint[])
     AS c(id, parent_id, parent_version)
 WHERE i.id = c.id;
@@ -561,7 +570,13 @@ WHERE p.id = counted.parent_id AND p.lease_version = counted.parent_version
 RETURNING p.spec_id, p.waiting_children = 0 AS due_now;
 
 -- name: list_children
+-- The children of the parent's current incarnation (those of an earlier item with its id are
+-- not its own). A child that records no incarnation was written by a worker of an older
+-- release during a rolling upgrade: it is listed as before (by the parent's id alone).
 SELECT * FROM trio_supervise_items WHERE parent_id = %(parent_id)s
+  AND (parent_incarnation IS NULL OR parent_incarnation = (
+      SELECT p.incarnation FROM trio_supervise_items AS p WHERE p.id = %(parent_id)s
+  ))
 ORDER BY created_at, id
 LIMIT %(limit)s;
 
@@ -679,7 +694,14 @@ SELECT count(*) AS n FROM (
 DELETE FROM trio_supervise_items
 -- Not a running item, a parent waiting for children, or a child its parent waits for (cancel
 -- it first, so the parent's fan-in counts it).
-WHERE id = %(id)s AND state <> 'running' AND waiting_children = 0 AND parent_version IS NULL
+WHERE id = %(id)s AND state <> 'running' AND waiting_children = 0 AND (
+    parent_version IS NULL OR NOT EXISTS (
+        SELECT 1 FROM trio_supervise_items AS p
+        WHERE p.id = trio_supervise_items.parent_id
+          AND p.lease_version = trio_supervise_items.parent_version
+          AND p.state = 'queued' AND p.waiting_children > 0
+    )
+)
 RETURNING *;
 
 -- name: edit_config
@@ -688,3 +710,18 @@ UPDATE trio_supervise_items SET
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s AND state <> 'running'
 RETURNING *;
+
+-- Schedules (schema 0008): each one's last enqueued fire, fleet-wide.
+
+-- name: record_fire
+-- Moves the schedule's last fire to %(fire)s if it is later (the first fire inserts the row); a
+-- row back means the fire is new, to be enqueued in the same transaction. Concurrent recorders
+-- of one schedule wait on its row, then see the other's fire.
+INSERT INTO trio_supervise_schedules AS s (name, last_fire_at, updated_at)
+VALUES (%(name)s, %(fire)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (name) DO UPDATE SET last_fire_at = excluded.last_fire_at, updated_at = excluded.updated_at
+WHERE excluded.last_fire_at > s.last_fire_at
+RETURNING name;
+
+-- name: last_fires
+SELECT name, last_fire_at FROM trio_supervise_schedules WHERE name = ANY(%(names)s::text[]);

@@ -2,6 +2,11 @@
 -- It must equal the result of applying every file in migrations/ in order
 -- (tests/queues/test_migrations.py checks that). Version: see the newest migration.
 
+-- The sequences lease versions and incarnations are drawn from: a number one gave is never given
+-- again, so a reused item id never meets its predecessor's versions (schema 0008).
+CREATE SEQUENCE trio_supervise_lease_versions;
+CREATE SEQUENCE trio_supervise_incarnations;
+
 CREATE TABLE trio_supervise_items (
     id               text        PRIMARY KEY,
     spec_id          text        NOT NULL,
@@ -34,6 +39,8 @@ CREATE TABLE trio_supervise_items (
     unique_until     timestamptz,
     released_key     text,
     parent_version   bigint,
+    incarnation      bigint      NOT NULL DEFAULT nextval('trio_supervise_incarnations'),
+    parent_incarnation bigint,
     CONSTRAINT trio_supervise_items_lease_check
         CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
@@ -89,6 +96,13 @@ CREATE INDEX trio_supervise_items_released_key_idx
 CREATE INDEX trio_supervise_items_finished_idx
     ON trio_supervise_items (state, updated_at)
     WHERE state IN ('completed', 'cancelled', 'dead');
+
+-- Each schedule's last enqueued fire, fleet-wide: a fire at or before it is never enqueued again.
+CREATE TABLE trio_supervise_schedules (
+    name         text        PRIMARY KEY,
+    last_fire_at timestamptz NOT NULL,
+    updated_at   timestamptz NOT NULL
+);
 
 -- Queues paused across the fleet: their items are not claimed until resumed.
 CREATE TABLE trio_supervise_paused_queues (

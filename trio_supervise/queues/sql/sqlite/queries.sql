@@ -26,11 +26,11 @@ INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit
+    concurrency_key, concurrency_limit, incarnation
 ) VALUES (
     :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
     :now, :now, :priority, :queue, :timeout, :unique_scope, :now + :period_us,
-    :concurrency_key, :concurrency_limit
+    :concurrency_key, :concurrency_limit, :incarnation
 )
 ON CONFLICT (idempotency_key) DO NOTHING;
 
@@ -47,14 +47,26 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit
+    concurrency_key, concurrency_limit, incarnation
 )
 SELECT {id}, {spec_id}, {tenant_id}, {subject_id}, {config}, 'queued', {due_at},
     {idempotency_key}, :now, :now, {priority}, {queue}, {timeout}, {unique_scope},
-    :now + {period_us}, {concurrency_key}, {concurrency_limit}
+    :now + {period_us}, {concurrency_key}, {concurrency_limit}, :incarnation
 FROM json_each(:rows) AS r
 WHERE true
 ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: next_version
+-- A lease version never given before, for a claim's rows (schema 0005), inside the caller's
+-- write transaction.
+UPDATE trio_supervise_counters SET next_version = next_version + 1
+RETURNING next_version - 1 AS version;
+
+-- name: next_incarnation
+-- An incarnation never given before, for an insert's rows (schema 0005), inside the caller's
+-- write transaction.
+UPDATE trio_supervise_counters SET next_incarnation = next_incarnation + 1
+RETURNING next_incarnation - 1 AS incarnation;
 
 -- name: release_keys
 -- A key whose holder's scope has lapsed ('unfinished': the holder finished; 'period': past
@@ -106,9 +118,11 @@ HAVING sum(n) > 0;
 
 -- name: request_cancel
 -- Queued: cancelled at once. Running: flagged for its owner. Otherwise: unchanged.
+-- A parent cancelled while it waits for children waits no more.
 UPDATE trio_supervise_items SET
     state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
     cancel_requested = cancel_requested OR state IN ('queued', 'running'),
+    waiting_children = CASE WHEN state = 'queued' THEN 0 ELSE waiting_children END,
     updated_at = CASE
         WHEN state = 'queued' OR (state = 'running' AND NOT cancel_requested) THEN :now
         ELSE updated_at
@@ -163,7 +177,9 @@ UPDATE trio_supervise_items SET
     state = 'running',
     lease_owner = :worker_id,
     lease_expires_at = :now + :lease_us,
-    lease_version = lease_version + 1,
+    -- From the database's counter (next_version): never a version this id had before, in any
+    -- incarnation; and above the row's own, whoever wrote it.
+    lease_version = max(lease_version + 1, :version),
     attempt = attempt + 1,
     updated_at = :now
 WHERE id IN (
@@ -236,11 +252,11 @@ UPDATE trio_supervise_items SET
     result = CASE WHEN s.kind = 'complete' THEN s.result ELSE trio_supervise_items.result END,
     error_count = CASE
         WHEN s.kind IN ('continue', 'reschedule') THEN 0
-        WHEN s.kind IN ('retry', 'dead') THEN error_count + 1
+        WHEN s.kind IN ('retry', 'dead') OR (s.kind = 'release' AND s.error IS NOT NULL) THEN error_count + 1
         ELSE error_count
     END,
-    last_error = CASE WHEN s.kind IN ('retry', 'dead') THEN s.error ELSE last_error END,
-    errors = CASE WHEN s.kind IN ('retry', 'dead') THEN (
+    last_error = CASE WHEN s.kind IN ('retry', 'dead') OR (s.kind = 'release' AND s.error IS NOT NULL) THEN s.error ELSE last_error END,
+    errors = CASE WHEN s.kind IN ('retry', 'dead') OR (s.kind = 'release' AND s.error IS NOT NULL) THEN (
             -- The history with this error appended (lease owner and attempt as stored), the newest
             -- max_errors kept; SET reads the row as it was, so errors is the old array.
             SELECT json_group_array(json(value)) FROM json_each(json_insert(errors, '$[#]', json_object(
@@ -262,9 +278,14 @@ WHERE trio_supervise_items.id = s.id AND trio_supervise_items.lease_version = s.
 RETURNING id, lease_version, spec_id, state, parent_id, concurrency_key, due_at <= ?1 AS due_now;
 
 -- name: set_parent
--- A child a settlement just enqueued (in its transaction): its parent, and the parent's lease
--- version when it waits for it.
-UPDATE trio_supervise_items SET parent_id = :parent_id, parent_version = :parent_version
+-- A child a settlement just enqueued (in its transaction): its parent and the parent's
+-- incarnation, and the parent's lease version when it waits for it.
+UPDATE trio_supervise_items SET
+    parent_id = :parent_id,
+    parent_version = :parent_version,
+    parent_incarnation = (
+        SELECT p.incarnation FROM trio_supervise_items AS p WHERE p.id = :parent_id
+    )
 WHERE id = :id;
 
 -- name: wait_for_children
@@ -296,7 +317,13 @@ WHERE id = :parent_id AND lease_version = :parent_version AND state = 'queued'
 RETURNING spec_id, waiting_children = 0 AS due_now;
 
 -- name: list_children
+-- The children of the parent's current incarnation (those of an earlier item with its id are
+-- not its own). A child that records no incarnation was written by a worker of an older
+-- release during a rolling upgrade: it is listed as before (by the parent's id alone).
 SELECT * FROM trio_supervise_items WHERE parent_id = :parent_id
+  AND (parent_incarnation IS NULL OR parent_incarnation = (
+      SELECT p.incarnation FROM trio_supervise_items AS p WHERE p.id = :parent_id
+  ))
 ORDER BY created_at, id
 LIMIT :limit;
 
@@ -371,10 +398,31 @@ SELECT count(*) AS n FROM (
 DELETE FROM trio_supervise_items
 -- Not a running item, a parent waiting for children, or a child its parent waits for (cancel
 -- it first, so the parent's fan-in counts it).
-WHERE id = :id AND state <> 'running' AND waiting_children = 0 AND parent_version IS NULL
+WHERE id = :id AND state <> 'running' AND waiting_children = 0 AND (
+    parent_version IS NULL OR NOT EXISTS (
+        SELECT 1 FROM trio_supervise_items AS p
+        WHERE p.id = trio_supervise_items.parent_id
+          AND p.lease_version = trio_supervise_items.parent_version
+          AND p.state = 'queued' AND p.waiting_children > 0
+    )
+)
 RETURNING *;
 
 -- name: edit_config
 UPDATE trio_supervise_items SET config = :config, updated_at = :now
 WHERE id = :id AND state <> 'running'
 RETURNING *;
+
+-- Schedules (schema 0005): each one's last enqueued fire, fleet-wide.
+
+-- name: record_fire
+-- Moves the schedule's last fire to :fire if it is later (the first fire inserts the row); a
+-- row back means the fire is new, to be enqueued in the same transaction.
+INSERT INTO trio_supervise_schedules (name, last_fire_at, updated_at) VALUES (:name, :fire, :now)
+ON CONFLICT (name) DO UPDATE SET last_fire_at = excluded.last_fire_at, updated_at = excluded.updated_at
+WHERE excluded.last_fire_at > trio_supervise_schedules.last_fire_at
+RETURNING name;
+
+-- name: last_fires
+SELECT name, last_fire_at FROM trio_supervise_schedules
+WHERE name IN (SELECT value FROM json_each(:names));

@@ -35,6 +35,8 @@ CREATE TABLE trio_supervise_items (
     unique_until     INTEGER,
     released_key     TEXT,
     parent_version   INTEGER,
+    incarnation      INTEGER NOT NULL DEFAULT 0,
+    parent_incarnation INTEGER,
     CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
 
@@ -71,6 +73,21 @@ CREATE INDEX trio_supervise_items_released_key_idx
 CREATE INDEX trio_supervise_items_finished_idx
     ON trio_supervise_items (state, updated_at)
     WHERE state IN ('completed', 'cancelled', 'dead');
+
+-- The counters lease versions and incarnations are drawn from (one row): a number one gave is
+-- never given again, so a reused item id never meets its predecessor's versions (schema 0005).
+CREATE TABLE trio_supervise_counters (
+    next_version     INTEGER NOT NULL,
+    next_incarnation INTEGER NOT NULL
+);
+INSERT INTO trio_supervise_counters (next_version, next_incarnation) VALUES (1, 1);
+
+-- Each schedule's last enqueued fire, fleet-wide: a fire at or before it is never enqueued again.
+CREATE TABLE trio_supervise_schedules (
+    name         TEXT    PRIMARY KEY NOT NULL,
+    last_fire_at INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL
+) WITHOUT ROWID;
 
 -- Queues paused across the fleet: their items are not claimed until resumed.
 CREATE TABLE trio_supervise_paused_queues (
