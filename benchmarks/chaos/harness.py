@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +79,23 @@ class Store:
         """The item's row as stored, by column name, or None."""
         raise NotImplementedError
 
+    def finishes(self) -> collections.Counter[str]:
+        """How many times each item moved into a finished state (``completed``, ``cancelled``,
+        ``dead``) or, finished already, was written with another state or lease version."""
+        raise NotImplementedError
+
 
 _AUDIT_SQLITE = """
 CREATE TABLE chaos_audit (id TEXT NOT NULL, version INTEGER NOT NULL);
 CREATE TRIGGER chaos_audit_complete AFTER UPDATE ON trio_supervise_items
 WHEN NEW.state = 'completed'
 BEGIN INSERT INTO chaos_audit (id, version) VALUES (NEW.id, NEW.lease_version); END;
+CREATE TABLE chaos_finish (id TEXT NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL);
+CREATE TRIGGER chaos_finish_any AFTER UPDATE ON trio_supervise_items
+WHEN NEW.state IN ('completed', 'cancelled', 'dead')
+ AND (OLD.state IS NOT NEW.state OR OLD.lease_version IS NOT NEW.lease_version)
+BEGIN INSERT INTO chaos_finish (id, state, version) VALUES (NEW.id, NEW.state, NEW.lease_version);
+END;
 """
 
 _AUDIT_POSTGRES = """
@@ -95,15 +106,34 @@ BEGIN INSERT INTO chaos_audit (id, version) VALUES (NEW.id, NEW.lease_version); 
 $$;
 CREATE TRIGGER chaos_audit_complete AFTER UPDATE ON trio_supervise_items
 FOR EACH ROW WHEN (NEW.state = 'completed') EXECUTE FUNCTION chaos_audit_fn();
+CREATE TABLE chaos_finish (id text NOT NULL, state text NOT NULL, version bigint NOT NULL);
+CREATE FUNCTION chaos_finish_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO chaos_finish (id, state, version) VALUES (NEW.id, NEW.state, NEW.lease_version);
+RETURN NULL; END
+$$;
+CREATE TRIGGER chaos_finish_any AFTER UPDATE ON trio_supervise_items
+FOR EACH ROW WHEN (NEW.state IN ('completed', 'cancelled', 'dead')
+  AND (OLD.state IS DISTINCT FROM NEW.state
+       OR OLD.lease_version IS DISTINCT FROM NEW.lease_version))
+EXECUTE FUNCTION chaos_finish_fn();
 """
 
 
-async def _fill(queue: ts.WorkQueue, items: int, parallel: int) -> None:
+Shape = Callable[[int], dict[str, Any]]
+"""Item *n*'s ``enqueue`` arguments besides its spec and id (default: ``config={"n": n}``)."""
+
+
+def item_id(n: int) -> str:
+    return f"item-{n:05d}"
+
+
+async def _fill(queue: ts.WorkQueue, items: int, parallel: int, shape: Shape | None) -> None:
     ids = iter(range(items))
 
     async def enqueue_some() -> None:
         for n in ids:
-            await queue.enqueue(SPEC, item_id=f"item-{n:05d}", config={"n": n})
+            fields = {"config": {"n": n}} if shape is None else shape(n)
+            await queue.enqueue(SPEC, item_id=item_id(n), **fields)
 
     async with trio.open_nursery() as nursery:
         for _ in range(parallel):
@@ -113,7 +143,7 @@ async def _fill(queue: ts.WorkQueue, items: int, parallel: int) -> None:
 class SQLiteStore(Store):
     name = "sqlite"
 
-    def __init__(self, directory: Path, items: int) -> None:
+    def __init__(self, directory: Path, items: int, shape: Shape | None = None) -> None:
         import sqlite3
 
         directory.mkdir(parents=True, exist_ok=True)
@@ -122,7 +152,7 @@ class SQLiteStore(Store):
 
         async def fill() -> None:
             async with ts.open_queue(self.url, migrate=True) as queue:
-                await _fill(queue, items, 1)
+                await _fill(queue, items, 1, shape)
 
         # The trigger first, so the audit sees every completion.
         trio.run(ts.migrate, self.url)
@@ -155,6 +185,10 @@ class SQLiteStore(Store):
         rows = self._conn.execute("SELECT id FROM chaos_audit").fetchall()
         return collections.Counter(row[0] for row in rows)
 
+    def finishes(self) -> collections.Counter[str]:
+        rows = self._conn.execute("SELECT id FROM chaos_finish").fetchall()
+        return collections.Counter(row[0] for row in rows)
+
     def add_history(self, count: int) -> None:
         now_us = int(time.time() * 1_000_000)
         self._conn.execute(
@@ -182,7 +216,7 @@ class SQLiteStore(Store):
 class PostgresStore(Store):
     name = "postgres"
 
-    def __init__(self, dsn: str, items: int, tag: str) -> None:
+    def __init__(self, dsn: str, items: int, tag: str, shape: Shape | None = None) -> None:
         self.dsn = dsn
         self.tag = tag
         self.schema = f"chaos_{uuid.uuid4().hex[:10]}"
@@ -194,7 +228,7 @@ class PostgresStore(Store):
             async with queue:
                 # The trigger first, so the audit sees every completion.
                 await trio.to_thread.run_sync(self._add_audit)
-                await _fill(queue, items, 8)
+                await _fill(queue, items, 8, shape)
 
         trio.run(fill)
         self._conn: Any = None
@@ -266,6 +300,9 @@ class PostgresStore(Store):
 
     def audit(self) -> collections.Counter[str]:
         return collections.Counter(row[0] for row in self._query("SELECT id FROM chaos_audit"))
+
+    def finishes(self) -> collections.Counter[str]:
+        return collections.Counter(row[0] for row in self._query("SELECT id FROM chaos_finish"))
 
     def terminate_workers(self) -> int:
         """``pg_terminate_backend`` on every connection of this run's workers; how many."""
