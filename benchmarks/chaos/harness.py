@@ -19,6 +19,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import os
 import random
 import shutil
 import signal
@@ -40,6 +41,9 @@ import trio_supervise as ts
 from .._common import with_params
 
 WORKER = Path(__file__).with_name("worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this harness runs from: its workers import the library from here too (run as a
+script, a worker would otherwise import whichever ``trio_supervise`` is installed)."""
 SPEC = "chaos"
 WORKERS = 4
 LEASE = 3.0
@@ -386,9 +390,14 @@ class Fleet:
             slot.port = None
             args += ["--http", str(slot.port_file)]
         args += self.args + self.slot_args.get(slot.index, [])
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         with (self.directory_logs / f"{worker_id}.stderr").open("wb") as err:
             slot.proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, "PYTHONPATH": path},
             )
 
     def start(self, indexes: list[int] | None = None) -> None:
