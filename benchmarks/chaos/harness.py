@@ -83,9 +83,15 @@ class Store:
         """The item's row as stored, by column name, or None."""
         raise NotImplementedError
 
-    def finishes(self) -> collections.Counter[str]:
-        """How many times each item moved into a finished state (``completed``, ``cancelled``,
-        ``dead``) or, finished already, was written with another state or lease version."""
+    def item_states(self) -> dict[str, str]:
+        """Every item's state now, by id."""
+        raise NotImplementedError
+
+    def finishes(self) -> collections.Counter[tuple[str, str]]:
+        """How many times each item moved into each finished state (``completed``,
+        ``cancelled``, ``dead``), by ``(id, state)``: a move in from another state, or a write
+        of a finished item with another state or lease version. Unlike :meth:`audit`, a write
+        that changes neither (``request_cancel`` on a completed item) is not counted."""
         raise NotImplementedError
 
 
@@ -189,9 +195,12 @@ class SQLiteStore(Store):
         rows = self._conn.execute("SELECT id FROM chaos_audit").fetchall()
         return collections.Counter(row[0] for row in rows)
 
-    def finishes(self) -> collections.Counter[str]:
-        rows = self._conn.execute("SELECT id FROM chaos_finish").fetchall()
-        return collections.Counter(row[0] for row in rows)
+    def item_states(self) -> dict[str, str]:
+        return dict(self._conn.execute("SELECT id, state FROM trio_supervise_items").fetchall())
+
+    def finishes(self) -> collections.Counter[tuple[str, str]]:
+        rows = self._conn.execute("SELECT id, state FROM chaos_finish").fetchall()
+        return collections.Counter((row[0], row[1]) for row in rows)
 
     def add_history(self, count: int) -> None:
         now_us = int(time.time() * 1_000_000)
@@ -305,8 +314,12 @@ class PostgresStore(Store):
     def audit(self) -> collections.Counter[str]:
         return collections.Counter(row[0] for row in self._query("SELECT id FROM chaos_audit"))
 
-    def finishes(self) -> collections.Counter[str]:
-        return collections.Counter(row[0] for row in self._query("SELECT id FROM chaos_finish"))
+    def item_states(self) -> dict[str, str]:
+        return dict(self._query("SELECT id, state FROM trio_supervise_items"))
+
+    def finishes(self) -> collections.Counter[tuple[str, str]]:
+        rows = self._query("SELECT id, state FROM chaos_finish")
+        return collections.Counter((row[0], row[1]) for row in rows)
 
     def terminate_workers(self) -> int:
         """``pg_terminate_backend`` on every connection of this run's workers; how many."""
@@ -314,6 +327,17 @@ class PostgresStore(Store):
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
             f"WHERE application_name LIKE 'chaos-{self.tag}-w%'"
         )
+        return int(rows[0][0])
+
+    def lock_waits(self, app_name: str) -> int:
+        """How many connections named *app_name* wait on a lock right now (0 if unknown)."""
+        try:
+            rows = self._query(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                f"AND application_name = '{app_name}'"
+            )
+        except Exception:
+            return 0
         return int(rows[0][0])
 
     def drop(self) -> None:
@@ -906,7 +930,7 @@ def run_scenario(
 
 def goals(report: dict[str, Any]) -> list[str]:
     """Every goal the report misses, as a sentence."""
-    from . import scenarios  # it builds on this module
+    from . import races, scenarios  # they build on this module
 
     missed = []
     for name, figures in report.get("r1", {}).items():
@@ -921,7 +945,7 @@ def goals(report: dict[str, Any]) -> list[str]:
             )
         if figures.get("timed_out"):
             missed.append(f"R1 {name}: timed out")
-    missed += scenarios.goals(report)
+    missed += scenarios.goals(report) + races.goals(report)
     r2 = report.get("r2", {})
     if r2 and "skipped" not in r2:
         for key in ("lost", "double_finalized"):
@@ -943,6 +967,8 @@ def run_all(
     items: int | None,
     log: Any,
 ) -> dict[str, Any]:
+    from . import races  # it builds on this module
+
     tag = uuid.uuid4().hex[:6]
     n = items if items is not None else (1000 if quick else 10_000)
     plan = Plan(items=n, sleep=0.4 if quick else 0.1, limit=300 if quick else 1200)
@@ -957,7 +983,8 @@ def run_all(
     }
     base = Path(tempfile.mkdtemp(prefix="trio-supervise-chaos-"))
     try:
-        pg_problem = postgres_problem(dsn) if {"r1-postgres", "r2", "r6", "r7"} & only else None
+        pg_parts = {"r1-postgres", "r2", "r6", "r7", *races.PARTS}
+        pg_problem = postgres_problem(dsn) if pg_parts & only else None
         if "r1-sqlite" in only:
             report["r1"]["sqlite"] = r1_backend("sqlite", plan, base, dsn=None, tag=tag, log=log)
         if "r1-postgres" in only:
@@ -967,10 +994,12 @@ def run_all(
                 report["r1"]["postgres"] = r1_backend(
                     "postgres", plan, base, dsn=dsn, tag=tag, log=log
                 )
-        for part, backends in (("r6", ("sqlite", "postgres")), ("r7", ("sqlite", "postgres"))):
+        both = ("sqlite", "postgres")
+        for part, backends in (("r6", both), ("r7", both), *races.BACKENDS.items()):
             if part in only:
+                run = races.run_part if part in races.PARTS else run_scenario
                 report[part] = {
-                    kind: run_scenario(part, kind, quick, base, dsn=dsn, tag=tag, log=log)
+                    kind: run(part, kind, quick, base, dsn=dsn, tag=tag, log=log)
                     if kind == "sqlite" or not pg_problem
                     else {"skipped": pg_problem}
                     for kind in backends

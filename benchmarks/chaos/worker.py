@@ -28,7 +28,8 @@ logs the lines
 
 ``start`` / ``end``: the driver's ``evaluate`` was entered / is about to return ``Stop``
 (the wall time of that instant in the detail field too); ``claim-call``: an item this process
-claimed, the detail the wall time at which the claim call that returned it *began*;
+claimed (``-`` for a claim call that returned none), the detail the wall time at which the
+claim call that returned it *began*;
 ``renewed`` and ``cancel-requested``: the runner's events of those names.
 
 ``--clock-file PATH`` gives the queue a clock that reads the machine's clock plus an offset in
@@ -111,6 +112,8 @@ def timed_queue_class(base: type[Any], note: Note) -> type[Any]:
     def claimed(items: Sequence[ts.WorkItem], began: float) -> None:
         for item in items:
             note("claim-call", item.id, item.lease_version, f"{began:.6f}")
+        if not items:
+            note("claim-call", "-", "-", f"{began:.6f}")
 
     class Timed(base):  # type: ignore[misc, valid-type]
         async def claim_due(self, *args: Any, **kwargs: Any) -> list[ts.WorkItem]:
@@ -243,7 +246,7 @@ async def _call(note: Note, kind: str, call: Callable[[], Any]) -> None:
             await call()
             outcome = "ok"
         except Exception as error:
-            outcome = f"{type(error).__name__}: {error}"
+            outcome = f"{type(error).__name__}: {error}".replace("\t", " ")
     note("call", kind, "-", f"{time.monotonic() - began:.4f}\t{outcome}")
 
 
