@@ -73,6 +73,7 @@ class Timeline:
     )
     completions: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     renewals_refused: int = 0
+    lease_lost_events: int = 0
     settle_refused: int = 0
     renewal_failed: int = 0
     empty_claims: list[tuple[float, float]] = dataclasses.field(default_factory=list)
@@ -106,7 +107,9 @@ class Timeline:
         elif kind == "renewed" or kind == "lease-lost":
             # A lost lease is a renewal's answer too (the last one): the gap to it counts.
             self.renewals[key].append(float(stamp))
-            if kind == "lease-lost" and detail == "renewal refused":
+            if kind == "lease-lost":
+                self.lease_lost_events += 1
+            if detail == "renewal refused":
                 self.renewals_refused += 1
         elif kind == "settled" and detail == "complete":
             self.completions[item] += 1
@@ -117,7 +120,9 @@ class Timeline:
 
     @property
     def leases_lost(self) -> int:
-        return self.renewals_refused + self.settle_refused
+        """Leases a worker found taken over: a lost lease (a refused renewal, or a newer claim
+        of the same item by the same worker) or a refused write."""
+        return self.lease_lost_events + self.settle_refused
 
     def evaluated_twice(self) -> int:
         return sum(1 for n in self.start_count.values() if n > 1)
@@ -164,6 +169,11 @@ class Tail:
         for worker, line in lines:
             self.timeline.feed(worker, line)
         return lines
+
+    def read_all(self) -> Timeline:
+        """The timeline with every whole line written so far."""
+        self.read()
+        return self.timeline
 
 
 def _finish_figures(store: Store, items: int, timeline: Timeline) -> dict[str, Any]:
@@ -325,8 +335,7 @@ def run_r10(
         seconds = trio.run(drive)
     finally:
         fleet.stop()
-    tail.read()
-    timeline = tail.timeline
+    timeline = tail.read_all()
     result = _finish_figures(store, items, timeline)
     result.update(_pause_figures(timeline, windows))
     result.update(_cancel_figures(store, timeline, cancels))
@@ -450,9 +459,13 @@ def run_r11(
     )
     tail = Tail(fleet.directory_logs)
     applied: list[dict[str, float]] = []
+    busy = min(items, len(fleet.slots) * 10)  # every worker's concurrency taken
     pending = sorted(steps)
     try:
         fleet.start()
+        # The steps' times count from when every slot is busy: a fleet still starting up would
+        # meet a step with no lease to lose.
+        _wait(fleet, lambda: len(tail.read_all().claim_calls) >= busy, 30.0)
         started, started_wall = time.perf_counter(), time.time()
 
         def done() -> bool:
@@ -466,8 +479,7 @@ def run_r11(
         timed_out, seconds = _wait(fleet, done, limit)
     finally:
         fleet.stop()
-    tail.read()
-    timeline = tail.timeline
+    timeline = tail.read_all()
     result = _finish_figures(store, items, timeline)
     rescued = sum(
         1 for n in collections.Counter(k[0] for k in timeline.claim_calls).values() if n > 1
@@ -554,11 +566,7 @@ def run_r12(
     try:
         # Worker 0 claims every item first; worker 1 starts once it has, with as many free slots.
         fleet.start([0])
-        deadline = time.perf_counter() + 30
-        while len(tail.timeline.claim_calls) < items and time.perf_counter() < deadline:
-            tail.read()
-            fleet.tick()
-            time.sleep(0.05)
+        _wait(fleet, lambda: len(tail.read_all().claim_calls) >= items, 30.0)
         fleet.start([1])
         fleet.wait_for_ports()
         started = time.perf_counter()
@@ -583,8 +591,7 @@ def run_r12(
             with contextlib.suppress(Exception):
                 held.close()
         fleet.stop()
-    tail.read()
-    timeline = tail.timeline
+    timeline = tail.read_all()
     result = _finish_figures(store, items, timeline)
     result.update(
         {
@@ -717,7 +724,7 @@ def run_part(
 
     directory = base / f"{part}-{kind}"
     run_tag = f"{tag}{part}{kind[0]}"
-    items = {"r10": 400, "r11": 240, "r12": 30}[part] * (1 if quick else 5)
+    items = {"r10": (400, 2000), "r11": (240, 1200), "r12": (30, 60)}[part][0 if quick else 1]
     plan = r10_plan(items, run_tag) if part == "r10" else None
     shape = plan.shape if plan is not None else {"r11": r11_shape}.get(part)
     store = (
