@@ -144,9 +144,42 @@ def test_the_chaos_command_line_selects_parts_by_comma_separated_names() -> None
 
     assert chaos_main._parts("R6,r7") == {"r6", "r7"}
     assert chaos_main._parts("r1, R8") == {"r1-sqlite", "r1-postgres", "r8"}
+    assert chaos_main._parts("R10,r11, R12") == {"r10", "r11", "r12"}
     with pytest.raises(SystemExit) as exit_info:
         chaos_main.main(["--only", "R6,R9"])
     assert exit_info.value.code == 2
+
+
+def test_the_r10_audit_tells_a_start_while_paused_from_a_claim_in_flight() -> None:
+    """R10 reads the workers' timed lines (kind, item, version, detail, wall time): a start in a
+    pause whose claim call began after ``pause_queue`` returned is a violation, one whose claim
+    call began before is counted apart, and a claim call wholly inside a pause is a violation
+    whether or not its item started. A lost lease ends the renewal gaps; caller calls parse."""
+    from benchmarks.chaos.races import Timeline, _pause_figures
+
+    timeline = Timeline()
+    for line in (
+        "claim-call\ta\t1\t9.0\t9.2",  # began before the pause returned (10.0): allowed
+        "start\ta\t1\t10.5\t10.5",
+        "claim-call\tb\t1\t10.2\t10.3",  # began after it returned: a violation
+        "start\tb\t1\t10.4\t10.4",
+        "claim-call\tc\t2\t10.6\t10.7",  # wholly inside the pause, not started
+        "claim-call\t-\t-\t10.8\t10.9",  # a claim call that returned nothing
+        "start\td\t1\t12.5\t12.5",  # after the resume was called (12.0)
+        "renewed\ta\t1\tok\t11.4",
+        "lease-lost\ta\t1\trenewal refused\t13.0",
+        "call\tenqueue\t-\t12.5\tok\t20.0",
+        "start\te\t1",  # cut short by SIGKILL
+    ):
+        timeline.feed("w0.0", line)
+    figures = _pause_figures(timeline, [(9.8, 10.0, 12.0, 12.1)])
+    assert figures["started_while_paused"] == 1
+    assert figures["started_paused_claimed_before"] == 1
+    assert figures["claimed_while_paused"] == 2
+    assert figures["claim_calls_while_paused"] == 3
+    assert timeline.leases_lost == 1
+    assert timeline.longest_renewal_gap() == pytest.approx(2.2)
+    assert timeline.calls == [("enqueue", 12.5, "ok", 20.0)]
 
 
 def test_chaos_metrics_are_read_from_the_exposition_or_said_missing() -> None:

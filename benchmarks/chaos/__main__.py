@@ -1,8 +1,9 @@
-"""``python -m benchmarks.chaos [--quick] [--json PATH] [--dsn DSN] [--only R6,R7,R8]``.
+"""``python -m benchmarks.chaos [--quick] [--json PATH] [--dsn DSN] [--only R10,R11,R12]``.
 
 Runs the chosen parts (all by default), prints their figures, exits. ``--only`` takes part names
 separated by commas (or repeated), case-insensitive: ``r1-sqlite``, ``r1-postgres``, ``r1``
-(both), ``r2`` (stops the PostgreSQL server: never on a shared one), ``r6``, ``r7``, ``r8``.
+(both), ``r2`` (stops the PostgreSQL server: never on a shared one), ``r6``, ``r7``, ``r8``,
+``r10``, ``r11``, ``r12``.
 
 Exits 0 whether or not the goals are met (a missed goal is printed loudly, and recorded in the
 JSON); a non-zero exit means the harness itself failed.
@@ -22,7 +23,7 @@ from typing import Any
 from .harness import run_all
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-PARTS = ("r1-sqlite", "r1-postgres", "r2", "r6", "r7", "r8")
+PARTS = ("r1-sqlite", "r1-postgres", "r2", "r6", "r7", "r8", "r10", "r11", "r12")
 ALIASES = {"r1": ("r1-sqlite", "r1-postgres")}
 R3_HINT = (
     "R3 (the queue state machine at a high example count): "
@@ -115,6 +116,7 @@ def _print_scenarios(report: dict[str, Any]) -> None:
             f"{'available' if figures['storable_text_available'] else 'not available'}  "
             f"last_error {figures['poison_last_error']}  ({figures['seconds']} s)"
         )
+    _print_races(report)
     r8 = report.get("r8")
     if r8 is not None:
         print(
@@ -127,6 +129,35 @@ def _print_scenarios(report: dict[str, Any]) -> None:
             f"lag observations {r8['lag_observations']} total {r8['lag_seconds_total']} s  "
             f"(blocked {r8['block_seconds']} s, {r8['seconds']} s)"
         )
+
+
+RACE_FIGURES = {
+    "r10": (
+        "items completed cancelled lost finished_twice completed_twice started_while_paused "
+        "claimed_while_paused claim_calls_while_paused started_paused_claimed_before cancels "
+        "cancel_found cancels_raced_completion cancels_delivered_running completions_overridden "
+        "pauses paused_seconds seconds"
+    ),
+    "r11": (
+        "items completed lost leases_lost evaluated_twice claimed_twice completed_twice seconds"
+    ),
+    "r12": (
+        "items completed lost leases_lost evaluated_twice pool_connections_waiting_on_lock pool "
+        "http seconds"
+    ),
+}
+"""The figures printed per R10-R12 run, in order, as ``name value`` (all are in the JSON)."""
+
+
+def _print_races(report: dict[str, Any]) -> None:
+    for part, names in RACE_FIGURES.items():
+        for backend, figures in _ran(report, part):
+            shown = "  ".join(f"{name} {figures[name]}" for name in names.split())
+            print(f"{part.upper()} {backend:8}  {shown}")
+            for phase, calls in figures.get("calls", {}).items():
+                print(f"    {phase}: {calls}")
+            for step in figures.get("steps", ()):
+                print(f"    step: {step}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import os
 import random
 import shutil
 import signal
@@ -29,7 +30,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,9 @@ import trio_supervise as ts
 from .._common import with_params
 
 WORKER = Path(__file__).with_name("worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this harness runs from: its workers import the library from here too (run as a
+script, a worker would otherwise import whichever ``trio_supervise`` is installed)."""
 SPEC = "chaos"
 WORKERS = 4
 LEASE = 3.0
@@ -79,12 +83,29 @@ class Store:
         """The item's row as stored, by column name, or None."""
         raise NotImplementedError
 
+    def item_states(self) -> dict[str, str]:
+        """Every item's state now, by id."""
+        raise NotImplementedError
+
+    def finishes(self) -> collections.Counter[tuple[str, str]]:
+        """How many times each item moved into each finished state (``completed``,
+        ``cancelled``, ``dead``), by ``(id, state)``: a move in from another state, or a write
+        of a finished item with another state or lease version. Unlike :meth:`audit`, a write
+        that changes neither (``request_cancel`` on a completed item) is not counted."""
+        raise NotImplementedError
+
 
 _AUDIT_SQLITE = """
 CREATE TABLE chaos_audit (id TEXT NOT NULL, version INTEGER NOT NULL);
 CREATE TRIGGER chaos_audit_complete AFTER UPDATE ON trio_supervise_items
 WHEN NEW.state = 'completed'
 BEGIN INSERT INTO chaos_audit (id, version) VALUES (NEW.id, NEW.lease_version); END;
+CREATE TABLE chaos_finish (id TEXT NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL);
+CREATE TRIGGER chaos_finish_any AFTER UPDATE ON trio_supervise_items
+WHEN NEW.state IN ('completed', 'cancelled', 'dead')
+ AND (OLD.state IS NOT NEW.state OR OLD.lease_version IS NOT NEW.lease_version)
+BEGIN INSERT INTO chaos_finish (id, state, version) VALUES (NEW.id, NEW.state, NEW.lease_version);
+END;
 """
 
 _AUDIT_POSTGRES = """
@@ -95,15 +116,34 @@ BEGIN INSERT INTO chaos_audit (id, version) VALUES (NEW.id, NEW.lease_version); 
 $$;
 CREATE TRIGGER chaos_audit_complete AFTER UPDATE ON trio_supervise_items
 FOR EACH ROW WHEN (NEW.state = 'completed') EXECUTE FUNCTION chaos_audit_fn();
+CREATE TABLE chaos_finish (id text NOT NULL, state text NOT NULL, version bigint NOT NULL);
+CREATE FUNCTION chaos_finish_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO chaos_finish (id, state, version) VALUES (NEW.id, NEW.state, NEW.lease_version);
+RETURN NULL; END
+$$;
+CREATE TRIGGER chaos_finish_any AFTER UPDATE ON trio_supervise_items
+FOR EACH ROW WHEN (NEW.state IN ('completed', 'cancelled', 'dead')
+  AND (OLD.state IS DISTINCT FROM NEW.state
+       OR OLD.lease_version IS DISTINCT FROM NEW.lease_version))
+EXECUTE FUNCTION chaos_finish_fn();
 """
 
 
-async def _fill(queue: ts.WorkQueue, items: int, parallel: int) -> None:
+Shape = Callable[[int], dict[str, Any]]
+"""Item *n*'s ``enqueue`` arguments besides its spec and id (default: ``config={"n": n}``)."""
+
+
+def item_id(n: int) -> str:
+    return f"item-{n:05d}"
+
+
+async def _fill(queue: ts.WorkQueue, items: int, parallel: int, shape: Shape | None) -> None:
     ids = iter(range(items))
 
     async def enqueue_some() -> None:
         for n in ids:
-            await queue.enqueue(SPEC, item_id=f"item-{n:05d}", config={"n": n})
+            fields = {"config": {"n": n}} if shape is None else shape(n)
+            await queue.enqueue(SPEC, item_id=item_id(n), **fields)
 
     async with trio.open_nursery() as nursery:
         for _ in range(parallel):
@@ -113,7 +153,7 @@ async def _fill(queue: ts.WorkQueue, items: int, parallel: int) -> None:
 class SQLiteStore(Store):
     name = "sqlite"
 
-    def __init__(self, directory: Path, items: int) -> None:
+    def __init__(self, directory: Path, items: int, shape: Shape | None = None) -> None:
         import sqlite3
 
         directory.mkdir(parents=True, exist_ok=True)
@@ -122,7 +162,7 @@ class SQLiteStore(Store):
 
         async def fill() -> None:
             async with ts.open_queue(self.url, migrate=True) as queue:
-                await _fill(queue, items, 1)
+                await _fill(queue, items, 1, shape)
 
         # The trigger first, so the audit sees every completion.
         trio.run(ts.migrate, self.url)
@@ -155,6 +195,13 @@ class SQLiteStore(Store):
         rows = self._conn.execute("SELECT id FROM chaos_audit").fetchall()
         return collections.Counter(row[0] for row in rows)
 
+    def item_states(self) -> dict[str, str]:
+        return dict(self._conn.execute("SELECT id, state FROM trio_supervise_items").fetchall())
+
+    def finishes(self) -> collections.Counter[tuple[str, str]]:
+        rows = self._conn.execute("SELECT id, state FROM chaos_finish").fetchall()
+        return collections.Counter((row[0], row[1]) for row in rows)
+
     def add_history(self, count: int) -> None:
         now_us = int(time.time() * 1_000_000)
         self._conn.execute(
@@ -182,7 +229,7 @@ class SQLiteStore(Store):
 class PostgresStore(Store):
     name = "postgres"
 
-    def __init__(self, dsn: str, items: int, tag: str) -> None:
+    def __init__(self, dsn: str, items: int, tag: str, shape: Shape | None = None) -> None:
         self.dsn = dsn
         self.tag = tag
         self.schema = f"chaos_{uuid.uuid4().hex[:10]}"
@@ -194,7 +241,7 @@ class PostgresStore(Store):
             async with queue:
                 # The trigger first, so the audit sees every completion.
                 await trio.to_thread.run_sync(self._add_audit)
-                await _fill(queue, items, 8)
+                await _fill(queue, items, 8, shape)
 
         trio.run(fill)
         self._conn: Any = None
@@ -267,12 +314,30 @@ class PostgresStore(Store):
     def audit(self) -> collections.Counter[str]:
         return collections.Counter(row[0] for row in self._query("SELECT id FROM chaos_audit"))
 
+    def item_states(self) -> dict[str, str]:
+        return dict(self._query("SELECT id, state FROM trio_supervise_items"))
+
+    def finishes(self) -> collections.Counter[tuple[str, str]]:
+        rows = self._query("SELECT id, state FROM chaos_finish")
+        return collections.Counter((row[0], row[1]) for row in rows)
+
     def terminate_workers(self) -> int:
         """``pg_terminate_backend`` on every connection of this run's workers; how many."""
         rows = self._query(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
             f"WHERE application_name LIKE 'chaos-{self.tag}-w%'"
         )
+        return int(rows[0][0])
+
+    def lock_waits(self, app_name: str) -> int:
+        """How many connections named *app_name* wait on a lock right now (0 if unknown)."""
+        try:
+            rows = self._query(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                f"AND application_name = '{app_name}'"
+            )
+        except Exception:
+            return 0
         return int(rows[0][0])
 
     def drop(self) -> None:
@@ -349,9 +414,14 @@ class Fleet:
             slot.port = None
             args += ["--http", str(slot.port_file)]
         args += self.args + self.slot_args.get(slot.index, [])
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         with (self.directory_logs / f"{worker_id}.stderr").open("wb") as err:
             slot.proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, "PYTHONPATH": path},
             )
 
     def start(self, indexes: list[int] | None = None) -> None:
@@ -860,7 +930,7 @@ def run_scenario(
 
 def goals(report: dict[str, Any]) -> list[str]:
     """Every goal the report misses, as a sentence."""
-    from . import scenarios  # it builds on this module
+    from . import races, scenarios  # they build on this module
 
     missed = []
     for name, figures in report.get("r1", {}).items():
@@ -875,7 +945,7 @@ def goals(report: dict[str, Any]) -> list[str]:
             )
         if figures.get("timed_out"):
             missed.append(f"R1 {name}: timed out")
-    missed += scenarios.goals(report)
+    missed += scenarios.goals(report) + races.goals(report)
     r2 = report.get("r2", {})
     if r2 and "skipped" not in r2:
         for key in ("lost", "double_finalized"):
@@ -897,6 +967,8 @@ def run_all(
     items: int | None,
     log: Any,
 ) -> dict[str, Any]:
+    from . import races  # it builds on this module
+
     tag = uuid.uuid4().hex[:6]
     n = items if items is not None else (1000 if quick else 10_000)
     plan = Plan(items=n, sleep=0.4 if quick else 0.1, limit=300 if quick else 1200)
@@ -911,7 +983,8 @@ def run_all(
     }
     base = Path(tempfile.mkdtemp(prefix="trio-supervise-chaos-"))
     try:
-        pg_problem = postgres_problem(dsn) if {"r1-postgres", "r2", "r6", "r7"} & only else None
+        pg_parts = {"r1-postgres", "r2", "r6", "r7", *races.PARTS}
+        pg_problem = postgres_problem(dsn) if pg_parts & only else None
         if "r1-sqlite" in only:
             report["r1"]["sqlite"] = r1_backend("sqlite", plan, base, dsn=None, tag=tag, log=log)
         if "r1-postgres" in only:
@@ -921,10 +994,12 @@ def run_all(
                 report["r1"]["postgres"] = r1_backend(
                     "postgres", plan, base, dsn=dsn, tag=tag, log=log
                 )
-        for part, backends in (("r6", ("sqlite", "postgres")), ("r7", ("sqlite", "postgres"))):
+        both = ("sqlite", "postgres")
+        for part, backends in (("r6", both), ("r7", both), *races.BACKENDS.items()):
             if part in only:
+                run = races.run_part if part in races.PARTS else run_scenario
                 report[part] = {
-                    kind: run_scenario(part, kind, quick, base, dsn=dsn, tag=tag, log=log)
+                    kind: run(part, kind, quick, base, dsn=dsn, tag=tag, log=log)
                     if kind == "sqlite" or not pg_problem
                     else {"skipped": pg_problem}
                     for kind in backends

@@ -20,15 +20,37 @@ thread (``time.sleep``) for that long after its sleep, so the event loop stops (
 makes evaluating that item raise an error whose text holds a lone surrogate (``"\\udcff"``);
 ``--max-attempts`` bounds the claims per item (the ``max_attempts`` setting where this build has
 it, else ``max_errors``, which is said on stderr).
+
+The timing options (R10-R12): ``--timed`` opens the queue here (not through the service) so
+that every claim call is timed, and adds a fifth field to every line, the wall time
+(``time.time()``, one clock for every process on the machine) at which it was written. It also
+logs the lines
+
+``start`` / ``end``: the driver's ``evaluate`` was entered / is about to return ``Stop``
+(the wall time of that instant in the detail field too); ``claim-call``: an item this process
+claimed (``-`` for a claim call that returned none), the detail the wall time at which the
+claim call that returned it *began*;
+``renewed`` and ``cancel-requested``: the runner's events of those names.
+
+``--clock-file PATH`` gives the queue a clock that reads the machine's clock plus an offset in
+seconds read from *PATH* (re-read at most every 10 ms; written by the harness to step the
+clock). ``--queues NAME=N,...`` serves those named queues; ``--concurrency N`` sets the
+runner's concurrency (and claim batch). ``--callers READERS,ENQUEUERS`` starts that many tasks
+in this process calling ``list_items`` / ``counts`` and ``enqueue`` on the service's own queue
+(so they share its connection pools) in a loop, logging ``call`` lines; while the file
+``--hot-file`` names exists, the enqueuers enqueue with the idempotency key it holds.
+A driver's sleep is ``config["sleep"]`` when the item has one.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
+import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -37,6 +59,8 @@ import trio
 import trio_supervise as ts
 
 SPEC = "chaos"
+NOISE = "chaos-noise"
+"""The spec (and queue) of the items ``--callers`` enqueue: no runner serves it."""
 LOGGED = frozenset(
     {
         ts.RunnerEventKind.CLAIMED,
@@ -49,6 +73,62 @@ LOGGED = frozenset(
         ts.RunnerEventKind.RENEWAL_FAILED,
     }
 )
+TIMED = LOGGED | {ts.RunnerEventKind.RENEWED, ts.RunnerEventKind.CANCEL_REQUESTED}
+CALL_BOUND = 60.0
+"""A ``--callers`` call still waiting after this many seconds is abandoned and logged as such."""
+
+Note = Callable[[str, str, object, str], None]
+"""Writes one log line: kind, item id, lease version, detail."""
+
+
+class SteppedClock:
+    """The machine's clock plus an offset (seconds) read from a file the harness writes.
+
+    The file is re-read at most every 10 ms, so a step reaches every process within that.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._offset = 0.0
+        self._read_at = -1.0
+
+    def now(self) -> dt.datetime:
+        moment = time.monotonic()
+        if moment - self._read_at > 0.01:
+            self._read_at = moment
+            try:
+                with open(self._path, encoding="utf-8") as file:
+                    self._offset = float(file.read() or 0.0)
+            except (OSError, ValueError):
+                pass  # being replaced right now: the last offset stands
+        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self._offset)
+
+
+def timed_queue_class(base: type[Any], note: Note) -> type[Any]:
+    """*base* with its claim calls timed: each claimed item is noted as ``claim-call`` with the
+    wall time at which the call began. ``settle_and_claim`` is overridden beside ``claim_due``,
+    so the runner still combines them where it would (see ``_combines`` in the runner)."""
+
+    def claimed(items: Sequence[ts.WorkItem], began: float) -> None:
+        for item in items:
+            note("claim-call", item.id, item.lease_version, f"{began:.6f}")
+        if not items:
+            note("claim-call", "-", "-", f"{began:.6f}")
+
+    class Timed(base):  # type: ignore[misc, valid-type]
+        async def claim_due(self, *args: Any, **kwargs: Any) -> list[ts.WorkItem]:
+            began = time.time()
+            items: list[ts.WorkItem] = await super().claim_due(*args, **kwargs)
+            claimed(items, began)
+            return items
+
+        async def settle_and_claim(self, *args: Any, **kwargs: Any) -> Any:
+            began = time.time()
+            applied, items = await super().settle_and_claim(*args, **kwargs)
+            claimed(items, began)
+            return applied, items
+
+    return Timed
 
 
 class SleepDriver:
@@ -56,6 +136,7 @@ class SleepDriver:
 
     With *block*, the first evaluation blocks the thread that long after its sleep; with
     *poison*, that item's evaluation raises an error whose text cannot be encoded as UTF-8.
+    With *note*, it notes ``start`` and ``end`` of every evaluation.
     """
 
     name = "chaos"
@@ -68,17 +149,23 @@ class SleepDriver:
         block: float = 0.0,
         release: str | None = None,
         poison: str | None = None,
+        note: Note | None = None,
     ) -> None:
         self._sleep = sleep
         self._block = block
         self._release = release
         self._poison = poison
+        self._note = note
 
     def validate_specs(self) -> None:
         pass
 
     async def evaluate(self, context: None, item: ts.WorkItem) -> ts.Outcome:
-        await trio.sleep(self._sleep)
+        if self._note is not None:
+            self._note("start", item.id, item.lease_version, f"{time.time():.6f}")
+        config = item.config
+        sleep = config.get("sleep", self._sleep) if isinstance(config, dict) else self._sleep
+        await trio.sleep(sleep)
         if self._block:
             block, self._block = self._block, 0.0
             # The fault under test: a driver blocking the loop (for at least *block* seconds,
@@ -93,6 +180,8 @@ class SleepDriver:
                 time.sleep(0.05)
         if item.id == self._poison:
             raise ValueError(f"poison data \udcff in {item.id}")
+        if self._note is not None:
+            self._note("end", item.id, item.lease_version, f"{time.time():.6f}")
         return ts.Stop()
 
 
@@ -108,6 +197,12 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--poison")
     parser.add_argument("--max-attempts", type=int)
     parser.add_argument("--requeue-delay", type=float, default=5.0)
+    parser.add_argument("--timed", action="store_true")
+    parser.add_argument("--clock-file", metavar="PATH")
+    parser.add_argument("--queues", metavar="NAME=N,...")
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--callers", metavar="READERS,ENQUEUERS")
+    parser.add_argument("--hot-file", metavar="PATH")
     return parser.parse_args(argv)
 
 
@@ -123,17 +218,85 @@ def _bounds(max_attempts: int | None) -> dict[str, Any]:
     return {"max_errors": max_attempts}
 
 
+def _queues(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    pairs = (part.split("=") for part in text.split(","))
+    return {"queues": {name: int(limit) for name, limit in pairs}}
+
+
+async def _open_queue(url: str, clock: ts.Clock | None, note: Note) -> Any:
+    """The queue *url* names, opened as the service would open it, its claim calls timed."""
+    backend, target = ts.queues.parse_queue_url(url)
+    if backend == "sqlite":
+        from trio_supervise.queues import SQLiteQueue
+
+        return await timed_queue_class(SQLiteQueue, note).connect(target, clock=clock)
+    from trio_supervise.queues import PostgresQueue
+
+    return await timed_queue_class(PostgresQueue, note).connect(target, clock=clock)
+
+
+async def _call(note: Note, kind: str, call: Callable[[], Any]) -> None:
+    """One caller's call, timed: ``call TAB kind TAB - TAB seconds TAB outcome``."""
+    began = time.monotonic()
+    outcome = f"no answer in {CALL_BOUND:g} s"
+    with trio.move_on_after(CALL_BOUND):
+        try:
+            await call()
+            outcome = "ok"
+        except Exception as error:
+            outcome = f"{type(error).__name__}: {error}".replace("\t", " ")
+    note("call", kind, "-", f"{time.monotonic() - began:.4f}\t{outcome}")
+
+
+async def _reader(queue: ts.WorkQueue, note: Note, n: int) -> None:
+    """A CLI-like reader: ``list_items`` and ``counts`` in turn, back to back."""
+    while True:
+        if n % 2:
+            await _call(note, "counts", queue.counts)
+        else:
+            await _call(note, "list_items", lambda: queue.list_items(limit=20))
+        n += 1
+        await trio.sleep(0.01)
+
+
+async def _enqueuer(queue: ts.WorkQueue, note: Note, hot_file: str | None) -> None:
+    """An enqueuer of unserved items; with the key in *hot_file* while that file exists."""
+    while True:
+        key: str | None = None
+        if hot_file is not None:
+            try:
+                with open(hot_file, encoding="utf-8") as file:
+                    key = file.read().strip() or None
+            except OSError:
+                key = None
+        kind = "enqueue-hot" if key else "enqueue"
+        await _call(
+            note,
+            kind,
+            lambda: queue.enqueue(NOISE, queue=NOISE, idempotency_key=key),  # noqa: B023
+        )
+        await trio.sleep(0.01 + random.random() * 0.01)
+
+
 async def main(argv: list[str]) -> int:
     args = _arguments(argv)
     port_file = args.http
     out = open(args.log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as we do
+    stamp = args.timed
+
+    def note(kind: str, item_id: object, version: object, detail: str) -> None:
+        detail = detail.replace("\n", " ").encode("utf-8", "backslashreplace").decode("utf-8")
+        tail = f"\t{time.time():.6f}" if stamp else ""
+        out.write(f"{kind}\t{item_id}\t{version}\t{detail}{tail}\n")
+        out.flush()
+
+    logged = TIMED if args.timed else LOGGED
 
     def record(event: ts.RunnerEvent) -> None:
-        if event.kind in LOGGED:
-            detail = event.detail.replace("\t", " ").replace("\n", " ")
-            detail = detail.encode("utf-8", "backslashreplace").decode("utf-8")
-            out.write(f"{event.kind}\t{event.item_id}\t{event.lease_version}\t{detail}\n")
-            out.flush()
+        if event.kind in logged:
+            note(event.kind, event.item_id, event.lease_version, event.detail.replace("\t", " "))
 
     settings = ts.Settings(
         database_url=args.url,
@@ -141,19 +304,31 @@ async def main(argv: list[str]) -> int:
         runner=ts.RunnerSettings(
             worker_id=args.worker_id,
             lease=3.0,
-            concurrency=10,
-            claim_batch=10,
+            concurrency=args.concurrency,
+            claim_batch=args.concurrency,
             poll_interval=0.5,
             shutdown_grace=2.0,
             requeue_delay=args.requeue_delay,
             **_bounds(args.max_attempts),
+            **_queues(args.queues),
         ),
     )
+    queue = None
+    if args.timed or args.clock_file:
+        clock = None if args.clock_file is None else SteppedClock(args.clock_file)
+        queue = await _open_queue(args.url, clock, note)
     service = ts.Service(
         drivers=[
-            SleepDriver(args.sleep, block=args.block, release=args.release, poison=args.poison)
+            SleepDriver(
+                args.sleep,
+                block=args.block,
+                release=args.release,
+                poison=args.poison,
+                note=note if args.timed else None,
+            )
         ],
         settings=settings,
+        queue=queue,
         name=f"chaos-{args.worker_id}",
         on_event=record,
     )
@@ -161,7 +336,10 @@ async def main(argv: list[str]) -> int:
 
     async def run(*, task_status: trio.TaskStatus[ts.Service] = trio.TASK_STATUS_IGNORED) -> None:
         nonlocal code
-        code = await service.run(task_status=task_status)
+        try:
+            code = await service.run(task_status=task_status)
+        finally:
+            service.shutdown.begin("the service ended")  # the callers, if any, stop with it
 
     try:
         async with trio.open_nursery() as nursery:
@@ -171,7 +349,19 @@ async def main(argv: list[str]) -> int:
                 with open(tmp, "w", encoding="utf-8") as file:
                     file.write(str(service.http_port))
                 os.replace(tmp, port_file)
+            if args.callers and queue is not None:
+                readers, enqueuers = (int(n) for n in args.callers.split(","))
+                async with trio.open_nursery() as callers:
+                    for n in range(readers):
+                        callers.start_soon(_reader, queue, note, n)
+                    for _ in range(enqueuers):
+                        callers.start_soon(_enqueuer, queue, note, args.hot_file)
+                    # The callers run until the service stops (SIGTERM), then stop with it.
+                    await service.shutdown.wait()
+                    callers.cancel_scope.cancel()
     finally:
+        if queue is not None:
+            await queue.aclose()
         out.close()
     return code
 
