@@ -16,7 +16,7 @@ import trio.testing
 
 import trio_supervise as ts
 from trio_supervise._logging import STRUCTURED_FIELDS
-from trio_supervise._workflow import MAX_TRACEBACK_FRAMES, describe_failure, first_line
+from trio_supervise.job import MAX_TRACEBACK_FRAMES, describe_failure, first_line
 from trio_supervise.queues import Lease, LeaseStatus, WorkItem
 
 from .test_runner import no_context, running

@@ -12,8 +12,8 @@ import trio.testing
 
 import trio_supervise as ts
 from trio_supervise import QueueUnavailable
-from trio_supervise._runner import _combines
 from trio_supervise.queues import DEFAULT_QUEUE, Settlement, WorkItem
+from trio_supervise.queues._ports import combines
 
 from .test_runner import Recorder, make_runner, running
 
@@ -249,7 +249,7 @@ def test_a_subclass_changing_a_half_is_not_combined() -> None:
         async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
             return await super().settle_many(settlements)
 
-    assert _combines(ts.MemoryQueue())
-    assert _combines(OneTripQueue())
-    assert not _combines(Faulty())
-    assert not _combines(object())
+    assert combines(type(ts.MemoryQueue()))
+    assert combines(type(OneTripQueue()))
+    assert not combines(type(Faulty()))
+    assert not combines(type(object()))

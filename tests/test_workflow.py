@@ -599,7 +599,7 @@ def test_an_outcome_s_settlement_is_a_frozen_settlement_like_any_other(outcome: 
     import copy
     import pickle
 
-    from trio_supervise._workflow import outcome_settlement
+    from trio_supervise.job import outcome_settlement
 
     item = WorkItem(
         id="i",

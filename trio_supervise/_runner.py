@@ -67,29 +67,33 @@ from ._workflow import (
     ContextT,
     DriverRegistry,
     RunnerSettings,
-    StopReason,
-    attempts_exhausted,
-    describe_error,
-    describe_failure,
     evaluate_item,
-    first_line,
     log_dead,
     log_failure,
     log_fields,
     open_context,
     raise_specific,
-    settlement_after,
-    settlement_before,
     write_retry_delay,
 )
-from .queues._protocol import (
+from .job import (
     DEFAULT_QUEUE,
     Lease,
     LeaseStatus,
     SettleKind,
     Settlement,
+    StopReason,
     WorkItem,
+    attempts_exhausted,
+    describe_error,
+    describe_failure,
+    first_line,
+    settlement_after,
+    settlement_before,
+)
+from .queues._ports import (
+    Capability,
     WorkQueue,
+    capabilities_of,
 )
 
 _S_PARENTLESS: Callable[[Settlement, bool], None] = Settlement._parentless.__set__  # type: ignore[attr-defined]
@@ -489,22 +493,6 @@ _Written = Callable[[_InFlight, Settlement, bool, Exception | None], float | Non
 
 It returns None when the item is accounted for, or (after a failed write) a delay in seconds
 after which the settler submits the same settlement again."""
-
-
-def _combines(queue: object) -> bool:
-    """True if *queue*'s ``settle_and_claim`` is as specific as its ``settle_many`` and
-    ``claim_due``: a subclass that changes either (a test double adding faults or latency, an
-    auditing wrapper) without saying how they combine keeps getting them called separately."""
-    mro = type(queue).__mro__
-
-    def owner(name: str) -> type | None:
-        return next((cls for cls in mro if name in vars(cls)), None)
-
-    combined = owner("settle_and_claim")
-    return combined is not None and all(
-        (other := owner(name)) is None or issubclass(combined, other)
-        for name in ("settle_many", "claim_due")
-    )
 
 
 @attrs.define(eq=False)
@@ -946,16 +934,18 @@ class WorkflowRunner(Generic[ContextT]):
     def _combined_writes(
         self, pool: _Pool, evaluate: _Evaluate
     ) -> Callable[[list[Settlement]], Awaitable[list[bool]]] | None:
-        """The settler's write when the queue runs its writes one at a time anyway
-        (``serial_writes``) and can settle and claim in one call (``settle_and_claim``; both
-        optional, see the protocol), and the runner serves one queue."""
-        combined = getattr(self._queue, "settle_and_claim", None)
+        """The settler's write when the queue runs its writes one at a time anyway and can
+        settle and claim in one call (its capabilities ``SERIAL_WRITES`` and
+        ``SETTLE_AND_CLAIM``), and the runner serves one queue."""
         limits = self._settings.queue_limits
-        serial = getattr(self._queue, "serial_writes", False) is True
-        if not serial or not callable(combined) or len(limits) != 1:
+        capabilities = capabilities_of(self._queue)
+        if (
+            Capability.SERIAL_WRITES not in capabilities
+            or Capability.SETTLE_AND_CLAIM not in capabilities
+            or len(limits) != 1
+        ):
             return None
-        if not _combines(self._queue):
-            return None
+        combined = self._queue.settle_and_claim  # type: ignore[attr-defined]
         [(queue, concurrency)] = limits.items()
         return functools.partial(
             self._write_and_claim, combined, pool, evaluate, queue, concurrency
@@ -1028,7 +1018,7 @@ class WorkflowRunner(Generic[ContextT]):
     async def _wait_for_work(self, spec_ids: list[str], queues: list[str]) -> None:
         # A queue whose wake-ups are exact (see the protocol) needs no polling: under an autojump
         # clock, polling would wake the runner every poll_interval of virtual time for nothing.
-        exact = getattr(self._queue, "exact_wakeups", False) is True
+        exact = Capability.EXACT_WAKEUPS in capabilities_of(self._queue)
         with trio.move_on_after(math.inf if exact else self._settings.poll_interval):
             with self._until_shutdown():
                 try:

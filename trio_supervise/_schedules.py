@@ -43,8 +43,7 @@ from cronsim import CronSim, CronSimError
 from ._clock import Clock, TrioClock, utc
 from ._errors import DuplicateItem, ItemNotFound, QueueUnavailable
 from ._policy import RestartPolicy
-from .queues import WorkQueue
-from .queues._protocol import (
+from .job import (
     MAX_NAME_LENGTH,
     JSONValue,
     NewItem,
@@ -52,6 +51,7 @@ from .queues._protocol import (
     shown_value,
     validate_spec_id,
 )
+from .queues import WorkQueue
 
 __all__ = ["MissedFires", "SCAN_LIMIT", "Schedule", "Scheduler", "check_schedules"]
 

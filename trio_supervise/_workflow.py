@@ -10,12 +10,8 @@ alive beside it, and writes each outcome back fenced by the lease version. The l
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import enum
 import inspect
 import logging
-import os
-import traceback
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar, overload
@@ -23,30 +19,40 @@ from typing import Any, Generic, Protocol, TypeAlias, TypeVar, overload
 import attrs
 import trio
 
-from ._clock import utc
-from ._convert import structure_config, unstructure
-from ._errors import ConfigError, DriverError, LeaseLost, QueueError, QueueFailed, SuperviseError
+from ._convert import structure_config
+from ._errors import ConfigError, DriverError, LeaseLost, QueueError, QueueFailed
 from ._policy import Jitter, RestartPolicy
-from .queues._protocol import (
+from .job import (
     DEFAULT_CONCURRENCY_LIMIT,
     DEFAULT_QUEUE,
-    MAX_DELAY,
-    JSONValue,
+    Continue,
+    Discard,
+    EvaluationTimedOut,
     LeaseStatus,
-    NewItem,
+    Outcome,
+    Reschedule,
     SettleKind,
     Settlement,
-    UnfrozenSettlement,
+    Stop,
+    StopReason,
     WorkItem,
-    WorkQueue,
-    check_child,
+    application_frames,
     check_concurrency,
-    check_json,
     check_priority,
     check_queue_name,
     check_timeout,
-    flat_json_copy,
+    dead_settlement,
+    describe_error,
+    describe_failure,
+    first_line,
+    outcome_settlement,
+    settlement_after,
+    settlement_before,
+    unbuilt_settlement,
     validate_spec_id,
+)
+from .queues._ports import (
+    WorkQueue,
 )
 
 __all__ = [
@@ -74,138 +80,6 @@ ConfigT = TypeVar("ConfigT")
 
 
 # -- outcomes ---------------------------------------------------------------------------------
-
-
-def _snooze(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"Continue delay must be a number of seconds, got {value!r}")
-    if not 0 <= value <= MAX_DELAY:
-        raise ValueError(f"Continue delay must be from 0 to {MAX_DELAY:g} seconds, got {value!r}")
-
-
-_NOT_CHILDREN = (str, bytes, NewItem)
-
-
-def _children(value: Sequence[NewItem]) -> tuple[NewItem, ...]:
-    """An outcome's ``children``: a sequence of :class:`NewItem` (not a string), as a tuple."""
-    if type(value) is tuple and not value:
-        return value  # the default, once per outcome
-    if isinstance(value, _NOT_CHILDREN):
-        raise TypeError(f"children must be a sequence of NewItem, got {value!r}")
-    children = tuple(value)
-    for index, child in enumerate(children):
-        if not isinstance(child, NewItem):
-            raise TypeError(f"children[{index}] must be a NewItem, got {child!r}")
-    return children
-
-
-@attrs.frozen
-class Continue:
-    """Evaluated; due again after *delay* seconds (default: the runner's ``requeue_delay``).
-
-    The config is kept, and the error count and attempts are cleared: a snooze is a successful
-    evaluation, never an error.
-
-    *children* (:class:`~trio_supervise.NewItem`) are created with this outcome, atomically and
-    only if the item's lease still holds. With *wait_for_children* the item is not due again
-    after a delay but when the last of those children finishes (completed, cancelled or dead),
-    or at once if none was created; *delay* must then be left out. See :doc:`/howto/fan-out`.
-    """
-
-    delay: float | None = attrs.field(default=None, validator=_snooze)
-    children: tuple[NewItem, ...] = attrs.field(default=(), converter=_children, kw_only=True)
-    wait_for_children: bool = attrs.field(
-        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
-    )
-
-    def __attrs_post_init__(self) -> None:
-        if self.wait_for_children and self.delay is not None:
-            raise ValueError(
-                "Continue delay cannot be given with wait_for_children: the item is due when "
-                "its last child finishes"
-            )
-
-
-class EvaluationTimedOut(SuperviseError):
-    """An evaluation ran past its timeout (the item's, else its driver's): an item error,
-    ``timed out after N s``, retried per the runner's policy."""
-
-
-class Discard(Exception):
-    """Raised by a driver to fail an item for good: it goes straight to ``dead`` with *reason*
-    (``last_error`` = ``discarded: <reason>``), never retried; ``items retry`` revives it."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-_DATETIME = dt.datetime
-_UTC = dt.UTC
-
-
-@attrs.frozen(init=False)
-class Reschedule:
-    """Evaluated; due again at *at* with *config*, both written in one fenced write.
-
-    *at* must be timezone-aware (a naive datetime raises :class:`ValueError`). *config* is a
-    JSON-compatible value or an instance of the driver's attrs ``config_type``, which is
-    unstructured back to JSON.
-    """
-
-    at: dt.datetime
-    """In UTC (converted)."""
-    config: Any
-    children: tuple[NewItem, ...] = ()
-    """Items created with this outcome, atomically (see :class:`Continue`); not waited for."""
-
-    def __init__(self, at: dt.datetime, config: Any, *, children: Sequence[NewItem] = ()) -> None:
-        # attrs' __init__ with the two converters, spelled out: one is built per evaluation of
-        # a scheduled item, and both converters leave the common values (a UTC datetime, no
-        # children) as they are (issue 17's P4).
-        _SET_AT(self, at if type(at) is _DATETIME and at.tzinfo is _UTC else utc(at))
-        _SET_RESCHEDULE_CONFIG(self, config)
-        _SET_RESCHEDULE_CHILDREN(
-            self, children if type(children) is tuple and not children else _children(children)
-        )
-
-
-@attrs.frozen(init=False)
-class Stop:
-    """Finished for good: the item is completed and never claimed again.
-
-    *result*, a JSON-compatible value or an attrs instance (unstructured by the shared
-    converter), is stored with the completed item (``WorkItem.result``).
-    """
-
-    result: Any = None
-    children: tuple[NewItem, ...] = ()
-    """Follow-up items created as this one completes, atomically (see :class:`Continue`)."""
-
-    def __init__(self, result: Any = None, *, children: Sequence[NewItem] = ()) -> None:
-        # As Reschedule's: one per completed evaluation.
-        _SET_RESULT(self, result)
-        _SET_STOP_CHILDREN(
-            self, children if type(children) is tuple and not children else _children(children)
-        )
-
-
-def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
-    setter: Callable[[Any, Any], None] = getattr(cls, name).__set__
-    return setter
-
-
-_SET_AT = _slot_setter(Reschedule, "at")
-_SET_RESCHEDULE_CONFIG = _slot_setter(Reschedule, "config")
-_SET_RESCHEDULE_CHILDREN = _slot_setter(Reschedule, "children")
-_SET_RESULT = _slot_setter(Stop, "result")
-_SET_STOP_CHILDREN = _slot_setter(Stop, "children")
-
-
-Outcome: TypeAlias = Continue | Reschedule | Stop
-"""What a driver's ``evaluate`` returns."""
 
 
 # -- drivers and the registry -----------------------------------------------------------------
@@ -671,55 +545,6 @@ class PassStats:
 # -- evaluation, shared by the due pass and the runner ----------------------------------------
 
 
-def describe_error(error: BaseException) -> str:
-    """One line for ``last_error``: our own errors by message, others with their type."""
-    text = str(error)
-    if isinstance(error, SuperviseError) and text:
-        return text
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-MAX_TRACEBACK_FRAMES = 8
-"""Frames of a driver's traceback kept with the item's error (the innermost ones)."""
-MAX_TRACEBACK_CHARS = 4000
-"""Characters of traceback kept with the item's error at most (the end of it)."""
-
-_LIBRARY_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def describe_failure(error: BaseException) -> str:
-    """What ``last_error`` keeps of an evaluation's *error*: :func:`describe_error`'s line, then
-    the traceback trimmed to the application's frames (the library's own left out, at most the
-    innermost ``MAX_TRACEBACK_FRAMES``, ``MAX_TRACEBACK_CHARS``), or the line alone when every
-    frame is the library's (a config that does not fit, no driver). The first line is always
-    :func:`describe_error`'s, so ``last_error.partition("\\n")[0]`` is the one-line summary."""
-    line = describe_error(error)
-    frames = _application_frames(error)
-    if not frames:
-        return line
-    kept = frames[-MAX_TRACEBACK_FRAMES:]
-    header = "Traceback (most recent call last; trio_supervise's frames left out"
-    header += f", {len(frames) - len(kept)} more above):" if len(kept) < len(frames) else "):"
-    text = "".join(traceback.format_list(kept)).rstrip("\n")
-    if len(text) > MAX_TRACEBACK_CHARS:
-        text = "  ...\n" + text[-MAX_TRACEBACK_CHARS:]
-    return f"{line}\n{header}\n{text}"
-
-
-def _application_frames(error: BaseException) -> list[traceback.FrameSummary]:
-    """*error*'s traceback frames outside the library (a driver's, an application's)."""
-    return [
-        frame
-        for frame in traceback.extract_tb(error.__traceback__)
-        if not os.path.abspath(frame.filename).startswith(_LIBRARY_DIR)
-    ]
-
-
-def first_line(error: str | None) -> str:
-    """The one-line summary of a stored error (see :func:`describe_failure`); "" for None."""
-    return "" if error is None else error.partition("\n")[0]
-
-
 def log_fields(worker: str, item: WorkItem | None = None, **more: object) -> dict[str, object]:
     """The ``extra`` of a runner's log record: ``worker``, the item's ``item_id``, ``spec_id``,
     ``lease_version`` and ``attempt``, then *more* (``backoff_s``, ``error``, or the item's
@@ -803,176 +628,6 @@ def prepare_item(driver: object, item: WorkItem) -> WorkItem:
 
 # The kinds a driver's outcome settles as, as module names: in Python 3.11 reading an enum member
 # off its class costs about 45 ns (issue 17).
-_CONTINUE = SettleKind.CONTINUE
-_RESCHEDULE = SettleKind.RESCHEDULE
-_COMPLETE = SettleKind.COMPLETE
-
-
-def outcome_settlement(
-    outcome: object, item: WorkItem, *, driver_name: str, requeue_delay: float
-) -> Settlement:
-    """The write-back for a driver's *outcome*, every part of it checked for storage here, once.
-
-    The driver has returned: its side effects have happened, so an outcome that cannot be
-    written (a result or rescheduled config no backend can store, an unfit child, a child id
-    past the limit, more children than an outcome may create, a value that is no outcome at
-    all) must never make the item run again. It settles the item ``dead`` at once, saying which
-    part could not be stored and why (``the complete outcome could not be stored: result for
-    spec 'x' is not JSON-compatible: ...``); ``items retry`` revives it once fixed."""
-    try:
-        return _outcome_settlement(outcome, item, driver_name, requeue_delay)
-    except (ValueError, TypeError, OverflowError, RecursionError) as error:
-        return unstorable_settlement(item, outcome, error)
-
-
-def unstorable_settlement(item: WorkItem, outcome: object, error: BaseException) -> Settlement:
-    """``dead``: *outcome* (a driver's) could not be stored, for *error*."""
-    if isinstance(error, _NotAnOutcome):
-        return _dead(item, str(error))
-    kind = _OUTCOME_KINDS.get(type(outcome))
-    plain = isinstance(error, ValueError | TypeError) and str(error)
-    return _dead(
-        item,
-        f"the {kind} outcome could not be stored: {error if plain else describe_error(error)}",
-    )
-
-
-def _outcome_settlement(
-    outcome: object, item: WorkItem, driver_name: str, requeue_delay: float
-) -> Settlement:
-    item_id, version = item.id, item.lease_version
-    # Reschedule first: a scheduled workflow's every step (issue 17's P4) is one.
-    if isinstance(outcome, Reschedule):
-        config = outcome.config
-        if type(config) is not dict and attrs.has(type(config)):
-            config = unstructure(config)
-        # The common flat config without check_json's message built per evaluation (the
-        # same result: flat_json_copy is check_json's own first step).
-        checked = flat_json_copy(config)
-        if checked is None:
-            checked = check_json(config, what=f"rescheduled config for spec '{item.spec_id}'")
-        config = checked
-        if not outcome.children:
-            # outcome.at is UTC already (Reschedule converts it).
-            return _plain_settlement(item_id, version, _RESCHEDULE, at=outcome.at, config=config)
-        return Settlement(
-            item_id=item_id,
-            lease_version=version,
-            kind=SettleKind.RESCHEDULE,
-            at=outcome.at,
-            config=config,
-            children=_checked_children(outcome.children, item),
-        )
-    if isinstance(outcome, Continue):
-        delay = requeue_delay if outcome.delay is None else outcome.delay
-        if outcome.wait_for_children:
-            delay = 0.0
-        if not outcome.children and not outcome.wait_for_children:
-            return _plain_settlement(item_id, version, _CONTINUE, delay=delay)
-        return Settlement(
-            item_id=item_id,
-            lease_version=version,
-            kind=SettleKind.CONTINUE,
-            delay=delay,
-            children=_checked_children(outcome.children, item),
-            wait_for_children=outcome.wait_for_children,
-        )
-    if isinstance(outcome, Stop):
-        result = outcome.result
-        if result is not None:
-            if attrs.has(type(result)):
-                result = unstructure(result)
-            result = check_json(result, what=f"result for spec '{item.spec_id}'")
-        if not outcome.children:
-            return _plain_settlement(item_id, version, _COMPLETE, result=result)
-        return Settlement(
-            item_id=item_id,
-            lease_version=version,
-            kind=SettleKind.COMPLETE,
-            result=result,
-            children=_checked_children(outcome.children, item),
-        )
-    raise _NotAnOutcome(
-        f"driver '{driver_name}' returned {outcome!r}, not Continue, Reschedule or Stop"
-    )
-
-
-class _NotAnOutcome(TypeError):
-    """A driver returned something that is no outcome (said as the error, without its type)."""
-
-
-_OUTCOME_KINDS: dict[type, SettleKind] = {
-    Continue: SettleKind.CONTINUE,
-    Reschedule: SettleKind.RESCHEDULE,
-    Stop: SettleKind.COMPLETE,
-}
-
-
-def _plain_settlement(
-    item_id: str,
-    version: int,
-    kind: SettleKind,
-    *,
-    delay: float = 0.0,
-    at: dt.datetime | None = None,
-    config: JSONValue = None,
-    result: JSONValue = None,
-) -> Settlement:
-    """``Settlement(...)`` for an outcome without children or error, its values checked
-    already (*at* in UTC, *config* and *result* :func:`check_json`'s own copies): the one
-    built per evaluation, without the converters and checks that have nothing to do here, and
-    marked so (``_checked``) that the queue does not check and copy *config* and *result*
-    again. A delay out of range goes the checked way, which refuses it."""
-    if not 0.0 <= delay <= MAX_DELAY:
-        return Settlement(item_id=item_id, lease_version=version, kind=kind, delay=delay)
-    # Built as its layout's twin without the frozen __setattr__, by plain stores (a slot's
-    # setter called as a function costs five times one), then made the Settlement it is
-    # (__class__ assignment between classes of one layout): 650 -> 340 ns (issue 17).
-    open_: Any = _new_settlement(UnfrozenSettlement)
-    open_.item_id = item_id
-    open_.lease_version = version
-    open_.kind = kind
-    open_.delay = delay
-    open_.at = at
-    open_.config = config
-    open_.result = result
-    open_.error = None
-    open_.children = ()
-    open_.wait_for_children = False
-    open_._checked = True
-    open_._parentless = False  # the runner marks it (Settlement._parentless)
-    open_.__class__ = Settlement
-    settlement: Settlement = open_  # typed without a call (typing.cast is one, at run time)
-    return settlement
-
-
-_new_settlement = object.__new__
-_S_PARENTLESS = _slot_setter(Settlement, "_parentless")
-
-
-def _check_plain_settlement() -> None:
-    # A field added to Settlement but not to _plain_settlement would be left unset: comparing
-    # reads every field, so that fails here, at import.
-    probe = Settlement(item_id="probe", lease_version=1, kind=SettleKind.COMPLETE)
-    plain = _plain_settlement("probe", 1, SettleKind.COMPLETE)
-    # The internal flags are not compared: each is read here, so an unset one fails too.
-    flags = (plain._checked, probe._checked, plain._parentless, probe._parentless)
-    if (
-        type(plain) is not Settlement or plain != probe or flags != (True, False, False, False)
-    ):  # pragma: no cover
-        raise RuntimeError("_plain_settlement does not set every Settlement field")
-
-
-_check_plain_settlement()
-
-
-def _checked_children(children: Sequence[NewItem], item: WorkItem) -> tuple[NewItem, ...]:
-    """An outcome's children checked as ``enqueue`` checks them (configs as JSON), so an unfit
-    one is an item error of the parent (``children[2] of spec 'order': config ...``)."""
-    return tuple(
-        check_child(child, what=f"children[{index}] of spec '{item.spec_id}'")
-        for index, child in enumerate(children)
-    )
 
 
 async def evaluate_item(
@@ -996,7 +651,7 @@ async def evaluate_item(
         try:
             prepared = prepare_item(driver, item)
         except ConfigError as error:
-            return _dead(item, str(error))
+            return dead_settlement(item, str(error))
     timeout = item.timeout if item.timeout is not None else getattr(driver, "timeout", None)
     # evaluate(context, item) or, for a typed driver, evaluate(context, item, config), called
     # here: a helper's call and coroutine frame would cost every evaluation (and be held by
@@ -1020,131 +675,11 @@ async def evaluate_item(
             if deadline.cancelled_caught:
                 raise EvaluationTimedOut(f"timed out after {timeout:g} s")
     except Discard as discard:
-        return _dead(item, f"discarded: {discard.reason}")
+        return dead_settlement(item, f"discarded: {discard.reason}")
     return outcome_settlement(outcome, item, driver_name=driver.name, requeue_delay=requeue_delay)
 
 
-def _dead(item: WorkItem, error: str) -> Settlement:
-    return Settlement(
-        item_id=item.id, lease_version=item.lease_version, kind=SettleKind.DEAD, error=error
-    )
-
-
-class StopReason(enum.IntEnum):
-    """Why an evaluation was stopped from outside; a higher value overrides a lower one."""
-
-    SHUTDOWN = 1
-    """Shutdown's grace period ran out (or the service stops at once)."""
-    RENEWAL_FAILED = 2
-    """Renewals kept failing and the lease would run out before the next one."""
-    CANCEL_REQUESTED = 3
-    """Someone asked for the item to be cancelled."""
-    LOST = 4
-    """The queue refused the lease: another worker may hold the item now."""
-
-
-def attempts_exhausted(item: WorkItem, settings: RunnerSettings) -> Settlement | None:
-    """A ``dead`` settlement if *item* was claimed more than ``max_attempts`` times, else None."""
-    limit = settings.max_attempts
-    if limit is None or item.attempt <= limit:
-        return None
-    return Settlement(
-        item_id=item.id,
-        lease_version=item.lease_version,
-        kind=SettleKind.DEAD,
-        error=f"exceeded max_attempts ({limit})",
-    )
-
-
 # -- the settlement rule: what an evaluation's end writes, for every executor ------------------
-
-
-def settlement_before(item: WorkItem, settings: RunnerSettings) -> Settlement | None:
-    """What to write for a claimed *item* without evaluating it, or None to evaluate it.
-
-    Claimed with ``cancel_requested`` set (its owner died before settling it): ``cancel``.
-    Claimed more than ``max_attempts`` times: ``dead`` (:func:`attempts_exhausted`).
-    """
-    if item.cancel_requested:
-        return Settlement(item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL)
-    return attempts_exhausted(item, settings)
-
-
-def settlement_after(
-    item: WorkItem,
-    outcome: Settlement | None,
-    error: str | None,
-    stopped: StopReason | None,
-    detail: str,
-    settings: RunnerSettings,
-    jitter: Jitter,
-) -> Settlement | None:
-    """The one rule for what an evaluation's end writes; None when nothing may be written.
-
-    *outcome* is the settlement of what the driver returned (:func:`evaluate_item`), None if
-    it returned nothing; *error* the failure's text when it raised; *stopped* why it was
-    stopped from outside, if it was (*detail* says more). In order:
-
-    - the lease was lost: nothing (a write would be refused; another worker may hold it);
-    - the driver returned an outcome: that outcome, whatever stopped the evaluation after it
-      returned (its side effects happened: running it again would do them twice);
-    - cancellation was requested: ``cancel``;
-    - shutdown stopped it: ``release`` (due again at once, the attempt taken back);
-    - renewals failed: the error ``lease renewal failed: <detail>``;
-    - otherwise (it raised, timed out, or was cancelled): :func:`failure_settlement`, ``retry``
-      after the backoff, or ``dead`` at ``max_errors``.
-    """
-    if stopped is None:
-        if error is None and outcome is not None:
-            return outcome
-    elif stopped is StopReason.LOST:
-        return None
-    elif error is None and outcome is not None:
-        return outcome
-    elif stopped is StopReason.CANCEL_REQUESTED:
-        return Settlement(item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL)
-    elif stopped is StopReason.SHUTDOWN:
-        return Settlement(
-            item_id=item.id, lease_version=item.lease_version, kind=SettleKind.RELEASE
-        )
-    else:
-        error = f"lease renewal failed: {detail}"
-    return failure_settlement(item, error or "evaluation was cancelled", settings, jitter)
-
-
-def failure_settlement(
-    item: WorkItem, error: str, settings: RunnerSettings, jitter: Jitter
-) -> Settlement:
-    """RETRY after the backoff for this error (or the fixed requeue delay), or DEAD at the bound."""
-    attempt = item.error_count + 1
-    if settings.max_errors is not None and attempt >= settings.max_errors:
-        return Settlement(
-            item_id=item.id, lease_version=item.lease_version, kind=SettleKind.DEAD, error=error
-        )
-    if settings.retry is None:
-        delay = settings.requeue_delay
-    else:
-        delay = settings.retry.backoff(attempt, key=item.id, jitter=jitter)
-    return Settlement(
-        item_id=item.id,
-        lease_version=item.lease_version,
-        kind=SettleKind.RETRY,
-        delay=delay,
-        error=error,
-    )
-
-
-def unbuilt_settlement(item: WorkItem, error: str, settings: RunnerSettings) -> Settlement:
-    """The drivers' context failed to build for a claim of *item*: not the item's fault. Its
-    lease is handed back (due after ``requeue_delay``, the attempt taken back) with *error*
-    recorded (the error count and history), and it never goes dead for it."""
-    return Settlement(
-        item_id=item.id,
-        lease_version=item.lease_version,
-        kind=SettleKind.RELEASE,
-        delay=settings.requeue_delay,
-        error=error,
-    )
 
 
 def raise_specific(group: BaseExceptionGroup[BaseException]) -> None:
@@ -1199,20 +734,21 @@ async def _write(
     refusal (the lease was lost), are logged.
     """
     item_id, version = settlement.item_id, settlement.lease_version
+    seed: Any = queue  # a store without the worker port has the seed's writes (SeedWrites)
 
     async def release() -> None:
-        await queue.release(item_id, version, settlement.delay)
+        await seed.release(item_id, version, settlement.delay)
 
     async def reschedule() -> None:
         assert settlement.at is not None
-        await queue.reschedule(item_id, version, settlement.at, settlement.config)
+        await seed.reschedule(item_id, version, settlement.at, settlement.config)
 
     async def complete() -> None:
-        await queue.complete(item_id, version)
+        await seed.complete(item_id, version)
 
     async def mark_error() -> None:
         assert settlement.error is not None
-        await queue.mark_error(item_id, version, settlement.error)
+        await seed.mark_error(item_id, version, settlement.error)
 
     async def settle() -> None:
         [applied] = await queue.settle_many([settlement])
@@ -1355,7 +891,7 @@ def log_failure(
     traceback when the application's code raised it (the stored error holds it trimmed); an
     error of the library's own making (a config that does not fit) is its message alone."""
     error = first_line(str(settlement.error))
-    if failure is not None and not _application_frames(failure):
+    if failure is not None and not application_frames(failure):
         failure = None
     log.warning(
         "item %r (spec %r) failed on attempt %d: %s; %s",
@@ -1438,6 +974,8 @@ async def _evaluate_claimed(
     """Evaluate every claimed item concurrently, each beside its lease renewal; write outcomes."""
     failed = 0
 
+    seed_queue: Any = queue
+
     async def run_one(item: WorkItem) -> None:
         nonlocal failed
         renewed_at = claimed_at
@@ -1469,7 +1007,7 @@ async def _evaluate_claimed(
             while True:
                 await trio.sleep(settings.renew_interval)
                 try:
-                    status = await queue.renew(
+                    status = await seed_queue.renew(
                         item.id, settings.worker_id, item.lease_version, settings.lease
                     )
                 except Exception as error:

@@ -119,7 +119,7 @@ class RunnerMarkedPostgresQueue(PostgresQueue):
 
     async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
         from trio_supervise import ItemNotFound
-        from trio_supervise._runner import _S_PARENTLESS
+        from trio_supervise.job import mark_parentless as _S_PARENTLESS
 
         for settlement in settlements:
             if not isinstance(settlement, Settlement):

@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from trio_supervise import ConfigError
+from trio_supervise.job import MAX_ID_LENGTH, check_child, child_item_id
 from trio_supervise.queues import (
     WAITING_DUE_AT,
     ItemState,
@@ -19,7 +20,6 @@ from trio_supervise.queues import (
     WorkItem,
     WorkQueue,
 )
-from trio_supervise.queues._protocol import MAX_ID_LENGTH, check_child, child_item_id
 
 from .conftest import START, ManualClock
 

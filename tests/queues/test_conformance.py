@@ -20,6 +20,12 @@ from trio_supervise import (
     ItemStateError,
     LeaseLost,
 )
+from trio_supervise.job import (
+    MAX_ID_LENGTH,
+    MAX_JSON_DEPTH,
+    MAX_NAME_LENGTH,
+    storable_text,
+)
 from trio_supervise.queues import (
     MAX_ERRORS,
     ErrorEntry,
@@ -31,12 +37,6 @@ from trio_supervise.queues import (
     Settlement,
     WorkItem,
     WorkQueue,
-)
-from trio_supervise.queues._protocol import (
-    MAX_ID_LENGTH,
-    MAX_JSON_DEPTH,
-    MAX_NAME_LENGTH,
-    storable_text,
 )
 
 from .conftest import START, ManualClock
@@ -260,7 +260,7 @@ async def test_a_runner_s_settlement_is_stored_as_is_and_a_changed_copy_checked_
     result) is checked like any hand-built one: an unstorable value makes that entry dead,
     saying why, and the batch goes on."""
     from trio_supervise import Reschedule, Stop
-    from trio_supervise._workflow import outcome_settlement
+    from trio_supervise.job import outcome_settlement
 
     for item_id in ("kept", "done", "bad-config", "bad-result"):
         await queue.enqueue("spec", item_id=item_id, config={"n": 0})

@@ -18,6 +18,7 @@ import pytest
 import trio
 
 import trio_supervise as ts
+from trio_supervise.job import MAX_CHILDREN
 from trio_supervise.queues import (
     MAX_ID_LENGTH,
     ItemState,
@@ -25,7 +26,6 @@ from trio_supervise.queues import (
     WorkItem,
     WorkQueue,
 )
-from trio_supervise.queues._protocol import MAX_CHILDREN
 
 from ..test_fan_in import Parent
 from .conftest import START, ManualClock

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from trio_supervise import ItemState, LeaseLost, MemoryQueue, Reschedule, Stop
-from trio_supervise._workflow import outcome_settlement
+from trio_supervise.job import outcome_settlement
 from trio_supervise.queues import (
     Lease,
     NewItem,

@@ -156,7 +156,7 @@ async def test_a_settlement_making_work_due_wakes_a_waiter_in_another_queue(
     slot for an item it blocked, each wake wait_for_work on another connection; both when the
     batch is a runner's of items without a parent (one statement sending its own NOTIFY) and
     when it is written the general way (in a transaction)."""
-    from trio_supervise._runner import _S_PARENTLESS
+    from trio_supervise.job import mark_parentless as _S_PARENTLESS
 
     with pg_schema() as (dsn, schema):
         clock = ManualClock()
@@ -202,7 +202,7 @@ async def test_a_runner_s_batch_of_parentless_items_is_one_statement() -> None:
     child's settlement, whose parent's fan-in must commit with it, or a settlement not marked
     by a runner) is written the general way, in one transaction: the fan-in done, the plain
     item settled too."""
-    from trio_supervise._runner import _S_PARENTLESS
+    from trio_supervise.job import mark_parentless as _S_PARENTLESS
 
     with pg_schema() as (dsn, schema):
         async with await PostgresQueue.connect(
@@ -417,9 +417,9 @@ async def test_an_enqueue_s_notification_is_written_as_the_payload_function_writ
 
     A spec id within MAX_NAME_LENGTH never makes the pair that long; the statement keeps the
     fallback so that no payload can fail an insert, and this test lifts the limit to reach it."""
-    from trio_supervise.queues import _protocol
+    from trio_supervise.job import _checks
 
-    monkeypatch.setattr(_protocol, "MAX_NAME_LENGTH", 10_000)
+    monkeypatch.setattr(_checks, "MAX_NAME_LENGTH", 10_000)
     pair = len(_due_payload("q", ""))  # the pair's bytes around a spec id of plain ASCII
     cases = [
         ("default", "noop"),
@@ -962,7 +962,7 @@ async def test_a_row_the_database_refuses_goes_dead_alone(parentless: bool) -> N
     """A batch failing on one row's data is split: that row goes dead, saying why; whether it
     was a runner's batch of items without a parent (the one statement, which then falls back)
     or written the general way."""
-    from trio_supervise._runner import _S_PARENTLESS
+    from trio_supervise.job import mark_parentless as _S_PARENTLESS
 
     with pg_schema() as (dsn, schema):
         async with await PostgresQueue.connect(

@@ -32,6 +32,7 @@ from hypothesis.stateful import (
 )
 
 from trio_supervise import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
+from trio_supervise.job import child_item_id
 from trio_supervise.queues import (
     MAX_ERRORS,
     WAITING_DUE_AT,
@@ -48,7 +49,6 @@ from trio_supervise.queues import (
     WorkItem,
     WorkQueue,
 )
-from trio_supervise.queues._protocol import child_item_id
 
 from .conftest import BACKENDS, START, ManualClock, pg_schema
 

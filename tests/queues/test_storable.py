@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_supervise import ConfigError
-from trio_supervise.queues._protocol import (
+from trio_supervise.job import (
     MAX_JSON_DEPTH,
     JSONValue,
     check_json,

@@ -22,9 +22,7 @@ from typing import Any, TextIO
 from .._convert import nested_too_deeply, nesting_exceeds
 from .._errors import ConfigError, DuplicateItem
 from .._settings import MAX_COUNT
-from .._workflow import first_line
-from ..queues import Enqueued, ItemState, NewItem, WorkItem, WorkQueue
-from ..queues._protocol import (
+from ..job import (
     DEFAULT_QUEUE,
     MAX_CONCURRENCY_LIMIT,
     MAX_DELAY,
@@ -33,7 +31,9 @@ from ..queues._protocol import (
     check_concurrency,
     check_entries,
     check_priority,
+    first_line,
 )
+from ..queues import Enqueued, ItemState, NewItem, WorkItem, WorkQueue
 from . import _items_edit
 from ._common import (
     AS_JSON,

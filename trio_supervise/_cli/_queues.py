@@ -12,8 +12,11 @@ import json
 import sys
 from typing import Any
 
+from ..job import (
+    ItemState,
+    QueueInfo,
+)
 from ..queues import WorkQueue
-from ..queues._protocol import ItemState, QueueInfo
 from ._common import AS_JSON, DATABASE, EXIT_OK, Subparsers, printable, stamp, table, with_queue
 
 __all__ = ["register"]

@@ -16,7 +16,9 @@ from contextlib import asynccontextmanager
 
 from .._clock import Clock
 from ._memory import MemoryQueue
-from ._protocol import WorkQueue
+from ._ports import (
+    WorkQueue,
+)
 from ._sql import redact_dsn
 
 __all__ = ["DEFAULT_DATABASE_URL", "migrate", "open_queue", "parse_queue_url"]

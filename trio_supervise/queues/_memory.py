@@ -41,7 +41,7 @@ import trio_util
 
 from .._clock import Clock, TrioClock, utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
-from ._protocol import (
+from ..job import (
     DEFAULT_QUEUE,
     SCOPE_PERIOD,
     SCOPE_UNFINISHED,
@@ -56,9 +56,7 @@ from ._protocol import (
     QueueInfo,
     SettleKind,
     Settlement,
-    SingleWrites,
     UnfrozenItem,
-    UniqueScope,
     WorkItem,
     append_error,
     check_child,
@@ -68,15 +66,16 @@ from ._protocol import (
     check_name,
     check_prune,
     check_queue_name,
-    copy_json,
+    copy_item,
     created_item,
     new_item_ids,
     plan_batch,
     repeated_id,
-    replace_trusted,
+    replace_item,
     storable_text,
     unstorable_outcome,
 )
+from ._ports import Capability, EnqueueFront, SingleWrites, declared
 
 __all__ = ["MemoryQueue", "QueueEvent"]
 
@@ -430,56 +429,8 @@ _set = object.__setattr__
 _new_object = object.__new__
 
 
-def _copier() -> Callable[[WorkItem], WorkItem]:
-    """Build ``_copy``: every :class:`WorkItem` field read and stored into an :class:`UnfrozenItem`,
-    which then becomes a :class:`WorkItem`.
-
-    Generated from ``attrs.fields``, so a field added to ``WorkItem`` is copied too (and
-    :func:`_check_copy` checks, at import, that every field is, and that the copy is a
-    ``WorkItem``).
-    """
-    names = [field.name for field in attrs.fields(WorkItem)]
-    # The JSON fields are the stored item's own dicts and lists: each copy gets its own, so a
-    # driver or caller changing them in place changes nothing stored (every other field is
-    # immutable: strings, numbers, datetimes, the error history's tuple of frozen entries).
-    json_fields = {"config", "result"}
-    lines = [
-        "def _copy(item, _new=_new, _open=_open, _cls=_cls, _json=_json):",
-        "    new = _new(_open)",
-        *(
-            # A result is None until the item completes: no copy_json call for it.
-            f"    new.{name} = None if (value := item.{name}) is None else _json(value)"
-            if name in json_fields
-            else f"    new.{name} = item.{name}"
-            for name in names
-        ),
-        "    new.__class__ = _cls",
-        "    return new",
-    ]
-    namespace: dict[str, Any] = {
-        "_new": _new_object,
-        "_open": UnfrozenItem,
-        "_cls": WorkItem,
-        "_json": copy_json,
-    }
-    exec("\n".join(lines), namespace)
-    copy: Callable[[WorkItem], WorkItem] = namespace["_copy"]
-    copy.__doc__ = "A copy of *item* (one per claimed item; see :func:`_copier`)."
-    return copy
-
-
-_copy = _copier()
-
-
-def _check_copy() -> None:
-    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    probe = WorkItem(id="probe", spec_id="probe", due_at=epoch, created_at=epoch, updated_at=epoch)
-    copied = _copy(probe)
-    if copied != probe or copied is probe or type(copied) is not WorkItem:  # pragma: no cover
-        raise RuntimeError("_copy does not copy every WorkItem field")
-
-
-_check_copy()
+_copy = copy_item
+"""A copy of a stored item for a caller (one per claimed item): generated from WorkItem's fields."""
 
 
 def _own(item: WorkItem) -> WorkItem:
@@ -541,7 +492,7 @@ _NO_TRANSACTIONS = (
 
 
 @attrs.define(eq=False)
-class MemoryQueue(SingleWrites):
+class MemoryQueue(EnqueueFront, SingleWrites):
     """The whole :class:`WorkQueue` protocol in memory; inspectable and resettable.
 
     :ivar events: every write in order (``claim``, ``renew``, ``settle:<kind>``, ...), including
@@ -600,8 +551,19 @@ class MemoryQueue(SingleWrites):
         return self._clock
 
     serial_writes: ClassVar[bool] = True
-    """Every call runs in this process, one at a time: a runner settles and claims in one
-    :meth:`settle_and_claim` (see the protocol's module doc)."""
+    """Every call runs in this process, one at a time: a claim beside a write gains nothing."""
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """``SETTLE_AND_CLAIM``; ``SERIAL_WRITES`` while :attr:`serial_writes` (a runner then
+        settles and claims in one :meth:`settle_and_claim`); ``EXACT_WAKEUPS`` while
+        :attr:`exact_wakeups`."""
+        found = {Capability.SETTLE_AND_CLAIM}
+        if self.serial_writes:
+            found.add(Capability.SERIAL_WRITES)
+        if self.exact_wakeups:
+            found.add(Capability.EXACT_WAKEUPS)
+        return declared(type(self), frozenset(found))
 
     @property
     def exact_wakeups(self) -> bool:
@@ -609,7 +571,7 @@ class MemoryQueue(SingleWrites):
 
         Every write happens in this process and wakes the waiters; due times are reached on
         Trio's clock. With another clock (say one a test moves by hand), due times can arrive
-        without Trio noticing, so a runner keeps polling. See the protocol's module doc.
+        without Trio noticing, so a runner keeps polling.
         """
         return isinstance(self._clock, TrioClock)
 
@@ -982,41 +944,6 @@ class MemoryQueue(SingleWrites):
             _NO_TRANSACTIONS.format(method="enqueue_many_on", async_="enqueue_many")
         )
 
-    async def enqueue(
-        self,
-        spec_id: str,
-        *,
-        config: JSONValue = None,
-        tenant_id: str = "",
-        subject_id: str = "",
-        due_at: dt.datetime | None = None,
-        item_id: str | None = None,
-        idempotency_key: str | None = None,
-        priority: int = 0,
-        queue: str = DEFAULT_QUEUE,
-        evaluation_timeout: float | None = None,
-        unique: UniqueScope = "forever",
-        concurrency_key: str | None = None,
-        concurrency_limit: int | None = None,
-    ) -> WorkItem:
-        entry = NewItem(
-            spec_id=spec_id,
-            config=config,
-            tenant_id=tenant_id,
-            subject_id=subject_id,
-            due_at=due_at,
-            item_id=item_id,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            queue=queue,
-            evaluation_timeout=evaluation_timeout,
-            unique=unique,
-            concurrency_key=concurrency_key,
-            concurrency_limit=concurrency_limit,
-        )
-        [done] = await self.enqueue_many([entry])
-        return done.item
-
     def _holder(self, key: str, now: dt.datetime) -> WorkItem | None:
         """The item holding *key*, unless its scope has lapsed (then the key is free)."""
         holder_id = self._keys.get(key)
@@ -1090,7 +1017,7 @@ class MemoryQueue(SingleWrites):
         if child.item_id in self._items or (key is not None and self._holder(key, now)):
             return None
         item = _own(
-            replace_trusted(created_item(child, child.item_id or "", now), parent_id=parent_id)
+            replace_item(created_item(child, child.item_id or "", now), parent_id=parent_id)
         )
         if key is not None:
             if key in self._keys:

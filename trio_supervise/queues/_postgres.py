@@ -57,9 +57,17 @@ import trio_util
 
 from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
+from ..job import (
+    MAX_ERRORS,
+    ItemState,
+    JSONValue,
+    Lease,
+    UnfrozenItem,
+    WorkItem,
+)
 from . import _sql
 from ._outbox import psycopg_savepoint
-from ._protocol import MAX_ERRORS, ItemState, JSONValue, Lease, UnfrozenItem, WorkItem
+from ._ports import Capability, declared
 from ._sql import redact_dsn, scrub_dsn
 from ._sqlbase import (
     NEW_ROW_COLUMNS,
@@ -671,11 +679,14 @@ class PostgresQueue(SQLQueue):
     # -- the dialect (see _sqlbase) ------------------------------------------------------
 
     _queries: ClassVar[Mapping[str, str]] = _Q
-    serial_writes: ClassVar[bool] = False
-    """Calls run on a pool of connections, so a runner's claim runs beside its write, on
-    another connection, in parallel (measured faster on a loaded two-core machine than one
-    :meth:`settle_and_claim` per batch, which still saves a commit and a thread hop; set it
-    True on an instance to have the runner combine them)."""
+    _declared: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.SETTLE_AND_CLAIM, Capability.TRANSACTIONAL_ENQUEUE}
+    )
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this store does beyond its ports (see :class:`Capability`)."""
+        return declared(type(self), self._declared)
 
     def _clock_now(self) -> dt.datetime:
         return self._clock.now()

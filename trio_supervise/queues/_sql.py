@@ -26,7 +26,9 @@ from typing import Any, Literal
 import attrs
 
 from .._errors import ItemNotFound, SchemaError
-from ._protocol import ItemState
+from ..job import (
+    ItemState,
+)
 
 __all__ = [
     "Backend",

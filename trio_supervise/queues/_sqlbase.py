@@ -41,15 +41,16 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 import attrs
 import trio
+from typing_extensions import Unpack
 
 from .._clock import utc
 from .._errors import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost, QueueError
-from . import _sql
-from ._protocol import (
+from ..job import (
     DEFAULT_QUEUE,
     MAX_ERRORS,
     WAITING_DUE_AT,
     Enqueued,
+    EnqueueOptions,
     ErrorEntry,
     ItemState,
     JSONValue,
@@ -59,8 +60,6 @@ from ._protocol import (
     QueueInfo,
     SettleKind,
     Settlement,
-    SingleWrites,
-    UniqueScope,
     WorkItem,
     check_child,
     check_config,
@@ -77,6 +76,8 @@ from ._protocol import (
     storable_text,
     unstorable_outcome,
 )
+from . import _sql
+from ._ports import EnqueueFront, SingleWrites, entry_signature
 
 __all__ = [
     "NEW_ROW_COLUMNS",
@@ -211,7 +212,7 @@ _MAX_KEY_ROUNDS = 5
 needs another transaction to take or release the key in between)."""
 
 
-class SQLQueue(SingleWrites):
+class SQLQueue(EnqueueFront, SingleWrites):
     """The :class:`WorkQueue` protocol over a SQL dialect; see the module doc for the hooks."""
 
     _queries: ClassVar[Mapping[str, str]]
@@ -379,41 +380,6 @@ class SQLQueue(SingleWrites):
         return f"item is {row['state']} at version {row['lease_version']}"
 
     # -- producing and inspecting ------------------------------------------------------------
-
-    async def enqueue(
-        self,
-        spec_id: str,
-        *,
-        config: JSONValue = None,
-        tenant_id: str = "",
-        subject_id: str = "",
-        due_at: dt.datetime | None = None,
-        item_id: str | None = None,
-        idempotency_key: str | None = None,
-        priority: int = 0,
-        queue: str = DEFAULT_QUEUE,
-        evaluation_timeout: float | None = None,
-        unique: UniqueScope = "forever",
-        concurrency_key: str | None = None,
-        concurrency_limit: int | None = None,
-    ) -> WorkItem:
-        entry = NewItem(
-            spec_id=spec_id,
-            config=config,
-            tenant_id=tenant_id,
-            subject_id=subject_id,
-            due_at=due_at,
-            item_id=item_id,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            queue=queue,
-            evaluation_timeout=evaluation_timeout,
-            unique=unique,
-            concurrency_key=concurrency_key,
-            concurrency_limit=concurrency_limit,
-        )
-        [done] = await self.enqueue_many([entry])
-        return done.item
 
     async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
         batch = self._prepare(entries)
@@ -671,24 +637,8 @@ class SQLQueue(SingleWrites):
         body, with the queue's row factory and schema (see ``_outbox.py``)."""
         raise NotImplementedError  # pragma: no cover
 
-    def enqueue_on(
-        self,
-        conn: Any,
-        spec_id: str,
-        *,
-        config: JSONValue = None,
-        tenant_id: str = "",
-        subject_id: str = "",
-        due_at: dt.datetime | None = None,
-        item_id: str | None = None,
-        idempotency_key: str | None = None,
-        priority: int = 0,
-        queue: str = DEFAULT_QUEUE,
-        evaluation_timeout: float | None = None,
-        unique: UniqueScope = "forever",
-        concurrency_key: str | None = None,
-        concurrency_limit: int | None = None,
-    ) -> WorkItem:
+    @entry_signature
+    def enqueue_on(self, conn: Any, spec_id: str, **options: Unpack[EnqueueOptions]) -> WorkItem:
         """Enqueue on the application's own open transaction on *conn*; blocking (from Trio,
         call it in a thread: ``await trio.to_thread.run_sync(...)``).
 
@@ -704,21 +654,7 @@ class SQLQueue(SingleWrites):
             ``psycopg.Connection`` to the queue's database, with a transaction open or about
             to open (see the Queues guide, "Enqueue in your own transaction").
         """
-        entry = NewItem(
-            spec_id=spec_id,
-            config=config,
-            tenant_id=tenant_id,
-            subject_id=subject_id,
-            due_at=due_at,
-            item_id=item_id,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            queue=queue,
-            evaluation_timeout=evaluation_timeout,
-            unique=unique,
-            concurrency_key=concurrency_key,
-            concurrency_limit=concurrency_limit,
-        )
+        entry = NewItem(spec_id=spec_id, **options)
         [done] = self.enqueue_many_on(conn, [entry])
         return done.item
 

@@ -51,9 +51,15 @@ import trio_util
 
 from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
+from ..job import (
+    MAX_ERRORS,
+    ItemState,
+    Lease,
+    WorkItem,
+)
 from . import _sql
 from ._outbox import sqlite_savepoint
-from ._protocol import MAX_ERRORS, ItemState, Lease, WorkItem
+from ._ports import Capability, declared
 from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue
 from ._sqlbase import stored_config as _config
 from ._sqlbase import stored_errors as _errors
@@ -418,9 +424,14 @@ def _identity(path: str) -> tuple[int, int] | None:
 class SQLiteQueue(SQLQueue):
     """The :class:`WorkQueue` protocol on one SQLite file. Open it with :meth:`connect`."""
 
-    serial_writes: ClassVar[bool] = True
-    """One writer connection: a claim beside a write would wait for it anyway, so a runner
-    settles and claims in one :meth:`settle_and_claim` (one ``BEGIN IMMEDIATE``)."""
+    _declared: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.SETTLE_AND_CLAIM, Capability.SERIAL_WRITES, Capability.TRANSACTIONAL_ENQUEUE}
+    )
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this store does beyond its ports (see :class:`Capability`)."""
+        return declared(type(self), self._declared)
 
     _path: str = attrs.field(alias="path")
     _conn: sqlite3.Connection = attrs.field(alias="conn")
