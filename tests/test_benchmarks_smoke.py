@@ -246,6 +246,7 @@ def test_the_r9_audit_counts_each_item_once_and_says_why_one_ran_again() -> None
     assert figures["problems"] == {"old": {why: 1}, "new": {}}
     assert figures["children_wrong"] == 1  # p has two children, its plan says one
     assert figures["finished_by"] == {"setup": 1, "new": 4, "old": 1, "nobody": 2}
+    assert figures["fanned_out_then_in_by"] == {"old->new": 1}
     assert figures["old_settled_after_migration"] == {"complete": 1}
     assert figures["old_in_flight_at_migration"] == 1  # b: begun at 10.0, settled at 11.1
     assert figures["key_most_running"] == 2  # b (10.0-11.0) and c (10.5-11.5) overlap

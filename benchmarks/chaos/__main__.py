@@ -134,9 +134,10 @@ def _print_scenarios(report: dict[str, Any]) -> None:
 
 R9_FIGURES = (
     "items lost wrong_state completed_twice finished_twice effects_twice evaluated_twice "
-    "children_created children_wrong key_most_running key_limit finished_by evaluations "
+    "children_created children_wrong fanned_out_then_in_by key_most_running key_limit "
+    "finished_by evaluations "
     "schema_versions migration_seconds old_in_flight_at_migration old_settled_after_migration "
-    "seconds"
+    "versions_ahead_of_counter seconds"
 )
 """The figures printed per R9 run, in order, as ``name value`` (all are in the JSON)."""
 

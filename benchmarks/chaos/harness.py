@@ -94,9 +94,13 @@ class Store:
         that changes neither (``request_cancel`` on a completed item) is not counted."""
         raise NotImplementedError
 
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        """The rows *sql* reads (plain SQL both backends understand)."""
+        raise NotImplementedError
+
     def parents(self) -> dict[str, str]:
         """Every child item's parent, by the child's id (the ``parent_id`` column)."""
-        raise NotImplementedError
+        return dict(self.query(_PARENTS))
 
 
 _AUDIT_SQLITE = """
@@ -229,8 +233,8 @@ class SQLiteStore(Store):
         rows = self._conn.execute("SELECT id, state FROM chaos_finish").fetchall()
         return collections.Counter((row[0], row[1]) for row in rows)
 
-    def parents(self) -> dict[str, str]:
-        return dict(self._conn.execute(_PARENTS).fetchall())
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        return list(self._conn.execute(sql).fetchall())
 
     def add_history(self, count: int) -> None:
         now_us = int(time.time() * 1_000_000)
@@ -371,8 +375,8 @@ class PostgresStore(Store):
         rows = self._query("SELECT id, state FROM chaos_finish")
         return collections.Counter((row[0], row[1]) for row in rows)
 
-    def parents(self) -> dict[str, str]:
-        return dict(self._query(_PARENTS))
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        return self._query(sql)
 
     def terminate_workers(self) -> int:
         """``pg_terminate_backend`` on every connection of this run's workers; how many."""

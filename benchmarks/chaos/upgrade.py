@@ -235,9 +235,13 @@ def audit(
                 "why": why or ["nothing refused, lost or failed was logged"],
             }
     children_wrong = []
+    crossings: collections.Counter[str] = collections.Counter()
     for parent, entry in plan.items():
         if entry["kind"] != "parent":
             continue
+        out = "+".join(name for name, g in logs.items() if g.fanouts[parent]) or "setup"
+        back = "+".join(name for name, g in logs.items() if g.completions[parent]) or "nobody"
+        crossings[f"{out}->{back}"] += 1
         kids = sum(1 for p in parents.values() if p == parent)
         fanouts = sum(g.fanouts[parent] for g in gens)
         fanin = next((g.fanins[parent] for g in gens if parent in g.fanins), None)
@@ -285,6 +289,7 @@ def audit(
         "children_wrong": len(children_wrong),
         "children_wrong_items": children_wrong[:10],
         "finished_by": dict(finished_by),
+        "fanned_out_then_in_by": dict(crossings),
         "evaluations": {name: sum(g.starts.values()) for name, g in logs.items()},
         "old_in_flight_at_migration": in_flight,
         "old_settled_after_migration": dict(after),
@@ -296,6 +301,28 @@ def audit(
 
 
 # -- one run ---------------------------------------------------------------------------------------
+
+
+_NEXT_VERSION = {
+    "sqlite": "SELECT next_version FROM trio_supervise_counters",
+    "postgres": "SELECT last_value + CASE WHEN is_called THEN 1 ELSE 0 END "
+    "FROM trio_supervise_lease_versions",
+}
+"""The next lease version this release's claims draw (schema 0005 / 0008)."""
+
+
+def versions_ahead(store: Store) -> dict[str, int] | None:
+    """How many items hold a lease version that this release's counter has yet to hand out
+    (it may hand it to a new incarnation of their id), and the counter's next value; None
+    before the migration."""
+    try:
+        [(next_version,)] = store.query(_NEXT_VERSION[store.name])
+    except Exception:
+        return None
+    [(ahead,)] = store.query(
+        f"SELECT count(*) FROM trio_supervise_items WHERE lease_version >= {int(next_version)}"
+    )
+    return {"items": int(ahead), "next_version": int(next_version)}
 
 
 def _last_error(stderr: Path) -> str:
@@ -399,12 +426,15 @@ def run_r9(
             fleet.stop()
     read()
     figures = audit(plan, store.item_states(), store.parents(), store.finishes(), logs, migration)
+    ahead = versions_ahead(store)
     late_log = fleets["old"].directory_logs
     code = watch.exits.get(("old", 2))
     message = _last_error(late_log / f"{LATE}.stderr")
     figures.update(
         {
             "schema_versions": [before, after],
+            "versions_ahead_of_counter": None if ahead is None else ahead["items"],
+            "next_version": None if ahead is None else ahead["next_version"],
             "migration_seconds": round(migration_seconds, 3),
             "migration_error": migration_error,
             "late_old_worker": {
@@ -513,7 +543,7 @@ def goals(report: dict[str, Any]) -> list[str]:
                     f"{where}: {generation} workers imported {figures['libraries'].get(generation)}"
                     f" (want {want})"
                 )
-        for key in ("migration_error", "timed_out"):
+        for key in ("versions_ahead_of_counter", "migration_error", "timed_out"):
             if figures[key]:
                 missed.append(f"{where}: {key} = {figures[key]}")
         missed += [f"{where}: {text}" for text in figures["unexpected_exits"]]
