@@ -15,10 +15,10 @@ counts of the first kind):
 - ``expired``: claimed by a worker that then "died": running under a lease that expires 1 s
   later, rescued by the fleet.
 - ``completed``, ``cancelled``, ``dead``: finished already; never evaluated again.
-- ``waiting``: parents whose evaluation has fanned out (children due in 2-8 s, group
+- ``waiting``: parents whose evaluation has fanned out (children due in 2-4 s, group
   ``waiting-child``) and that wait for them; evaluated once more to fan in.
 - ``parent``: parents that fan out two children when evaluated, then fan in (three in five
-  due now, the rest in 4-10 s).
+  due now, the rest over 7.6-9.7 s).
 - ``reschedule``: reschedule themselves three times, 0.6 s apart, then complete.
 - ``flaky``: fail their first evaluation, complete the second.
 - ``idempotent``: enqueued with an idempotency key (twice: the second enqueue writes nothing);
