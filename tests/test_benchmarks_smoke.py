@@ -144,9 +144,9 @@ def test_the_chaos_command_line_selects_parts_by_comma_separated_names() -> None
 
     assert chaos_main._parts("R6,r7") == {"r6", "r7"}
     assert chaos_main._parts("r1, R8") == {"r1-sqlite", "r1-postgres", "r8"}
-    assert chaos_main._parts("R10,r11, R12") == {"r10", "r11", "r12"}
+    assert chaos_main._parts("R9,R10,r11, R12") == {"r9", "r10", "r11", "r12"}
     with pytest.raises(SystemExit) as exit_info:
-        chaos_main.main(["--only", "R6,R9"])
+        chaos_main.main(["--only", "R6,R13"])
     assert exit_info.value.code == 2
 
 
@@ -180,6 +180,91 @@ def test_the_r10_audit_tells_a_start_while_paused_from_a_claim_in_flight() -> No
     assert timeline.leases_lost == 1
     assert timeline.longest_renewal_gap() == pytest.approx(2.2)
     assert timeline.calls == [("enqueue", 12.5, "ok", 20.0)]
+
+
+def test_the_r9_audit_counts_each_item_once_and_says_why_one_ran_again() -> None:
+    """R9 reads both generations' logs beside the database: a second accepted completion, a
+    side effect done twice, an evaluation beyond the plan (with the errors logged for it), a
+    parent with a child too many, an unfinished item, who finished what, the old workers'
+    settlements after the migration and the most items of the limited key at once."""
+    import collections
+
+    from benchmarks.chaos.upgrade import UpgradeLog, audit
+
+    plan = {
+        "done": {"group": "completed", "kind": "complete", "expect": "completed", "starts": 0},
+        "a": {"group": "now", "kind": "complete", "expect": "completed", "starts": 1},
+        "b": {"group": "limited", "kind": "complete", "expect": "completed", "starts": 1},
+        "c": {"group": "limited", "kind": "complete", "expect": "completed", "starts": 1},
+        "p": {"group": "parent", "kind": "parent", "expect": "completed", "starts": 2, "fanout": 1},
+        "q": {"group": "later", "kind": "complete", "expect": "completed", "starts": 1},
+    }
+    states = {"done": "completed", "a": "completed", "b": "completed", "c": "completed"}
+    states |= {"p": "completed", "p.2.0": "completed", "p.2.1": "completed", "q": "queued"}
+    parents = {"p.2.0": "p", "p.2.1": "p"}
+    finishes = collections.Counter({("done", "completed"): 1, ("a", "completed"): 2})
+    finishes |= {(item, "completed"): 1 for item in ("b", "c", "p", "p.2.0", "p.2.1")}
+    old, new = UpgradeLog(), UpgradeLog()
+    for line in (
+        "library\t-\t-\t/tmp/old/trio_supervise\t1.0",
+        "start\ta\t1\t9.0\t9.0",
+        "outcome\ta\t1\tretry: PostgreSQL queue at postgresql://h/db?x=y: cached plan\t9.5",
+        "settled\ta\t1\tretry\t9.6",
+        "start\tb\t1\t10.0\t10.0",
+        "end\tb\t1\t11.0\t11.0",
+        "settled\tb\t1\tcomplete\t11.1",  # after the migration (10.2 - 10.4)
+        "start\tp\t2\t9.1\t9.1",
+        "fanout\tp\t2\t2\t9.2",
+        "settled\tp\t2\tcontinue\t9.3",
+        "start\tq\t1",  # cut short by SIGKILL
+    ):
+        old.feed("w0.0", line)
+    for line in (
+        "start\ta\t2\t12.0\t12.0",
+        "end\ta\t2\t12.5\t12.5",
+        "settled\ta\t2\tcomplete\t12.6",
+        "start\tc\t1\t10.5\t10.5",
+        "end\tc\t1\t11.5\t11.5",
+        "settled\tc\t1\tcomplete\t11.6",
+        "start\tp\t3\t13.0\t13.0",
+        "fanin\tp\t3\t2/2\t13.1",
+        "end\tp\t3\t13.2\t13.2",
+        "settled\tp\t3\tcomplete\t13.3",
+        "start\tp.2.0\t4\t12.0\t12.0",
+        "end\tp.2.0\t4\t12.1\t12.1",
+        "settled\tp.2.0\t4\tcomplete\t12.2",
+    ):
+        new.feed("w1.0", line)
+    figures = audit(plan, states, parents, finishes, {"old": old, "new": new}, (10.2, 10.4))
+    assert figures["items"] == 8  # the plan and the two children p made
+    assert (figures["lost"], figures["lost_items"]) == (1, ["q"])
+    assert figures["completed_twice"] == 1  # "a", by the database's count
+    assert figures["effects_twice"] == 0
+    assert list(figures["evaluated_twice_items"]) == ["a"]
+    why = "outcome retry: PostgreSQL queue at <queue>: cached plan"  # the address left out
+    assert figures["evaluated_twice_items"]["a"]["why"] == [why]
+    assert figures["problems"] == {"old": {why: 1}, "new": {}}
+    assert figures["children_wrong"] == 1  # p has two children, its plan says one
+    assert figures["finished_by"] == {"setup": 1, "new": 4, "old": 1, "nobody": 2}
+    assert figures["fanned_out_then_in_by"] == {"old->new": 1}
+    assert figures["old_settled_after_migration"] == {"complete": 1}
+    assert figures["old_in_flight_at_migration"] == 1  # b: begun at 10.0, settled at 11.1
+    assert figures["key_most_running"] == 2  # b (10.0-11.0) and c (10.5-11.5) overlap
+    assert figures["libraries"] == {"old": ["/tmp/old/trio_supervise"], "new": []}
+
+
+def test_r9_says_why_the_previous_release_is_not_available(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the previous release's commit (or git, or a checkout), R9's library is a
+    sentence saying why, never an exception."""
+    from benchmarks.chaos import upgrade
+
+    monkeypatch.setattr(upgrade, "OLD_RELEASE", "0" * 40)
+    why = upgrade.old_library(tmp_path / "old")
+    assert isinstance(why, str)
+    assert why.startswith(("commit 0000", "git is not available", "/")), why
+    assert not (tmp_path / "old").exists()
 
 
 def test_chaos_metrics_are_read_from_the_exposition_or_said_missing() -> None:

@@ -3,7 +3,7 @@
 Runs the chosen parts (all by default), prints their figures, exits. ``--only`` takes part names
 separated by commas (or repeated), case-insensitive: ``r1-sqlite``, ``r1-postgres``, ``r1``
 (both), ``r2`` (stops the PostgreSQL server: never on a shared one), ``r6``, ``r7``, ``r8``,
-``r10``, ``r11``, ``r12``.
+``r9``, ``r10``, ``r11``, ``r12``.
 
 Exits 0 whether or not the goals are met (a missed goal is printed loudly, and recorded in the
 JSON); a non-zero exit means the harness itself failed.
@@ -23,7 +23,7 @@ from typing import Any
 from .harness import run_all
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-PARTS = ("r1-sqlite", "r1-postgres", "r2", "r6", "r7", "r8", "r10", "r11", "r12")
+PARTS = ("r1-sqlite", "r1-postgres", "r2", "r6", "r7", "r8", "r9", "r10", "r11", "r12")
 ALIASES = {"r1": ("r1-sqlite", "r1-postgres")}
 R3_HINT = (
     "R3 (the queue state machine at a high example count): "
@@ -116,7 +116,6 @@ def _print_scenarios(report: dict[str, Any]) -> None:
             f"{'available' if figures['storable_text_available'] else 'not available'}  "
             f"last_error {figures['poison_last_error']}  ({figures['seconds']} s)"
         )
-    _print_races(report)
     r8 = report.get("r8")
     if r8 is not None:
         print(
@@ -129,6 +128,34 @@ def _print_scenarios(report: dict[str, Any]) -> None:
             f"lag observations {r8['lag_observations']} total {r8['lag_seconds_total']} s  "
             f"(blocked {r8['block_seconds']} s, {r8['seconds']} s)"
         )
+    _print_r9(report)
+    _print_races(report)
+
+
+R9_FIGURES = (
+    "items lost wrong_state completed_twice finished_twice effects_twice evaluated_twice "
+    "children_created children_wrong fanned_out_then_in_by key_most_running key_limit "
+    "finished_by evaluations "
+    "schema_versions migration_seconds old_in_flight_at_migration old_settled_after_migration "
+    "versions_ahead_of_counter seconds"
+)
+"""The figures printed per R9 run, in order, as ``name value`` (all are in the JSON)."""
+
+
+def _print_r9(report: dict[str, Any]) -> None:
+    for name, figures in _ran(report, "r9"):
+        shown = "  ".join(f"{key} {figures[key]}" for key in R9_FIGURES.split())
+        print(f"R9 {name:8}  {shown}")
+        late = figures["late_old_worker"]
+        print(
+            f"    old worker started after the migration: exit {late['exit_code']}, "
+            f"{late['evaluations']} evaluations: {late['message']}"
+        )
+        for generation, problems in figures["problems"].items():
+            for text, count in problems.items():
+                print(f"    {generation} workers, {count}x: {text}")
+        for item, why in figures["evaluated_twice_items"].items():
+            print(f"    evaluated twice: {item}: {why}")
 
 
 RACE_FIGURES = {

@@ -94,6 +94,14 @@ class Store:
         that changes neither (``request_cancel`` on a completed item) is not counted."""
         raise NotImplementedError
 
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        """The rows *sql* reads (plain SQL both backends understand)."""
+        raise NotImplementedError
+
+    def parents(self) -> dict[str, str]:
+        """Every child item's parent, by the child's id (the ``parent_id`` column)."""
+        return dict(self.query(_PARENTS))
+
 
 _AUDIT_SQLITE = """
 CREATE TABLE chaos_audit (id TEXT NOT NULL, version INTEGER NOT NULL);
@@ -132,6 +140,14 @@ EXECUTE FUNCTION chaos_finish_fn();
 Shape = Callable[[int], dict[str, Any]]
 """Item *n*'s ``enqueue`` arguments besides its spec and id (default: ``config={"n": n}``)."""
 
+Build = Callable[[str, Callable[[], None]], None]
+"""Creates the schema at a queue URL and fills the queue in its own way (R9: with another
+release of the library), instead of this library's ``migrate`` and ``enqueue``; it calls its
+second argument, which adds the audit triggers, once the schema exists and before any item is
+written."""
+
+_PARENTS = "SELECT id, parent_id FROM trio_supervise_items WHERE parent_id IS NOT NULL"
+
 
 def item_id(n: int) -> str:
     return f"item-{n:05d}"
@@ -153,7 +169,14 @@ async def _fill(queue: ts.WorkQueue, items: int, parallel: int, shape: Shape | N
 class SQLiteStore(Store):
     name = "sqlite"
 
-    def __init__(self, directory: Path, items: int, shape: Shape | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        items: int,
+        shape: Shape | None = None,
+        *,
+        build: Build | None = None,
+    ) -> None:
         import sqlite3
 
         directory.mkdir(parents=True, exist_ok=True)
@@ -164,12 +187,20 @@ class SQLiteStore(Store):
             async with ts.open_queue(self.url, migrate=True) as queue:
                 await _fill(queue, items, 1, shape)
 
-        # The trigger first, so the audit sees every completion.
-        trio.run(ts.migrate, self.url)
+        if build is not None:
+            build(self.url, self._add_audit)
+        else:
+            # The trigger first, so the audit sees every completion.
+            trio.run(ts.migrate, self.url)
+            self._add_audit()
+            trio.run(fill)
+        self._conn = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+
+    def _add_audit(self) -> None:
+        import sqlite3
+
         with contextlib.closing(sqlite3.connect(self.path)) as conn:
             conn.executescript(_AUDIT_SQLITE)
-        trio.run(fill)
-        self._conn = sqlite3.connect(self.path, timeout=10, isolation_level=None)
 
     def worker_url(self, app_name: str) -> str:
         return self.url
@@ -202,6 +233,9 @@ class SQLiteStore(Store):
         rows = self._conn.execute("SELECT id, state FROM chaos_finish").fetchall()
         return collections.Counter((row[0], row[1]) for row in rows)
 
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        return list(self._conn.execute(sql).fetchall())
+
     def add_history(self, count: int) -> None:
         now_us = int(time.time() * 1_000_000)
         self._conn.execute(
@@ -229,10 +263,31 @@ class SQLiteStore(Store):
 class PostgresStore(Store):
     name = "postgres"
 
-    def __init__(self, dsn: str, items: int, tag: str, shape: Shape | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        items: int,
+        tag: str,
+        shape: Shape | None = None,
+        *,
+        build: Build | None = None,
+    ) -> None:
         self.dsn = dsn
         self.tag = tag
         self.schema = f"chaos_{uuid.uuid4().hex[:10]}"
+        self._conn: Any = None
+        if build is not None:
+            import psycopg
+            from psycopg import sql
+
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema)))
+            try:
+                build(self.worker_url(f"chaos-{tag}-setup"), self._add_audit)
+            except BaseException:
+                self.drop()
+                raise
+            return
 
         async def fill() -> None:
             queue = await ts.queues.PostgresQueue.connect(
@@ -244,7 +299,6 @@ class PostgresStore(Store):
                 await _fill(queue, items, 8, shape)
 
         trio.run(fill)
-        self._conn: Any = None
 
     def _connect(self) -> Any:
         import psycopg
@@ -321,6 +375,9 @@ class PostgresStore(Store):
         rows = self._query("SELECT id, state FROM chaos_finish")
         return collections.Counter((row[0], row[1]) for row in rows)
 
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        return self._query(sql)
+
     def terminate_workers(self) -> int:
         """``pg_terminate_backend`` on every connection of this run's workers; how many."""
         rows = self._query(
@@ -356,6 +413,13 @@ class PostgresStore(Store):
 # -- the fleet: worker processes, killed, paused and restarted -------------------------------------
 
 
+def library_env(library: Path = ROOT) -> dict[str, str]:
+    """This process's environment for a script that is to import ``trio_supervise`` from the
+    directory *library* (first on its ``PYTHONPATH``)."""
+    path = os.pathsep.join(p for p in (str(library), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
 @dataclasses.dataclass
 class Slot:
     index: int
@@ -380,6 +444,7 @@ class Fleet:
         workers: int = WORKERS,
         args: list[str] | None = None,
         slot_args: dict[int, list[str]] | None = None,
+        library: Path = ROOT,
     ) -> None:
         self.store = store
         self.dir = directory
@@ -390,6 +455,8 @@ class Fleet:
         """Extra worker options for every slot (see worker.py)."""
         self.slot_args = dict(slot_args or {})
         """Extra worker options for one slot, by index."""
+        self.library = library
+        """Where the workers import ``trio_supervise`` from (first on their ``PYTHONPATH``)."""
         self.slots = [Slot(index) for index in range(workers)]
         self.kills = 0
         self.pauses = 0
@@ -414,14 +481,13 @@ class Fleet:
             slot.port = None
             args += ["--http", str(slot.port_file)]
         args += self.args + self.slot_args.get(slot.index, [])
-        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         with (self.directory_logs / f"{worker_id}.stderr").open("wb") as err:
             slot.proc = subprocess.Popen(
                 args,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                env={**os.environ, "PYTHONPATH": path},
+                env=library_env(self.library),
             )
 
     def start(self, indexes: list[int] | None = None) -> None:
@@ -930,7 +996,7 @@ def run_scenario(
 
 def goals(report: dict[str, Any]) -> list[str]:
     """Every goal the report misses, as a sentence."""
-    from . import races, scenarios  # they build on this module
+    from . import races, scenarios, upgrade  # they build on this module
 
     missed = []
     for name, figures in report.get("r1", {}).items():
@@ -945,7 +1011,7 @@ def goals(report: dict[str, Any]) -> list[str]:
             )
         if figures.get("timed_out"):
             missed.append(f"R1 {name}: timed out")
-    missed += scenarios.goals(report) + races.goals(report)
+    missed += scenarios.goals(report) + upgrade.goals(report) + races.goals(report)
     r2 = report.get("r2", {})
     if r2 and "skipped" not in r2:
         for key in ("lost", "double_finalized"):
@@ -967,7 +1033,7 @@ def run_all(
     items: int | None,
     log: Any,
 ) -> dict[str, Any]:
-    from . import races  # it builds on this module
+    from . import races, upgrade  # they build on this module
 
     tag = uuid.uuid4().hex[:6]
     n = items if items is not None else (1000 if quick else 10_000)
@@ -983,7 +1049,7 @@ def run_all(
     }
     base = Path(tempfile.mkdtemp(prefix="trio-supervise-chaos-"))
     try:
-        pg_parts = {"r1-postgres", "r2", "r6", "r7", *races.PARTS}
+        pg_parts = {"r1-postgres", "r2", "r6", "r7", "r9", *races.PARTS}
         pg_problem = postgres_problem(dsn) if pg_parts & only else None
         if "r1-sqlite" in only:
             report["r1"]["sqlite"] = r1_backend("sqlite", plan, base, dsn=None, tag=tag, log=log)
@@ -995,9 +1061,10 @@ def run_all(
                     "postgres", plan, base, dsn=dsn, tag=tag, log=log
                 )
         both = ("sqlite", "postgres")
-        for part, backends in (("r6", both), ("r7", both), *races.BACKENDS.items()):
+        runs = {"r6": run_scenario, "r7": run_scenario, "r9": upgrade.run_part}
+        for part, backends in (("r6", both), ("r7", both), ("r9", both), *races.BACKENDS.items()):
             if part in only:
-                run = races.run_part if part in races.PARTS else run_scenario
+                run = runs.get(part, races.run_part)
                 report[part] = {
                     kind: run(part, kind, quick, base, dsn=dsn, tag=tag, log=log)
                     if kind == "sqlite" or not pg_problem

@@ -40,6 +40,12 @@ in this process calling ``list_items`` / ``counts`` and ``enqueue`` on the servi
 (so they share its connection pools) in a loop, logging ``call`` lines; while the file
 ``--hot-file`` names exists, the enqueuers enqueue with the idempotency key it holds.
 A driver's sleep is ``config["sleep"]`` when the item has one.
+
+``--upgrade`` (R9) serves :class:`UpgradeDriver` instead, which does what each item's
+``config["kind"]`` says (complete, reschedule, fail once, fan out and in) and notes ``start``,
+``end``, ``fanout`` and ``fanin`` lines (it implies ``--timed``). It uses only the API of the
+previous release (commit 5f6de71), so the same script runs under either release. Every worker's
+first line is ``library TAB - TAB - TAB <the directory it imported trio_supervise from>``.
 """
 
 from __future__ import annotations
@@ -185,6 +191,57 @@ class SleepDriver:
         return ts.Stop()
 
 
+class UpgradeDriver:
+    """R9's driver: each item does what its config's ``kind`` says, after sleeping
+    ``config["sleep"]`` seconds (the worker's *sleep* by default).
+
+    ``complete`` stops; ``reschedule`` reschedules itself ``config["left"]`` more times, each
+    ``config["every"]`` seconds later, then stops; ``flaky`` raises while its error count is 0,
+    then stops; ``parent`` fans out ``config["fanout"]`` children (kind ``complete``) and waits
+    for them when it has none yet, else fans in (noting how many of its children had finished)
+    and stops. ``start`` is noted as the evaluation begins, ``end`` just before ``Stop`` (the
+    completion's side effect); ``fanout`` when it creates children.
+    """
+
+    name = "chaos"
+    spec_ids: Sequence[str] = (SPEC,)
+
+    def __init__(self, queue: ts.WorkQueue, sleep: float, note: Note) -> None:
+        self._queue = queue
+        self._sleep = sleep
+        self._note = note
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: None, item: ts.WorkItem) -> ts.Outcome:
+        note = self._note
+        note("start", item.id, item.lease_version, f"{time.time():.6f}")
+        config = item.config
+        assert isinstance(config, dict)
+        kind = config.get("kind", "complete")
+        await trio.sleep(config.get("sleep", self._sleep))
+        if kind == "reschedule" and config["left"] > 0:
+            at = self._queue.clock.now() + dt.timedelta(seconds=config.get("every", 0.5))
+            return ts.Reschedule(at, {**config, "left": config["left"] - 1})
+        if kind == "flaky" and item.error_count == 0:
+            raise RuntimeError(f"planned failure of {item.id}")
+        if kind == "parent":
+            children = await self._queue.list_children(item.id)
+            if not children:
+                fanout = config["fanout"]
+                note("fanout", item.id, item.lease_version, str(fanout))
+                child = {"kind": "complete", "sleep": config.get("child_sleep", self._sleep)}
+                return ts.Continue(
+                    children=[ts.NewItem(spec_id=SPEC, config=child) for _ in range(fanout)],
+                    wait_for_children=True,
+                )
+            finished = sum(1 for each in children if each.state.finished)
+            note("fanin", item.id, item.lease_version, f"{finished}/{len(children)}")
+        note("end", item.id, item.lease_version, f"{time.time():.6f}")
+        return ts.Stop()
+
+
 def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="worker.py")
     parser.add_argument("url")
@@ -203,6 +260,7 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--callers", metavar="READERS,ENQUEUERS")
     parser.add_argument("--hot-file", metavar="PATH")
+    parser.add_argument("--upgrade", action="store_true")
     return parser.parse_args(argv)
 
 
@@ -284,7 +342,7 @@ async def main(argv: list[str]) -> int:
     args = _arguments(argv)
     port_file = args.http
     out = open(args.log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as we do
-    stamp = args.timed
+    stamp = args.timed or args.upgrade
 
     def note(kind: str, item_id: object, version: object, detail: str) -> None:
         detail = detail.replace("\n", " ").encode("utf-8", "backslashreplace").decode("utf-8")
@@ -292,7 +350,8 @@ async def main(argv: list[str]) -> int:
         out.write(f"{kind}\t{item_id}\t{version}\t{detail}{tail}\n")
         out.flush()
 
-    logged = TIMED if args.timed else LOGGED
+    note("library", "-", "-", os.path.dirname(os.path.abspath(ts.__file__)))
+    logged = TIMED if stamp else LOGGED
 
     def record(event: ts.RunnerEvent) -> None:
         if event.kind in logged:
@@ -314,19 +373,22 @@ async def main(argv: list[str]) -> int:
         ),
     )
     queue = None
-    if args.timed or args.clock_file:
+    if stamp or args.clock_file:
         clock = None if args.clock_file is None else SteppedClock(args.clock_file)
         queue = await _open_queue(args.url, clock, note)
+    driver: Any = (
+        UpgradeDriver(queue, args.sleep, note)
+        if args.upgrade
+        else SleepDriver(
+            args.sleep,
+            block=args.block,
+            release=args.release,
+            poison=args.poison,
+            note=note if args.timed else None,
+        )
+    )
     service = ts.Service(
-        drivers=[
-            SleepDriver(
-                args.sleep,
-                block=args.block,
-                release=args.release,
-                poison=args.poison,
-                note=note if args.timed else None,
-            )
-        ],
+        drivers=[driver],
         settings=settings,
         queue=queue,
         name=f"chaos-{args.worker_id}",
