@@ -59,7 +59,9 @@ def record(**extra: object) -> logging.LogRecord:
 def test_a_json_line_has_the_standard_and_the_structured_fields() -> None:
     """One object: time (UTC), level, logger, message, then every structured ``extra`` field."""
     fields = {
-        "worker": "runner",
+        "supervisor": "app",
+        "child": "pipeline/flaky",
+        "worker": "host-41",
         "item_id": "a",
         "spec_id": "digest",
         "lease_version": 3,
@@ -131,12 +133,12 @@ def test_without_handlers_one_is_installed_in_the_chosen_format() -> None:
         stream = io.StringIO()
         ts.configure_logging("info", ts.LogFormat.JSON, stream=stream)
         logging.getLogger("trio_supervise.supervisor").info(
-            "worker %r running", "sensor", extra={"worker": "sensor"}
+            "worker %r running", "sensor", extra={"child": "sensor"}
         )
         logging.getLogger("trio_supervise.supervisor").debug("below the level")
         [line] = stream.getvalue().splitlines()
         document = json.loads(line)
-        assert (document["level"], document["message"], document["worker"]) == (
+        assert (document["level"], document["message"], document["child"]) == (
             "INFO",
             "worker 'sensor' running",
             "sensor",

@@ -27,6 +27,8 @@ LIBRARY_LOGGER = "trio_supervise"
 """The parent of every logger the library writes to."""
 
 STRUCTURED_FIELDS = (
+    "supervisor",
+    "child",
     "worker",
     "item_id",
     "spec_id",
@@ -35,7 +37,11 @@ STRUCTURED_FIELDS = (
     "backoff_s",
     "error",
 )
-"""The ``extra`` fields the library's records carry (when they apply), copied into JSON lines."""
+"""The ``extra`` fields the library's records carry (when they apply), copied into JSON lines.
+
+Each key has one meaning in every record: ``supervisor`` is a supervisor's name and ``child`` the
+path of one of its children (``pipeline/flaky``); ``worker`` is a runner's ``worker_id`` (the
+owner written in leases)."""
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """The text format of the handler :func:`configure_logging` installs."""
