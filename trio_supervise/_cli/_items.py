@@ -215,6 +215,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
             item.spec_id,
             str(item.state) + ("*" if item.cancel_requested else ""),
             due_text(item).removesuffix(" UTC"),
+            short(item.queue, 20),
+            str(item.priority),
             str(item.error_count),
             short(item.tenant_id, 16),
             short(item.subject_id, 16),
@@ -224,7 +226,18 @@ def _cmd_list(args: argparse.Namespace) -> int:
     ]
     table(
         rows,
-        ["id", "spec", "state", "due (utc)", "errors", "tenant", "subject", "last error"],
+        [
+            "id",
+            "spec",
+            "state",
+            "due (utc)",
+            "queue",
+            "priority",
+            "errors",
+            "tenant",
+            "subject",
+            "last error",
+        ],
         sys.stdout,
     )
     if any(item.cancel_requested for item in items):
