@@ -2,9 +2,12 @@
 
 A :class:`Schedule` names a spec, a cron expression and an IANA time zone; a
 :class:`Scheduler` (a maintenance task, see :mod:`trio_supervise._maintenance`) enqueues one item
-per fire. The item's id and idempotency key are both ``schedule:<name>:<fire instant in UTC>``,
-so any number of service processes on one database enqueue each fire once: the first write wins
-and the others find it.
+per fire, in the schedule's queue with its priority (by default the ones the spec's driver
+declares, see :func:`resolve_schedules`). The item's id and idempotency key are both
+``schedule:<name>:<fire instant in UTC>``, so any number of service processes on one database
+enqueue each fire once: the first write wins and the others find it. A fire asked for by hand
+(:func:`fire_now`, the console's "fire now") has an id of another shape,
+``schedule:<name>:manual:<instant>``, so it never takes a regular fire's place.
 
 Cron expressions are evaluated by `cronsim <https://pypi.org/project/cronsim/>`_, which follows
 Debian's cron, daylight saving time included: a job at a fixed local time that falls in the hour
@@ -29,7 +32,7 @@ import logging
 import math
 import zoneinfo
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
@@ -38,16 +41,33 @@ from cronsim import CronSim, CronSimError
 from ._clock import Clock, TrioClock, utc
 from ._errors import DuplicateItem, ItemNotFound, QueueUnavailable
 from ._policy import RestartPolicy
-from .queues import WorkQueue
+from .queues import WorkItem, WorkQueue
 from .queues._protocol import (
+    DEFAULT_QUEUE,
     MAX_NAME_LENGTH,
     JSONValue,
     check_json,
+    check_priority,
+    check_queue_name,
     shown_value,
     validate_spec_id,
 )
 
-__all__ = ["MissedFires", "SCAN_LIMIT", "Schedule", "Scheduler", "check_schedules"]
+if TYPE_CHECKING:
+    from ._workflow import AnyWorkflowDriver
+
+__all__ = [
+    "MissedFires",
+    "SCAN_LIMIT",
+    "Schedule",
+    "Scheduler",
+    "check_schedules",
+    "declared_priority",
+    "declared_queue",
+    "fire_now",
+    "last_fire",
+    "resolve_schedules",
+]
 
 logger = logging.getLogger("trio_supervise.schedules")
 
@@ -101,6 +121,10 @@ class Schedule:
     :param missed: the :class:`MissedFires` policy (``"skip"``, ``"latest"`` or ``"all"``).
     :param catch_up_window: seconds back from now in which missed fires are looked for.
     :param max_catch_up: with ``missed="all"``, at most this many (the most recent) are enqueued.
+    :param queue: the named queue of its items; None: the one the spec's driver declares in the
+        service the schedule belongs to (its ``queue`` attribute), else ``"default"``.
+    :param priority: the priority of its items (-100..100, lower first); None: the driver's
+        declared ``priority``, else 0.
 
     Every field is checked here, each error naming the schedule and the field.
     """
@@ -113,6 +137,8 @@ class Schedule:
     missed: MissedFires = attrs.field(default=MissedFires.SKIP, converter=_to_missed)
     catch_up_window: float = 7 * 86_400.0
     max_catch_up: int = 100
+    queue: str | None = None
+    priority: int | None = None
     _zone: zoneinfo.ZoneInfo = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
@@ -165,6 +191,13 @@ class Schedule:
             raise ValueError(f"{where}: max_catch_up must be 1..{MAX_CATCH_UP}, got {count!r}")
         if self.next_fire(dt.datetime(2000, 1, 1, tzinfo=dt.UTC)) is None:
             raise ValueError(f"{where}: cron {self.cron!r} never fires")
+        try:
+            if self.queue is not None:
+                check_queue_name(self.queue)
+            if self.priority is not None:
+                check_priority(self.priority)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
 
     def _expression(self, start: dt.datetime, *, reverse: bool = False) -> CronSim:
         return CronSim(self.cron, start, reverse=reverse)
@@ -201,6 +234,25 @@ class Schedule:
         """The id (and idempotency key) of the item of *fire*: ``schedule:<name>:<UTC ISO>``."""
         return f"schedule:{self.name}:{_utc_stamp(fire)}"
 
+    def manual_item_id(self, at: dt.datetime) -> str:
+        """The id of a fire asked for by hand at *at*: ``schedule:<name>:manual:<UTC ISO, µs>``.
+
+        The ``manual:`` part keeps it from ever being a regular fire's id (those end in a
+        timestamp), so firing by hand takes no fire's place and is never caught up as one.
+        """
+        stamp = utc(at).astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return f"schedule:{self.name}:manual:{stamp}"
+
+    @property
+    def item_queue(self) -> str:
+        """The queue its items go to: ``queue``, or ``"default"`` when it is None."""
+        return DEFAULT_QUEUE if self.queue is None else self.queue
+
+    @property
+    def item_priority(self) -> int:
+        """The priority of its items: ``priority``, or 0 when it is None."""
+        return 0 if self.priority is None else self.priority
+
 
 def check_schedules(schedules: Iterable[Schedule], spec_ids: Iterable[str] | None) -> None:
     """Refuse two schedules with one name, and, given the *spec_ids* the service's drivers
@@ -218,6 +270,41 @@ def check_schedules(schedules: Iterable[Schedule], spec_ids: Iterable[str] | Non
                 f"schedule {schedule.name!r}: spec_id {schedule.spec_id!r} is not handled by any "
                 f"of the service's drivers (they handle: {', '.join(known)})"
             )
+
+
+def declared_queue(driver: AnyWorkflowDriver[Any]) -> str:
+    """The queue *driver* declares for its items (its ``queue`` attribute), else ``"default"``;
+    the rule :meth:`DriverRegistry.enqueue` applies."""
+    queue: str = getattr(driver, "queue", DEFAULT_QUEUE)
+    return queue
+
+
+def declared_priority(driver: AnyWorkflowDriver[Any]) -> int:
+    """The priority *driver* declares for its items (its ``priority`` attribute), else 0."""
+    priority: int = getattr(driver, "priority", 0)
+    return priority
+
+
+def resolve_schedules(
+    schedules: Iterable[Schedule], drivers: Iterable[AnyWorkflowDriver[Any]]
+) -> tuple[Schedule, ...]:
+    """*schedules* with each ``queue`` and ``priority`` left None set to what the driver of its
+    spec declares (see :func:`declared_queue`); schedules of a spec no driver here owns (a
+    service that enqueues for another's runner) keep None, meaning ``"default"`` and 0."""
+    owners = {spec: driver for driver in drivers for spec in driver.spec_ids}
+    resolved = []
+    for schedule in schedules:
+        driver = owners.get(schedule.spec_id)
+        if driver is not None and (schedule.queue is None or schedule.priority is None):
+            schedule = attrs.evolve(
+                schedule,
+                queue=declared_queue(driver) if schedule.queue is None else schedule.queue,
+                priority=(
+                    declared_priority(driver) if schedule.priority is None else schedule.priority
+                ),
+            )
+        resolved.append(schedule)
+    return tuple(resolved)
 
 
 def _schedules(value: Iterable[Schedule]) -> tuple[Schedule, ...]:
@@ -326,11 +413,32 @@ async def _retrying(
 
 
 async def _enqueue_fire(queue: WorkQueue, schedule: Schedule, fire: dt.datetime) -> None:
-    key = schedule.item_id(fire)
     with contextlib.suppress(DuplicateItem):  # another process was first: once all the same
-        await queue.enqueue(
-            schedule.spec_id, config=schedule.config, due_at=fire, item_id=key, idempotency_key=key
-        )
+        await _enqueue(queue, schedule, fire, schedule.item_id(fire))
+
+
+async def _enqueue(queue: WorkQueue, schedule: Schedule, due: dt.datetime, key: str) -> WorkItem:
+    """One item of *schedule*, due at *due*, whose id and idempotency key are *key*."""
+    return await queue.enqueue(
+        schedule.spec_id,
+        config=schedule.config,
+        due_at=due,
+        item_id=key,
+        idempotency_key=key,
+        queue=schedule.item_queue,
+        priority=schedule.item_priority,
+    )
+
+
+async def fire_now(queue: WorkQueue, schedule: Schedule) -> WorkItem:
+    """Enqueue an item of *schedule* due now, by hand (the console's "fire now").
+
+    Its id is :meth:`Schedule.manual_item_id` of now, never a regular fire's: the next regular
+    fire still comes, and a missed one is still caught up. Two fires asked for in one
+    microsecond are one (the second raises :class:`DuplicateItem`).
+    """
+    now = queue.clock.now()
+    return await _enqueue(queue, schedule, now, schedule.manual_item_id(now))
 
 
 async def _exists(queue: WorkQueue, item_id: str) -> bool:
@@ -351,18 +459,35 @@ async def missed_fires(queue: WorkQueue, schedule: Schedule, now: dt.datetime) -
     """
     if schedule.missed is MissedFires.SKIP:
         return []
-    oldest = now - dt.timedelta(seconds=schedule.catch_up_window)
-    missing: list[dt.datetime] = []
-    found = False
-    for fire in schedule.fires_before(now):
-        if fire < oldest or len(missing) >= SCAN_LIMIT:
-            break
-        if await _exists(queue, schedule.item_id(fire)):
-            found = True
-            break
-        missing.append(fire)
-    if not found:
+    found, missing = await _look_back(queue, schedule, now, SCAN_LIMIT)
+    if found is None:
         return []
     if schedule.missed is MissedFires.LATEST:
         return missing[:1]
     return missing[: schedule.max_catch_up][::-1]
+
+
+async def last_fire(
+    queue: WorkQueue, schedule: Schedule, now: dt.datetime, *, lookups: int = SCAN_LIMIT
+) -> dt.datetime | None:
+    """The latest fire before *now* that has an item, found as a scheduler finds it: looking
+    back fire by fire (one lookup each, at most *lookups* of them and ``catch_up_window``
+    seconds back). None when none is found that way."""
+    found, _ = await _look_back(queue, schedule, now, lookups)
+    return found
+
+
+async def _look_back(
+    queue: WorkQueue, schedule: Schedule, now: dt.datetime, lookups: int
+) -> tuple[dt.datetime | None, list[dt.datetime]]:
+    """Walk *schedule*'s fires back from *now* (newest first, within ``catch_up_window`` and
+    *lookups*): the first that has an item, and the fires without one before reaching it."""
+    oldest = now - dt.timedelta(seconds=schedule.catch_up_window)
+    missing: list[dt.datetime] = []
+    for fire in schedule.fires_before(now):
+        if fire < oldest or len(missing) >= lookups:
+            break
+        if await _exists(queue, schedule.item_id(fire)):
+            return fire, missing
+        missing.append(fire)
+    return None, missing
