@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _items, _queues, _schedules, _service
+from . import _console, _items, _queues, _schedules, _service
 from ._common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -36,6 +36,7 @@ GROUPS: tuple[Callable[[Subparsers], None], ...] = (
     _queues.register,
     _service.register_inspection,
     _schedules.register,
+    _console.register,
 )
 """The verb groups, in the order ``--help`` lists them."""
 
