@@ -307,7 +307,8 @@ def resolve_schedules(
     return tuple(resolved)
 
 
-def _schedules(value: Iterable[Schedule]) -> tuple[Schedule, ...]:
+def checked_schedules(value: Iterable[Schedule]) -> tuple[Schedule, ...]:
+    """*value* as a tuple, checked by :func:`check_schedules` (an attrs converter)."""
     schedules = tuple(value)
     check_schedules(schedules, None)
     return schedules
@@ -340,7 +341,7 @@ class Scheduler:
     missed. Any other error ends the task, and its supervisor restarts it.
     """
 
-    schedules: Sequence[Schedule] = attrs.field(converter=_schedules)
+    schedules: Sequence[Schedule] = attrs.field(converter=checked_schedules)
     name: str = "schedules"
     restart: RestartPolicy | None = None
 

@@ -21,6 +21,7 @@ import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
+from ._audit import AuditTrail, MemoryAuditTrail
 from ._errors import StartFailed, WorkerFailed
 from ._group import to_auto_shutdown, to_shutdown_order
 from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
@@ -154,6 +155,8 @@ class Service:
         ``queue`` and ``priority`` left None become what its spec's driver declares.
     :param maintenance: more :class:`MaintenanceTask` s, each run as the supervised child
         ``maintenance-<name>`` on the service's queue, started last (so stopped first).
+    :param audit: where the console records the actions taken from it (an
+        :class:`AuditTrail`); a :class:`MemoryAuditTrail` (this process only) when None.
 
     With ``settings.retention.enabled`` (off by default), a service with drivers also runs a
     :class:`Pruner` (child ``maintenance-retention``) that deletes old finished items per
@@ -178,6 +181,7 @@ class Service:
     )
     schedules: Sequence[Schedule] = attrs.field(default=(), converter=_schedule_tuple)
     maintenance: Sequence[MaintenanceTask] = attrs.field(default=(), converter=_task_tuple)
+    audit: AuditTrail | None = None
 
     shutdown: Shutdown = attrs.field(init=False, factory=Shutdown)
     """Begin it to drain and stop the service (what SIGTERM does)."""
@@ -302,6 +306,8 @@ class Service:
         if settings.http.enabled:
             # Started first, so it is stopped last (reverse start order): /healthz and /metrics
             # keep answering, with the workers' states, for the whole drain.
+            if self.audit is None:
+                self.audit = MemoryAuditTrail()
             app = OperationsApp(
                 _StatusView(self),
                 self.registry,
@@ -313,6 +319,13 @@ class Service:
                     if self.drivers
                     else None
                 ),
+                schedules=resolve_schedules(self.schedules, self.drivers),
+                queue_limits=settings.runner.queue_limits if self.drivers else None,
+                warnings=unserved,
+                token=settings.http.token,
+                password_hash=settings.http.password_hash,
+                read_only=settings.http.read_only,
+                audit=self.audit,
             )
             children.append(
                 ChildSpec(
