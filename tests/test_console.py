@@ -256,6 +256,7 @@ async def test_pause_and_resume_a_queue_from_the_page(console: Console) -> None:
     assert mail.paused
     page = await console.page("/")
     assert re.search(r'<tr class="paused"><td>mail</td><td>paused since ', page)
+    assert re.search(r"UTC \(due\), queue mail paused</td>", page)  # its item waits, and why
     assert 'action="/queues/mail/resume"' in page
     assert await console.flash(await console.post("/queues/mail/resume")) == "ok: resumed mail"
     said = await console.flash(await console.post("/queues/remnders/pause"))

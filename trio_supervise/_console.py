@@ -232,17 +232,27 @@ def _history(item: WorkItem) -> list[dict[str, str]]:
     ]
 
 
-def due_row(now: dt.datetime | None) -> Callable[[WorkItem], dict[str, Any]]:
+def due_row(
+    now: dt.datetime | None, paused: Iterable[str] = ()
+) -> Callable[[WorkItem], dict[str, Any]]:
+    """The due-soon table's rows: an item of a paused queue says so beside its due time (it
+    waits however due it is); errors show their first line (tracebacks are on the item page)."""
+    stopped = frozenset(paused)
+
     def view(item: WorkItem) -> dict[str, Any]:
+        due = due_text(item) if item.waiting else _when(item.due_at, now)
+        if item.queue in stopped:
+            due += f", queue {item.queue} paused"
+        history = [{**each, "error": each["summary"]} for each in _history(item)]
         return {
             "id": str(item.id),
             "spec": str(item.spec_id),
             "tenant": str(item.tenant_id),
             "subject": str(item.subject_id),
-            "due": due_text(item) if item.waiting else _when(item.due_at, now),
+            "due": due,
             "errors": str(item.error_count),
-            "last_error": str(item.last_error or ""),
-            "history": _history(item),
+            "last_error": _first_line(item.last_error),
+            "history": history,
             "config": _preview(item.config),
         }
 

@@ -583,7 +583,12 @@ class OperationsApp:
                 "queues": queue_rows(view, states) if view.counts is not None else None,
                 "counts": None if view.counts is None else count_rows(view.counts, states),
                 "unowned": unowned_rows(view.unowned) if view.unowned else None,
-                "due": rows(view.due, due_row(view.now), what="item", empty="nothing queued"),
+                "due": rows(
+                    view.due,
+                    due_row(view.now, [info.name for info in view.queues if info.paused]),
+                    what="item",
+                    empty="nothing queued",
+                ),
             }
         now = None if view is None else view.now
         schedules = schedule_rows(await self._schedule_views(), now) if self.schedules else None
