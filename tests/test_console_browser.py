@@ -39,18 +39,8 @@ from trio_supervise import (
 )
 from trio_supervise._http import OperationsApp, Receive, Scope, Send, serve_http
 
-from .test_status_page_browser import HOSTILE, chromium
+from .test_status_page_browser import FLAGS, HOSTILE, chromium
 
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOTS = "TRIO_SUPERVISE_TEST_SCREENSHOTS"
 TOKEN = "console-token-for-browsers"
 EPOCH = dt.datetime(2030, 1, 1, 8, 0, tzinfo=dt.UTC)
@@ -198,7 +188,7 @@ def in_browser(scenario: Callable[[Any], None], **context: Any) -> Callable[[], 
     def run() -> None:
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(
-                executable_path=browser_path, args=FLAGS, headless=True
+                executable_path=browser_path, args=list(FLAGS), headless=True
             )
             try:
                 page = browser.new_context(
