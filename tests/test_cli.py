@@ -209,6 +209,11 @@ def test_items_enqueue_list_show_cancel_retry(cli: Callable[..., Result]) -> Non
         (("run", "json:JSONDecoder"), "is not a Service"),
         (("run", "json:nope"), "module 'json' has no attribute 'nope'"),
         (("run", "json"), "expected MODULE:ATTR"),
+        (
+            ("run", "examples.digest:build_service", "--http", "0.0.0.0:0"),
+            "host '0.0.0.0' is not a loopback address, so the console needs credentials: set "
+            "http.token or http.password_hash",
+        ),
     ],
 )
 def test_user_errors_are_one_line_and_exit_1(

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 import trio_supervise as ts
-from trio_supervise._logging import STRUCTURED_FIELDS
+from trio_supervise._logging import STRUCTURED_FIELDS, SUPERVISOR_FIELDS
 
 
 class ListHandler(logging.Handler):
@@ -78,7 +78,7 @@ def test_a_json_line_has_the_standard_and_the_structured_fields() -> None:
         "message": "item 'a' failed",
         **fields,
     }
-    assert set(fields) == set(STRUCTURED_FIELDS)
+    assert set(fields) == {*SUPERVISOR_FIELDS, *STRUCTURED_FIELDS}
 
 
 def test_a_json_line_carries_the_traceback_and_survives_odd_values() -> None:
