@@ -21,7 +21,7 @@ import trio
 
 from trio_supervise import __version__
 from trio_supervise._cli import main
-from trio_supervise.queues import SettleKind, Settlement
+from trio_supervise.queues import NewItem, SettleKind, Settlement
 from trio_supervise.queues._factory import open_queue
 
 
@@ -168,8 +168,9 @@ def test_items_enqueue_list_show_cancel_retry(cli: Callable[..., Result]) -> Non
     table = cli("items", "list")
     assert table.code == 0
     header, *rows = table.out.splitlines()
-    assert header.split()[:4] == ["ID", "SPEC", "STATE", "DUE"]
+    assert header.split()[:7] == ["ID", "SPEC", "STATE", "DUE", "(UTC)", "QUEUE", "PRIORITY"]
     assert rows[0].split()[:3] == ["r-1", "report", "queued"]
+    assert rows[0].split()[5:7] == ["default", "0"]  # after the due date and time
     assert rows[1].split()[:3] == [email_id, "email", "queued"]
 
     only_email = json.loads(cli("items", "list", "--spec", "email", "--json").out)
@@ -208,6 +209,11 @@ def test_items_enqueue_list_show_cancel_retry(cli: Callable[..., Result]) -> Non
         (("run", "json:JSONDecoder"), "is not a Service"),
         (("run", "json:nope"), "module 'json' has no attribute 'nope'"),
         (("run", "json"), "expected MODULE:ATTR"),
+        (
+            ("run", "examples.digest:build_service", "--http", "0.0.0.0:0"),
+            "host '0.0.0.0' is not a loopback address, so the console needs credentials: set "
+            "http.token or http.password_hash",
+        ),
     ],
 )
 def test_user_errors_are_one_line_and_exit_1(
@@ -554,3 +560,34 @@ def test_run_serves_a_service_until_sigterm(cli: Callable[..., Result], tmp_path
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr
     assert cli("status", "--url", url, "--timeout", "1").code == 4
+
+
+# -- a reader that goes away ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("listing", [["items", "list"], ["items", "list", "--json"]])
+def test_output_into_a_closed_pipe_exits_quietly_with_status_0(
+    tmp_path: Path, listing: list[str]
+) -> None:
+    """``trio-supervise items list --json | head -n 1``: the pipeline succeeds, nothing on
+    stderr (no "Broken pipe" error, no "Exception ignored" from the flush at exit)."""
+    url = f"sqlite:///{tmp_path / 'pipe.db'}"
+
+    async def fill() -> None:
+        async with open_queue(url, create=True) as queue:
+            await queue.enqueue_many([NewItem(spec_id="job", config={"n": n}) for n in range(3000)])
+
+    trio.run(fill)
+    command = " ".join(
+        [sys.executable, "-m", "trio_supervise", *listing, "--limit", "3000", "--database-url", url]
+    )
+    result = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command} | head -n 1"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert len(result.stdout.splitlines()) == 1

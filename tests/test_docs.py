@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
+import itertools
 import os
 import re
 import signal
@@ -506,3 +507,34 @@ def test_pip_installs_name_extras_that_exist() -> None:
                 assert extras <= declared, f"{block.page}:{block.line}: {extras - declared}"
                 named |= extras
     assert "test" in named
+
+
+def _commands(parser: Any, prefix: tuple[str, ...] = ()) -> set[str]:
+    """Every command of an argparse parser: the paths to its leaf sub-parsers."""
+    import argparse
+
+    found: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= _commands(sub, (*prefix, name)) or {" ".join((*prefix, name))}
+    return found
+
+
+def test_the_command_table_lists_every_command() -> None:
+    """docs/operations.md's table of commands names every command the CLI has, and only those:
+    a command added without its row (as `queues` and `schedules` once were) fails here."""
+    from trio_supervise._cli import build_parser
+
+    text = (DOCS / "operations.md").read_text(encoding="utf-8")
+    section = text.split("## Command line", 1)[1].split("\n\n| exit code", 1)[0]
+    listed = set()
+    for line in section.splitlines():
+        cell = line.split("|")[1].strip().strip("`") if line.startswith("| `") else ""
+        words = [w for w in re.split(r"[\s`]+", cell) if w]
+        command = " ".join(
+            itertools.takewhile(lambda word: re.fullmatch(r"[a-z][a-z-]*", word) is not None, words)
+        )
+        if command:
+            listed.add(command)
+    assert listed == _commands(build_parser())

@@ -208,3 +208,20 @@ def _bound_port(process: subprocess.Popen[bytes], log: Path) -> int:
             raise AssertionError(f"the service exited ({process.returncode}):\n{log.read_text()}")
         time.sleep(0.1)
     raise AssertionError(f"the service served no HTTP within 30 s:\n{log.read_text()}")
+
+
+def _enqueue_command(text: str) -> str:
+    """The ``trio-supervise items enqueue`` command of a page, its continuation lines joined."""
+    joined = text.replace("\\\n", " ")
+    command = "trio-supervise items enqueue"
+    [line] = [line for line in joined.splitlines() if line.startswith(command)]
+    return " ".join(line.split())
+
+
+def test_the_readme_and_the_tutorial_subscribe_alice_the_same_way() -> None:
+    """One command in both (an idempotency key), so following both makes one subscription."""
+    readme = _enqueue_command((REPO / "README.md").read_text(encoding="utf-8"))
+    tutorial = _enqueue_command((REPO / "docs" / "tutorial.md").read_text(encoding="utf-8"))
+    assert readme == tutorial
+    assert readme.endswith("--key alice")
+    assert "--id" not in readme

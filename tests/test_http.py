@@ -215,9 +215,13 @@ async def test_status_page_escapes_every_piece_of_item_data(server: Server) -> N
     assert "<img" not in page
     for markup in ("<b>spec", "<i>tenant", "<u>subject"):
         assert markup not in page
-    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page
+    # Jinja2's escaper writes ' as &#39; and " as &#34; (the stdlib's html.escape wrote &#x27;
+    # and &quot;): the same characters, inert the same way.
+    assert "&lt;script&gt;document.title=&#39;pwned&#39;&lt;/script&gt;" in page
     assert "&lt;b&gt;spec&lt;/b&gt;" in page
-    assert "&quot;&gt;&lt;script&gt;alert(2)&lt;/script&gt;" in page
+    assert "&#34;&gt;&lt;script&gt;alert(2)&lt;/script&gt;" in page
+    # In a link the id is one percent-encoded path segment.
+    assert 'href="/items/%22%3E%3Cscript%3Ealert%282%29%3C%2Fscript%3E"' in page
 
 
 async def test_status_page_shows_an_items_error_history_escaped(server: Server) -> None:
@@ -479,7 +483,7 @@ async def test_status_page_flags_due_specs_no_driver_owns(autojump_clock: trio.a
     assert rows == [
         '<td>&lt;b&gt;orphan&lt;/b&gt;</td><td class="num">2</td>'
         "<td>due, but no driver of this service owns spec "
-        "&#x27;&lt;b&gt;orphan&lt;/b&gt;&#x27;</td>"
+        "&#39;&lt;b&gt;orphan&lt;/b&gt;&#39;</td>"
     ]
     unchecked = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
     assert 'id="unowned"' not in (await asgi_get(unchecked, "/"))[1].decode()
@@ -607,9 +611,11 @@ class DueCountingQueue(MemoryQueue):
 
     due_calls: int = 0
 
-    async def next_due_at(self, spec_ids: Sequence[str]) -> dt.datetime | None:
+    async def next_due_at(
+        self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
+    ) -> dt.datetime | None:
         self.due_calls += 1
-        return await super().next_due_at(spec_ids)
+        return await super().next_due_at(spec_ids, queues=queues)
 
 
 async def test_queue_lag_is_the_age_of_the_oldest_due_unclaimed_item(
@@ -631,12 +637,13 @@ async def test_queue_lag_is_the_age_of_the_oldest_due_unclaimed_item(
     await trio.sleep(SCRAPE_CACHE_SECONDS)
     _, body = await asgi_get(app, "/metrics")
     assert _sample(body, "trio_supervise_queue_lag_seconds", spec="report") == 0.0
-    # Scrapes within one cache window share one read of the lag too: one call per spec.
+    # Scrapes within one cache window share one read of the lag too: one call per spec, and
+    # one per named queue (its lag: the "default" queue here).
     await trio.sleep(SCRAPE_CACHE_SECONDS)
     before = queue.due_calls
     for _ in range(5):
         await asgi_get(app, "/metrics")
-    assert queue.due_calls - before == 2
+    assert queue.due_calls - before == 2 + 1
 
 
 async def test_a_queue_that_cannot_answer_exports_no_zeros(
@@ -658,3 +665,58 @@ async def test_a_queue_that_cannot_answer_exports_no_zeros(
     assert _sample(body, "trio_supervise_queue_up") == 0.0
     assert b"trio_supervise_queue_items{" not in body
     assert b"trio_supervise_queue_lag_seconds{" not in body
+
+
+# -- named queues and schedules ------------------------------------------------------------------
+
+
+async def test_a_paused_queues_due_items_count_in_its_lag(autojump_clock: trio.abc.Clock) -> None:
+    """A queue paused a minute with an item due reads a minute of lag, per queue and per spec,
+    with paused 1; resumed and drained, 0 again."""
+    queue = MemoryQueue()
+    await queue.enqueue("mail", queue="mail")
+    await queue.enqueue("report")
+    await queue.pause_queue("mail")
+    app = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue, queue_limits={"mail": 3})
+    await trio.sleep(60)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_named_queue_lag_seconds", queue="mail") == 60.0
+    assert _sample(body, "trio_supervise_queue_lag_seconds", spec="mail") == 60.0
+    assert _sample(body, "trio_supervise_named_queue_paused", queue="mail") == 1.0
+    assert _sample(body, "trio_supervise_named_queue_paused", queue="default") == 0.0
+    paused_at = _sample(body, "trio_supervise_named_queue_paused_timestamp_seconds", queue="mail")
+    assert paused_at == (queue.clock.now() - dt.timedelta(seconds=60)).timestamp()
+    assert _sample(body, "trio_supervise_named_queue_items", queue="mail", state="queued") == 1.0
+    assert _sample(body, "trio_supervise_named_queue_concurrency_limit", queue="mail") == 3.0
+    await queue.resume_queue("mail")
+    await queue.claim_due(["mail"], "w", 30, 1, queue="mail")
+    await trio.sleep(SCRAPE_CACHE_SECONDS)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_named_queue_lag_seconds", queue="mail") == 0.0
+    assert _sample(body, "trio_supervise_named_queue_paused", queue="mail") == 0.0
+    since = "trio_supervise_named_queue_paused_timestamp_seconds"
+    assert _sample(body, since, queue="mail") is None
+    assert _sample(body, "trio_supervise_named_queue_items", queue="mail", state="running") == 1.0
+
+
+async def test_schedules_export_their_next_and_last_fire(autojump_clock: trio.abc.Clock) -> None:
+    """next fire from the cron and the queue's clock; last fire once one has an item."""
+    from trio_supervise import Schedule, TrioClock
+    from trio_supervise._schedules import Scheduler
+
+    epoch = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    queue = MemoryQueue(clock=TrioClock(epoch=epoch))
+    hourly = Schedule(name="hourly", spec_id="report", cron="0 * * * *")
+    app = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue, schedules=[hourly])
+    name = "trio_supervise_schedule_next_fire_timestamp_seconds"
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, name, schedule="hourly") == (epoch + dt.timedelta(hours=1)).timestamp()
+    assert b"trio_supervise_schedule_last_fire_timestamp_seconds{" not in body
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(Scheduler([hourly]).run, queue)
+        await trio.sleep(2 * 3600 + 60)
+        nursery.cancel_scope.cancel()
+    _, body = await asgi_get(app, "/metrics")
+    last = _sample(body, "trio_supervise_schedule_last_fire_timestamp_seconds", schedule="hourly")
+    assert last == (epoch + dt.timedelta(hours=2)).timestamp()
+    assert _sample(body, name, schedule="hourly") == (epoch + dt.timedelta(hours=3)).timestamp()

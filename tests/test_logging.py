@@ -15,7 +15,7 @@ import pytest
 import trio
 
 import trio_supervise as ts
-from trio_supervise._logging import STRUCTURED_FIELDS
+from trio_supervise._logging import STRUCTURED_FIELDS, SUPERVISOR_FIELDS
 
 
 class ListHandler(logging.Handler):
@@ -59,7 +59,9 @@ def record(**extra: object) -> logging.LogRecord:
 def test_a_json_line_has_the_standard_and_the_structured_fields() -> None:
     """One object: time (UTC), level, logger, message, then every structured ``extra`` field."""
     fields = {
-        "worker": "runner",
+        "supervisor": "app",
+        "child": "pipeline/flaky",
+        "worker": "host-41",
         "item_id": "a",
         "spec_id": "digest",
         "lease_version": 3,
@@ -76,7 +78,7 @@ def test_a_json_line_has_the_standard_and_the_structured_fields() -> None:
         "message": "item 'a' failed",
         **fields,
     }
-    assert set(fields) == set(STRUCTURED_FIELDS)
+    assert set(fields) == {*SUPERVISOR_FIELDS, *STRUCTURED_FIELDS}
 
 
 def test_a_json_line_carries_the_traceback_and_survives_odd_values() -> None:
@@ -131,12 +133,12 @@ def test_without_handlers_one_is_installed_in_the_chosen_format() -> None:
         stream = io.StringIO()
         ts.configure_logging("info", ts.LogFormat.JSON, stream=stream)
         logging.getLogger("trio_supervise.supervisor").info(
-            "worker %r running", "sensor", extra={"worker": "sensor"}
+            "worker %r running", "sensor", extra={"child": "sensor"}
         )
         logging.getLogger("trio_supervise.supervisor").debug("below the level")
         [line] = stream.getvalue().splitlines()
         document = json.loads(line)
-        assert (document["level"], document["message"], document["worker"]) == (
+        assert (document["level"], document["message"], document["child"]) == (
             "INFO",
             "worker 'sensor' running",
             "sensor",

@@ -199,7 +199,7 @@ async def test_a_driver_blocking_the_loop_makes_the_duplicate_visible(tmp_path: 
                 service.stop()
     assert "complete refused: the lease was lost" in page
     # Blocked 1.5 s; the watchdog's check (every 0.25 s) was due up to 0.25 s into the block.
-    blocked = r"event loop blocked for 1\.[2-5]\d* s \(lease 3 s\): leases at risk: &#x27;stolen"
+    blocked = r"event loop blocked for 1\.[2-5]\d* s \(lease 3 s\): leases at risk: &#39;stolen"
     assert re.search(blocked, page)
     assert "trio_supervise_event_loop_lag_seconds_count" in metrics
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import subprocess
 import sys
@@ -27,12 +28,13 @@ from trio_supervise import (
     Schedule,
     Scheduler,
     Service,
+    Settings,
     Stop,
     TrioClock,
 )
 from trio_supervise._cli import main
 from trio_supervise._maintenance import MAINTENANCE_RESTART, maintenance_children
-from trio_supervise._schedules import missed_fires
+from trio_supervise._schedules import fire_now, last_fire, missed_fires
 from trio_supervise.queues import (
     Enqueued,
     MemoryQueue,
@@ -42,6 +44,7 @@ from trio_supervise.queues import (
     WorkItem,
     WorkQueue,
 )
+from trio_supervise.testing import harness_runner_settings
 
 from .queues.conftest import pg_schema
 
@@ -496,8 +499,10 @@ async def test_several_schedulers_on_postgres_enqueue_each_fire_once() -> None:
 
 def _run_service_processes(args: list[str], out_dir: Path, processes: int = 3) -> None:
     """Start *processes* scheduler processes on one queue and let them race one fire."""
+    # The checkout under test, not whatever trio_supervise the interpreter would find first.
+    env = dict(os.environ, PYTHONPATH=str(WORKER.parent.parent))
     procs = [
-        subprocess.Popen([sys.executable, str(WORKER), *args, f"p{n}", str(out_dir)])
+        subprocess.Popen([sys.executable, str(WORKER), *args, f"p{n}", str(out_dir)], env=env)
         for n in range(processes)
     ]
     try:
@@ -582,6 +587,91 @@ async def test_a_service_runs_its_schedules_as_a_supervised_child(
     ]
 
 
+# -- queues and priorities ----------------------------------------------------------------------
+
+
+class Reminders:
+    """A driver whose items go to queue "reminders" with priority -3."""
+
+    name = "reminders"
+    spec_ids = ("remind",)
+    queue = "reminders"
+    priority = -3
+
+    def validate_specs(self) -> None:
+        pass
+
+    async def evaluate(self, context: object, item: WorkItem) -> Stop:
+        return Stop()
+
+
+def _reminders_settings() -> Settings:
+    return Settings(runner=harness_runner_settings(queues={"reminders": 2}))
+
+
+async def test_a_schedule_takes_its_drivers_queue_and_priority(
+    autojump_clock: object, harness: Any
+) -> None:
+    """A schedule without queue or priority enqueues where its spec's driver declares, so a
+    runner serving only that queue runs the fires."""
+    schedule = Schedule(name="nightly", spec_id="remind", cron="0 3 * * *")
+    service = Service(drivers=[Reminders()], schedules=[schedule], settings=_reminders_settings())
+    assert [(s.queue, s.priority) for s in service.schedules] == [("reminders", -3)]
+    await harness.run_service(service)
+    await harness.advance(4 * 3600)
+    [item] = await items_of(harness.queue, "remind")
+    assert (item.queue, item.priority, item.state) == ("reminders", -3, ItemState.COMPLETED)
+
+
+def test_a_schedules_own_queue_and_priority_win_and_are_checked() -> None:
+    """Given queue and priority are kept; bad ones are refused naming the schedule."""
+    mine = Schedule(name="n", spec_id="remind", cron="0 3 * * *", queue="urgent", priority=-50)
+    service = Service(drivers=[Reminders()], schedules=[mine])
+    assert [(s.queue, s.priority) for s in service.schedules] == [("urgent", -50)]
+    with pytest.raises(ValueError, match="schedule 'n': priority must be an integer from -100"):
+        Schedule(name="n", spec_id="remind", cron="0 3 * * *", priority=101)
+    with pytest.raises(ValueError, match="schedule 'n': queue must be a non-empty string"):
+        Schedule(name="n", spec_id="remind", cron="0 3 * * *", queue="")
+
+
+async def test_a_service_warns_at_start_of_queues_its_runner_does_not_serve(
+    autojump_clock: object, harness: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver (and so its schedule) declaring a queue the runner does not serve is named in a
+    warning at start: its items would wait for ever."""
+    schedule = Schedule(name="nightly", spec_id="remind", cron="0 3 * * *")
+    service = Service(drivers=[Reminders()], schedules=[schedule], name="app")
+    await harness.run_service(service)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert (
+        "service 'app': driver 'reminders' declares queue 'reminders', which the runner does not "
+        "serve (runner.queues: default): its items would wait for ever"
+    ) in warnings
+    assert (
+        "service 'app': schedule 'nightly' enqueues into queue 'reminders', which the runner "
+        "does not serve (runner.queues: default): its items would wait for ever"
+    ) in warnings
+    assert Service(drivers=[Reminders()]).unserved_queues(_reminders_settings()) == []
+
+
+async def test_firing_by_hand_takes_no_regular_fires_place(autojump_clock: object) -> None:
+    """fire_now enqueues an item due now under a manual id, in the schedule's queue: the
+    regular fire still comes, and last_fire (found as the scheduler finds fires) ignores it."""
+    queue = MemoryQueue(clock=TrioClock(epoch=EPOCH))
+    schedule = _daily(queue="mail")
+    item = await fire_now(queue, schedule)
+    assert item.id == "schedule:daily:manual:2030-01-01T00:00:00.000000Z"
+    assert (item.queue, item.due_at) == ("mail", EPOCH)
+    assert await last_fire(queue, schedule, EPOCH + dt.timedelta(days=2)) is None
+    async with trio.open_nursery() as nursery:
+        scope = await start_scheduler(nursery, queue, schedule)
+        await trio.sleep(86_400)
+        scope.cancel()
+    fire = EPOCH + dt.timedelta(hours=9)
+    assert await last_fire(queue, schedule, EPOCH + dt.timedelta(days=1)) == fire
+    assert (await queue.get(schedule.item_id(fire))).queue == "mail"
+
+
 # -- the CLI ------------------------------------------------------------------------------------
 
 APP = """
@@ -663,6 +753,7 @@ def test_schedules_list_json_from_a_factory(app: str, capsys: pytest.CaptureFixt
         ("morning", ["2030-01-01T08:00:00Z"]),
         ("night", ["2030-01-01T01:30:00Z"]),
     ]
+    assert {(s["queue"], s["priority"]) for s in document} == {("default", 0)}
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import re
 import socket
 import uuid
 from collections.abc import Sequence
@@ -159,10 +160,20 @@ async def test_hostile_item_data_is_inert_on_a_served_status_page(tmp_path: Path
         "summary",
         "ol",
         "li",
+        # the console: links between its pages, and its actions as forms with buttons
+        "nav",
+        "a",
+        "form",
+        "input",
+        "button",
     }
     assert not {name for name in attributes if name.startswith("on")}
-    # Control: the hostile text is on the page, as text.
-    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page
+    # Every link and every form leads to the console itself, whatever the item data says.
+    targets = re.findall(r'(?:href|action)="([^"]*)"', page)
+    assert targets
+    assert all(target.startswith("/") and not target.startswith("//") for target in targets)
+    # Control: the hostile text is on the page, as text (Jinja2 writes ' as &#39;).
+    assert "&lt;script&gt;document.title=&#39;pwned&#39;&lt;/script&gt;" in page
     assert "failed on &lt;script&gt;" in page  # the driver's error, in the recent errors
     assert "default-src 'none'" in response.headers["content-security-policy"]
 

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import strategies as st
 
 from trio_supervise import JitterMode, SettingsError
+from trio_supervise._console_auth import hash_password
 from trio_supervise._settings import (
     DEFAULT_DATABASE_URL,
     HttpSettings,
@@ -228,8 +229,69 @@ def test_redacted_view_masks_the_database_password() -> None:
         "port": 8080,
         "refresh": 5.0,
         "graceful_timeout": 3.0,
+        "token": None,
+        "password_hash": None,
+        "read_only": False,
     }
     assert view["log_level"] == "info"
+
+
+# -- the console's credentials --------------------------------------------------------------------
+
+TOKEN = "s3cret-console-token"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "ops.example.com"])
+def test_an_address_off_loopback_needs_console_credentials(host: str) -> None:
+    """Bound off loopback without a token or password hash, the settings are refused, naming
+    the host and both settings that would do."""
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env={"TRIO_SUPERVISE_HTTP__HOST": host})
+    assert str(caught.value) == (
+        f"http.host: {host!r} is not a loopback address, so the console needs credentials: "
+        "set http.token or http.password_hash (TRIO_SUPERVISE_HTTP__TOKEN, "
+        "TRIO_SUPERVISE_HTTP__PASSWORD_HASH) (from TRIO_SUPERVISE_HTTP__HOST)"
+    )
+    served = load_settings(
+        env={"TRIO_SUPERVISE_HTTP__HOST": host, "TRIO_SUPERVISE_HTTP__TOKEN": TOKEN}
+    )
+    assert served.http.authenticates
+    disabled = {"TRIO_SUPERVISE_HTTP__HOST": host, "TRIO_SUPERVISE_HTTP__ENABLED": "false"}
+    assert not load_settings(env=disabled).http.enabled  # nothing served, nothing to guard
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "localhost"])
+def test_loopback_needs_no_credentials(host: str) -> None:
+    """On loopback the console may be served without credentials."""
+    assert not load_settings(env={"TRIO_SUPERVISE_HTTP__HOST": host}).http.authenticates
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("TOKEN", "short", "http.token: must be at least 16 printable ASCII characters"),
+        ("TOKEN", "with spaces in it, long", "http.token: must be at least 16 printable"),
+        ("PASSWORD_HASH", "hunter2", "http.password_hash: must be 'scrypt$n=N,r=R,p=P$SALT$HASH'"),
+        ("PASSWORD_HASH", "md5$a$b$c", "http.password_hash: unknown scheme 'md5'"),
+        ("PASSWORD_HASH", "scrypt$n=3,r=8,p=1$c2FsdHNhbHQ$" + "A" * 43, "n a power of 2"),
+        ("PASSWORD_HASH", "pbkdf2_sha256$i=10$c2FsdHNhbHQ$" + "A" * 43, "i (iterations) from"),
+    ],
+)
+def test_bad_console_credentials_are_refused_by_name(name: str, value: str, message: str) -> None:
+    """A token too short or a hash not of the expected form names the field and the rule."""
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env={f"TRIO_SUPERVISE_HTTP__{name}": value})
+    assert message in str(caught.value)
+    assert value not in str(caught.value)  # the secret is not repeated
+
+
+def test_console_secrets_are_masked_in_the_redacted_view() -> None:
+    """token and password_hash are secrets: `trio-supervise config` shows ***."""
+    made = hash_password("correct horse", scheme="pbkdf2_sha256")
+    env = {"TRIO_SUPERVISE_HTTP__TOKEN": TOKEN, "TRIO_SUPERVISE_HTTP__PASSWORD_HASH": made}
+    view = load_settings(env=env).redacted()
+    assert (view["http"]["token"], view["http"]["password_hash"]) == ("***", "***")
+    assert TOKEN not in repr(view)
 
 
 def test_runner_settings_are_layered_like_the_rest(tmp_path: Path) -> None:

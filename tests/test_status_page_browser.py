@@ -27,6 +27,19 @@ HOSTILE = (
 )
 
 
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+"""Chromium headless, sandboxed by the container, with no traffic of its own (updates, sync)."""
+
+
 def chromium() -> str:
     """The browser, or a skip (a failure on CI, where .ci/run installs it)."""
     found = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
@@ -56,14 +69,7 @@ async def dump_dom(browser: str, url: str, profile: Path) -> str:
     result = await trio.run_process(
         [
             browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *FLAGS,
             f"--user-data-dir={profile}",
             "--dump-dom",
             url,

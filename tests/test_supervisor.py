@@ -209,7 +209,7 @@ async def test_a_worker_ending_during_shutdown_leaves_health_alone(
     assert outcome.error is None
     assert outcome.ended_at == 3
     assert supervisor.state("shutdown-worker") is WorkerState.STOPPED
-    [record] = [r for r in caplog.records if getattr(r, "worker", None) == "shutdown-worker"]
+    [record] = [r for r in caplog.records if getattr(r, "child", None) == "shutdown-worker"]
     assert record.levelno == logging.DEBUG
     assert record.outcome == "raised ConnectionError: connection closed under us"  # type: ignore[attr-defined]
 
@@ -345,14 +345,15 @@ async def test_restart_logs_say_what_happened_and_carry_structured_fields(
         f"worker 'flaky' failed (RuntimeError: injected failure); restart 1 of 10 in {delay:.3g} s"
     )
     assert record.levelno == logging.WARNING
-    assert record.worker == "flaky"  # type: ignore[attr-defined]
+    assert record.child == "flaky"  # type: ignore[attr-defined]
+    assert not hasattr(record, "worker")  # one meaning: a runner's worker id, never a child
     assert record.attempt == 1  # type: ignore[attr-defined]
     assert record.backoff_s == delay  # type: ignore[attr-defined]
     assert record.error == "RuntimeError: injected failure"  # type: ignore[attr-defined]
     assert record.outcome == "raised RuntimeError: injected failure"  # type: ignore[attr-defined]
     for supervisor_record in caplog.records:
         if supervisor_record.name == "trio_supervise.supervisor":
-            for field in ("supervisor", "worker", "attempt", "backoff_s", "error"):
+            for field in ("supervisor", "child", "attempt", "backoff_s", "error"):
                 assert hasattr(supervisor_record, field), (supervisor_record.getMessage(), field)
 
 

@@ -718,7 +718,7 @@ async def test_restarts_past_the_intensity_stop_the_supervisor_and_fail_upward(
         "worker 'flaky' failed (OSError: flaky); supervisor 'app' exceeded its restart intensity "
         "(3 restarts within 10 s, at most 2): shutting down"
     )
-    assert record.worker == "flaky"  # type: ignore[attr-defined]
+    assert record.child == "flaky"  # type: ignore[attr-defined]
     assert record.error == "OSError: flaky"  # type: ignore[attr-defined]
 
 

@@ -307,6 +307,36 @@ async def test_a_whole_service_runs_in_virtual_time(
     assert harness.history.select("exited", "svc")[0].detail == "exit code 0"
 
 
+async def test_under_run_service_the_harness_supervisor_is_the_services(
+    autojump_clock: trio.testing.MockClock, harness: Harness
+) -> None:
+    """harness.supervisor is the service's own supervisor, so its health says something."""
+
+    async def broken() -> None:
+        await trio.sleep(10)
+        raise RuntimeError("boom")
+
+    service = Service(drivers=[Countdown()], workers=[ChildSpec("broken", broken)], name="svc")
+    await harness.run_service(service)
+    assert harness.supervisor is service.supervisor
+    assert harness.supervisor.state("runner") is WorkerState.RUNNING
+    assert harness.root.snapshot() == []  # the harness's own supervisor runs nothing here
+    assert harness.supervisor.healthy.value
+    await harness.wait_until(lambda: not harness.supervisor.healthy.value, timeout=60)
+    assert harness.now == 10
+    assert harness.supervisor.state("broken") is WorkerState.FAILED
+
+
+async def test_two_services_make_harness_supervisor_ambiguous(
+    autojump_clock: trio.testing.MockClock, harness: Harness
+) -> None:
+    """With two services run, harness.supervisor refuses to pick one, naming both."""
+    await harness.run_service(Service(drivers=[Countdown()], name="one"))
+    await harness.run_service(Service(workers=[flaky(0)], name="two"))
+    with pytest.raises(RuntimeError, match=r"runs 2 services \('one', 'two'\)"):
+        harness.supervisor  # noqa: B018
+
+
 # -- comparing runs -----------------------------------------------------------------------------
 
 

@@ -79,3 +79,54 @@ def test_typing_mistakes_are_reported_where_marked(
 def test_no_other_file_has_errors(mypy_errors: dict[str, set[tuple[int, str]]]) -> None:
     """The library itself checks clean while the two files are checked against it."""
     assert set(mypy_errors) == {CLEAN, FAILING}
+
+
+def _public_classes() -> dict[str, list[str]]:
+    """Each public class a user builds (not an error, an enum or a protocol), and the names of
+    its constructor's parameters."""
+    import enum
+    import inspect
+
+    import trio_supervise as ts
+
+    found = {}
+    for name in ts.__all__:
+        cls = getattr(ts, name)
+        if not isinstance(cls, type) or issubclass(cls, BaseException | enum.Enum):
+            continue
+        if getattr(cls, "_is_protocol", False):
+            continue
+        found[name] = list(inspect.signature(cls).parameters)
+    return found
+
+
+def _arguments_given(path: Path) -> dict[str, set[str]]:
+    """For each ``ts.Name(...)`` call in *path*, the parameters it passes (positional ones by
+    their position in the constructor's signature)."""
+    import ast
+
+    signatures = _public_classes()
+    given: dict[str, set[str]] = {name: set() for name in signatures}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if not (isinstance(node.func.value, ast.Name) and node.func.value.id == "ts"):
+            continue
+        name = node.func.attr
+        if name in signatures:
+            given[name].update(signatures[name][: len(node.args)])
+            given[name].update(keyword.arg for keyword in node.keywords if keyword.arg)
+    return given
+
+
+def test_every_public_constructor_argument_is_type_checked() -> None:
+    """The public-API file builds every public class with every argument its constructor
+    takes, so ``mypy --strict`` checks each one as users write it (``Service(schedules=[...])``
+    once failed with ``expected "_T_co"``)."""
+    given = _arguments_given(REPO / CLEAN)
+    missing = {
+        name: sorted(set(parameters) - given[name])
+        for name, parameters in _public_classes().items()
+        if set(parameters) - given[name]
+    }
+    assert missing == {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sqlite3
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, assert_type
 
@@ -198,3 +198,259 @@ async def fan_out(queue: ts.MemoryQueue, item: WorkItem) -> ts.Outcome:
             children=[ts.NewItem(spec_id="thumbnail", config={"n": 1})], wait_for_children=True
         )
     return ts.Stop(result=[child.result for child in children], children=[])
+
+
+class Status:
+    """A StatusSource of one's own (what the HTTP surface reads)."""
+
+    @property
+    def healthy(self) -> bool:
+        return True
+
+    def workers(self) -> Sequence[ts.WorkerStatus]:
+        return []
+
+    def recent_errors(self) -> Sequence[ts.ErrorRecord]:
+        return []
+
+
+async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> None:
+    """Every public class built with every argument its constructor takes, as users write
+    them (lists where a sequence is asked for): ``tests/test_typing.py`` checks that none is
+    left out, so a parameter typed in a way mypy --strict refuses fails here first."""
+    from prometheus_client import CollectorRegistry
+
+    from trio_supervise._retention import PruneMetrics
+
+    async def worker() -> None:
+        await trio.sleep_forever()
+
+    registry = CollectorRegistry()
+    policy = ts.RestartPolicy(1.0, 30.0, max_restarts=5, jitter=ts.JitterMode.FULL)
+    jitter = ts.Jitter(seed=7)
+    shutdown = ts.Shutdown()
+    child = ts.ChildSpec(
+        "worker",
+        worker,
+        restart=policy,
+        restart_type=ts.RestartType.TRANSIENT,
+        shutdown_grace=2.0,
+        start=True,
+        stop_signal=False,
+        significant=True,
+    )
+    supervisor = ts.Supervisor(
+        name="top",
+        children=[child],
+        strategy=ts.Strategy.ONE_FOR_ALL,
+        intensity=ts.Intensity(max_restarts=3, period=10.0),
+        shutdown_order=ts.ShutdownOrder.PARALLEL,
+        auto_shutdown=ts.AutoShutdown.ANY_SIGNIFICANT,
+        shutdown=shutdown,
+        jitter=jitter,
+        registry=registry,
+        restart=policy,
+        restart_type=ts.RestartType.PERMANENT,
+        significant=False,
+    )
+    assert_type(ts.ChildCounts(specs=1, active=1, supervisors=0, workers=1).active, int)
+    runner_settings = ts.RunnerSettings(
+        worker_id="w",
+        lease=30.0,
+        requeue_delay=1.0,
+        claim_batch=5,
+        concurrency=5,
+        poll_interval=0.5,
+        shutdown_grace=5.0,
+        retry=policy,
+        max_errors=3,
+        max_attempts=5,
+        claim_retry=policy,
+        settle_batch=50,
+        error_history=10,
+        queues={"default": 5, "mail": 2},
+    )
+    http = ts.HttpSettings(
+        enabled=True,
+        host="127.0.0.1",
+        port=0,
+        refresh=5.0,
+        graceful_timeout=3.0,
+        token="console-token-0123456789",
+        password_hash=None,
+        read_only=True,
+    )
+    retention = ts.RetentionSettings(
+        enabled=True, completed="7d", cancelled=3600, dead=30.0, interval="5m", batch_size=500
+    )
+    settings = ts.Settings(
+        database_url="memory://",
+        log_level=ts.LogLevel.WARNING,
+        log=ts.LogSettings(format=ts.LogFormat.JSON),
+        jitter_seed=1,
+        http=http,
+        runner=runner_settings,
+        retention=retention,
+    )
+    schedule = ts.Schedule(
+        name="nightly",
+        spec_id="watering",
+        cron="0 3 * * *",
+        timezone="Europe/Paris",
+        config={"litres": 2},
+        missed=ts.MissedFires.LATEST,
+        catch_up_window=86_400.0,
+        max_catch_up=5,
+        queue="garden",
+        priority=-5,
+    )
+    scheduler = ts.Scheduler(schedules=[schedule], name="schedules", restart=policy)
+    pruner = ts.Pruner(
+        settings=retention,
+        schedules=[schedule],
+        metrics=PruneMetrics(registry),
+        name="retention",
+        restart=policy,
+    )
+    audit = ts.MemoryAuditTrail(max_entries=100)
+    service = ts.Service(
+        drivers=[WateringDriver(), JsonDriver()],
+        workers=[child, supervisor],
+        settings=settings,
+        queue_url="memory://",
+        queue=queue,
+        build_context=open_garden,
+        name="garden",
+        handle_signals=False,
+        on_event=print,
+        shutdown_order=ts.ShutdownOrder.REVERSE,
+        auto_shutdown=ts.AutoShutdown.ALL_SIGNIFICANT,
+        schedules=[schedule],
+        maintenance=[scheduler, pruner],
+        audit=audit,
+    )
+    assert_type(service.schedules, Sequence[ts.Schedule])
+    ts.ServiceHandle(name="garden", queue=queue, shutdown=shutdown, settings=settings)
+    registry_of: ts.DriverRegistry[Garden] = ts.DriverRegistry()
+    ts.WorkflowRunner(
+        queue=queue,
+        registry=registry_of,
+        settings=runner_settings,
+        build_context=garden,
+        shutdown=shutdown,
+        jitter=jitter,
+        metrics_registry=registry,
+        on_event=print,
+    )
+    ts.RunnerMetrics(registry=registry)
+    ts.OperationsApp(
+        Status(),
+        registry,
+        queue=queue,
+        title="garden",
+        refresh=5.0,
+        due_limit=10,
+        cache_for=1.0,
+        owned_specs=frozenset({"watering"}),
+        schedules=[schedule],
+        queue_limits={"default": 5},
+        warnings=["queue 'garden' is served by no runner here"],
+        token="console-token-0123456789",
+        password_hash=ts.hash_password("s3cret"),
+        read_only=False,
+        audit=audit,
+    )
+    entry = ts.AuditEntry(
+        at=when,
+        who="alice",
+        address="10.0.0.1",
+        action="retry",
+        target="item:x",
+        ok=True,
+        result="requeued x",
+    )
+    await audit.record(entry)
+    assert_type(await audit.recent(10), list[ts.AuditEntry])
+    ts.ErrorRecord(at=when, source="runner", message="boom")
+    ts.RecentError(item_id="x", spec_id="watering", error="boom", at=when)
+    ts.WorkerStatus(
+        worker="w", state=ts.WorkerState.RUNNING, restarts=0, last_error=None, since=0.0
+    )
+    ts.RunnerEvent(
+        kind=ts.RunnerEventKind.CLAIMED,
+        item_id="x",
+        spec_id="watering",
+        lease_version=1,
+        detail="",
+        at=0.0,
+    )
+    ts.PassStats(claimed=1, failed=0)
+    ts.JsonFormatter(fmt=None, datefmt=None, style="%", validate=True, defaults=None)
+    ts.MemoryQueue(clock=ts.TrioClock(epoch=when))
+    new = ts.NewItem(
+        spec_id="watering",
+        config={"litres": 1},
+        tenant_id="t",
+        subject_id="s",
+        due_at=when,
+        item_id="x",
+        idempotency_key="k",
+        priority=-1,
+        queue="garden",
+        evaluation_timeout=30.0,
+        unique="unfinished",
+        concurrency_key="t",
+        concurrency_limit=2,
+    )
+    item = ts.WorkItem(
+        id="x",
+        spec_id="watering",
+        tenant_id="t",
+        subject_id="s",
+        config={},
+        cancel_requested=False,
+        lease_version=1,
+        state=ts.ItemState.QUEUED,
+        due_at=when,
+        error_count=0,
+        last_error=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        idempotency_key="k",
+        created_at=when,
+        updated_at=when,
+        attempt=0,
+        priority=0,
+        queue="garden",
+        timeout=None,
+        result=None,
+        errors=(ts.ErrorEntry(at=when, worker="w", attempt=1, error="boom"),),
+        parent_id=None,
+        waiting_children=0,
+        unique_scope="forever",
+        unique_until=None,
+        released_key=None,
+        concurrency_key=None,
+        concurrency_limit=None,
+    )
+    ts.Enqueued(item=item, created=True)
+    ts.QueueInfo(name="garden", paused=True, paused_at=when, counts={ts.ItemState.QUEUED: 1})
+    ts.Lease(item_id="x", version=1, worker_id="w")
+    ts.Settlement(
+        item_id="x",
+        lease_version=1,
+        kind=ts.SettleKind.RESCHEDULE,
+        delay=0.0,
+        at=when,
+        config={},
+        result=None,
+        error=None,
+        children=[new],
+        wait_for_children=False,
+    )
+    outcomes: list[ts.Outcome] = [
+        ts.Continue(delay=5.0, children=[new], wait_for_children=True),
+        ts.Reschedule(when, {"litres": 3}, children=[new]),
+        ts.Stop(result={"ok": True}, children=[new]),
+    ]
+    assert_type(outcomes[0], ts.Continue | ts.Reschedule | ts.Stop)

@@ -1,8 +1,12 @@
 """trio_supervise: supervised workers, leased durable workflows and time-travel testing for Trio."""
 
+from ._audit import AuditEntry as AuditEntry
+from ._audit import AuditTrail as AuditTrail
+from ._audit import MemoryAuditTrail as MemoryAuditTrail
 from ._clock import Clock as Clock
 from ._clock import SystemClock as SystemClock
 from ._clock import TrioClock as TrioClock
+from ._console_auth import hash_password as hash_password
 from ._errors import ChildStateError as ChildStateError
 from ._errors import ConfigError as ConfigError
 from ._errors import DriverError as DriverError
@@ -103,6 +107,8 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "AnyWorkflowDriver",
+    "AuditEntry",
+    "AuditTrail",
     "AutoShutdown",
     "ChildCounts",
     "ChildSpec",
@@ -135,6 +141,7 @@ __all__ = [
     "LogSettings",
     "MAINTENANCE_RESTART",
     "MaintenanceTask",
+    "MemoryAuditTrail",
     "MemoryQueue",
     "NewItem",
     "MissedFires",
@@ -186,6 +193,7 @@ __all__ = [
     "WorkflowRunner",
     "__version__",
     "configure_logging",
+    "hash_password",
     "load_settings",
     "migrate",
     "open_queue",

@@ -1,49 +1,90 @@
-"""The operations HTTP surface: ``/healthz``, ``/metrics`` and a status page, as a raw ASGI app.
+"""The operations HTTP surface: ``/healthz``, ``/metrics`` and the console, as a raw ASGI app.
 
-The app only reads state: a :class:`StatusSource` (the service's supervisor and runner), a
-Prometheus registry, and the queue (``counts()`` and ``list_items()``). Scrapes are bounded: the
-queue is read at most once per :data:`SCRAPE_CACHE_SECONDS` however many clients scrape, one read
-in flight at a time (concurrent requests share it), and the page lists a bounded number of rows.
-It is served by hypercorn's Trio worker through :func:`serve_http`, a ``nursery.start``-style
-service that reports the bound port and stops when the service's :class:`Shutdown` begins; the
-port is bound first (:func:`bind_http`), so that an address in use is one clear error.
+The console is the status page at ``/`` and the pages and actions beside it: item lists
+filtered by state and spec (``/items``, paged by keyset cursor), dead items with bulk retry
+(``/dead``), an item's page (``/items/<id>``), and actions posted as forms:
+``/items/<id>/retry|cancel|delete|run-now``, ``/dead/retry``, ``/queues/<name>/pause|resume``
+and ``/schedules/<name>/fire``. Every action needs the form's CSRF token (see
+:mod:`trio_supervise._console_auth`), answers with a redirect back and a flash message
+(POST/redirect/GET), and is recorded in an :class:`~trio_supervise.AuditTrail`. With a token
+or a password hash the console asks for credentials (HTTP Basic or a bearer token);
+``/healthz`` and ``/metrics`` never do (probes and scrapers). Read-only, it shows no forms and
+refuses every action.
+
+Reads of the queue are bounded (:mod:`trio_supervise._http_metrics`): at most one per
+:data:`SCRAPE_CACHE_SECONDS` however many clients scrape, and the pages list a bounded number
+of rows. It is served by hypercorn's Trio worker through :func:`serve_http`, a
+``nursery.start``-style service that reports the bound port and stops when the service's
+:class:`Shutdown` begins; the port is bound first (:func:`bind_http`), so that an address in use
+is one clear error.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import errno
 import functools
-import hashlib
-import html
-import itertools
 import json
 import logging
 import math
 import socket
-from collections.abc import (
-    Awaitable,
-    Callable,
-    Iterable,
-    Iterator,
-    Mapping,
-    MutableMapping,
-    Sequence,
-)
-from typing import Any, Generic, Protocol, TypeVar
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
+from ._audit import AuditEntry, AuditTrail, MemoryAuditTrail
+from ._console import (
+    CONTENT_SECURITY_POLICY,
+    ITEM_ACTIONS,
+    PAGE_HEADERS,
+    PAGE_SIZE,
+    QUEUE_ACTIONS,
+    QueueView,
+    ScheduleView,
+    audit_row,
+    count_rows,
+    due_row,
+    error_row,
+    item_actions,
+    item_page_context,
+    lineage,
+    list_row,
+    perform,
+    queue_rows,
+    render,
+    rows,
+    schedule_rows,
+    unowned_rows,
+    unquote_part,
+    worker_row,
+)
+from ._console_auth import (
+    CREDENTIALS_REALM,
+    ConsoleAuth,
+    ConsoleKeys,
+    check_password_hash,
+    check_token,
+    is_loopback,
+)
 from ._convert import unstructure
+from ._errors import ItemNotFound
+from ._http_metrics import (
+    SCRAPE_CACHE_SECONDS,
+    QueueDepthCollector,
+    ScheduleCollector,
+    SharedRead,
+)
 from ._lifecycle import Shutdown
+from ._schedules import Schedule, checked_schedules
 from ._supervisor import WorkerStatus
 from .queues import ItemState, WorkItem, WorkQueue
 
 __all__ = [
+    "CONTENT_SECURITY_POLICY",
     "SCRAPE_CACHE_SECONDS",
     "ErrorRecord",
     "HttpBindError",
@@ -61,18 +102,18 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
 
-_ALLOWED = "GET, HEAD"
-_QUEUE_TIMEOUT = 5.0
-"""Seconds a request waits for the queue before showing what it has without it."""
-
-SCRAPE_CACHE_SECONDS = 1.0
-"""How long one read of the queue (counts, the due-soon rows) serves every scrape and page."""
-
-_MAX_ROWS = 50
-"""The most rows the page shows in its spec and error tables (the rest are counted)."""
-
-T = TypeVar("T")
+_READ = "GET, HEAD"
+_POST = "POST"
+_MAX_BODY = 256 * 1024
+"""The largest form an action accepts (a bulk retry of a page of long ids fits many times)."""
+_MAX_BULK = 1000
+"""The most items one bulk retry takes."""
+_AUDIT_SHOWN = 20
+_SESSION_COOKIE = "ts_csrf"
+_FLASH_COOKIE = "ts_flash"
+_TEXT = (b"content-type", b"text/plain; charset=utf-8")
 
 
 @attrs.frozen(kw_only=True)
@@ -107,387 +148,148 @@ def _worker_json(status: WorkerStatus) -> dict[str, Any]:
     return document
 
 
-# -- bounded reads of the queue --------------------------------------------------------------------
+# -- requests and responses ----------------------------------------------------------------------
 
 
 @attrs.frozen
-class _Read(Generic[T]):
-    value: T | None
-    problem: str | None  # why there is no value: the error, or "timed out"
+class _Response:
+    status: int
+    headers: Headers
+    body: bytes
 
 
-@attrs.define(eq=False)
-class SharedRead(Generic[T]):
-    """One read of the queue shared by every request for *max_age* seconds (Trio's clock).
-
-    At most one read is in flight: requests that arrive while it runs wait for it and share its
-    answer. A failure (or no answer within 5 s) is shared too, so a struggling queue is not asked
-    harder. A cancelled read leaves nothing behind; the next request reads again.
-    """
-
-    _read: Callable[[], Awaitable[T]] = attrs.field(alias="read")
-    _what: str = attrs.field(alias="what")
-    max_age: float = attrs.field(default=SCRAPE_CACHE_SECONDS, kw_only=True)
-    reads: int = attrs.field(init=False, default=0)
-    """How many times the queue was read (for tests and curiosity)."""
-    _last: _Read[T] | None = attrs.field(init=False, default=None)
-    _read_at: float = attrs.field(init=False, default=-math.inf)
-    _in_flight: trio.Event | None = attrs.field(init=False, default=None)
-    _answered: int = attrs.field(init=False, default=0)  # the read whose answer _last is
-
-    async def get(self) -> _Read[T]:
-        """The last answer if fresh, else a new one (or the one being read now)."""
-        while True:
-            if self._last is not None and trio.current_time() - self._read_at < self.max_age:
-                await trio.lowlevel.checkpoint()
-                return self._last
-            if self._in_flight is not None:
-                generation = self.reads
-                await self._in_flight.wait()
-                if self._last is not None and self._answered == generation:
-                    return self._last
-                continue  # that read was cancelled: read again
-            done = self._in_flight = trio.Event()
-            try:
-                last = self._last = await self._fetch()
-                self._read_at = trio.current_time()
-                self._answered = self.reads
-            finally:
-                self._in_flight = None
-                done.set()
-            return last
-
-    async def _fetch(self) -> _Read[T]:
-        self.reads += 1
-        with trio.move_on_after(_QUEUE_TIMEOUT):
-            try:
-                return _Read(await self._read(), None)
-            except Exception as error:
-                logger.warning("%s failed", self._what, exc_info=True)
-                return _Read(None, f"{type(error).__name__}: {error}")
-        return _Read(None, "timed out")
+def _text(status: int, text: str, *headers: tuple[bytes, bytes]) -> _Response:
+    plain = [_TEXT, (b"x-content-type-options", b"nosniff")]
+    return _Response(status, [*plain, *headers], (text + "\n").encode("utf-8", "backslashreplace"))
 
 
-def _label(text: str) -> str:
-    """A Prometheus label value that encodes (lone surrogates shown as escapes)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+@attrs.frozen
+class _Request:
+    scope: Scope
+    receive: Receive
+    method: str
+    headers: Mapping[str, str]
+    query: Mapping[str, list[str]]
+    cookies: Mapping[str, str]
 
-
-@attrs.define(eq=False)
-class QueueDepthCollector:
-    """Exports the queue's counts by spec and state, and each spec's lag, as last read by
-    :meth:`refresh`.
-
-    A collector is called synchronously during exposition, so it cannot ask the queue itself;
-    the ``/metrics`` handler awaits :meth:`refresh` just before rendering. The counts come from
-    a :class:`SharedRead` (the status page shares it), the lags from another, so scrapes never
-    read more than once a :data:`SCRAPE_CACHE_SECONDS`.
-
-    Every spec the queue has shown once stays known: its ``queue_items`` series report 0 for
-    each state it has no items in (rather than vanishing, which alerting reads as "no data"),
-    and its ``queue_lag_seconds`` is how long the oldest due, unclaimed item has been waiting
-    (from ``next_due_at([spec])``: a queued item past its due time, or an expired lease
-    waiting for rescue), 0 when nothing is overdue. While the queue does not answer, only
-    ``queue_up 0`` is exported: zeros would claim an empty queue.
-    """
-
-    _queue: WorkQueue = attrs.field(alias="queue")
-    _source: SharedRead[Mapping[tuple[str, ItemState], int]] | None = attrs.field(
-        default=None, alias="source"
-    )
-    _counts: Mapping[tuple[str, ItemState], int] = attrs.field(init=False, factory=dict)
-    _up: bool = attrs.field(init=False, default=False)
-    _specs: set[str] = attrs.field(init=False, factory=set)
-    _lag_source: SharedRead[Mapping[str, float]] = attrs.field(init=False)
-    _lags: Mapping[str, float] = attrs.field(init=False, factory=dict)
-
-    def __attrs_post_init__(self) -> None:
-        if self._source is None:
-            self._source = SharedRead(self._counts_now, what="queue counts")
-        self._lag_source = SharedRead(self._lags_now, what="queue lag")
-
-    async def _counts_now(self) -> Mapping[tuple[str, ItemState], int]:
-        return dict(await self._queue.counts())
-
-    async def _lags_now(self) -> Mapping[str, float]:
-        lags: dict[str, float] = {}
-        for spec_id in sorted(self._specs):
-            due = await self._queue.next_due_at([spec_id])
-            now = self._queue.clock.now()
-            lags[spec_id] = 0.0 if due is None else max(0.0, (now - due).total_seconds())
-        return lags
+    @classmethod
+    def of(cls, scope: Scope, receive: Receive) -> _Request:
+        headers: dict[str, str] = {}
+        for name, value in scope.get("headers", ()):
+            headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        cookies: dict[str, str] = {}
+        for part in headers.get("cookie", "").split(";"):
+            name, sep, value = part.strip().partition("=")
+            if sep and name not in cookies:
+                cookies[name] = value
+        query = urllib.parse.parse_qs(
+            scope.get("query_string", b"").decode("latin-1"),
+            keep_blank_values=True,
+            max_num_fields=100,
+        )
+        return cls(scope, receive, scope.get("method", "GET"), headers, query, cookies)
 
     @property
-    def source(self) -> SharedRead[Mapping[tuple[str, ItemState], int]]:
-        """Where the counts come from (shared with the status page)."""
-        assert self._source is not None
-        return self._source
+    def client(self) -> str:
+        client = self.scope.get("client")
+        return "?" if not client else str(client[0])
 
-    async def refresh(self) -> Mapping[tuple[str, ItemState], int]:
-        """The counts, read at most once per cache window; on failure report the queue down."""
-        read = await self.source.get()
-        self._counts = read.value or {}
-        self._specs.update(spec_id for spec_id, _ in self._counts)
-        lags = await self._lag_source.get() if read.value is not None else None
-        self._up = read.value is not None and lags is not None and lags.value is not None
-        self._lags = {} if lags is None else lags.value or {}
-        return self._counts
+    @property
+    def secure(self) -> bool:
+        return self.scope.get("scheme") == "https"
 
-    def collect(self) -> Iterable[Metric]:
-        items = GaugeMetricFamily(
-            "trio_supervise_queue_items",
-            "Work items in the queue by spec and state, read at scrape time.",
-            labels=["spec", "state"],
+    def first(self, name: str) -> str:
+        return (self.query.get(name) or [""])[0]
+
+    async def form(self) -> dict[str, list[str]]:
+        """The posted form, read up to :data:`_MAX_BODY` bytes (ValueError past it, or when it is
+        not ``application/x-www-form-urlencoded``)."""
+        kind = self.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind != "application/x-www-form-urlencoded":
+            raise ValueError("an action is a form (application/x-www-form-urlencoded)")
+        body = b""
+        while True:
+            message = await self.receive()
+            if message.get("type") != "http.request":
+                break
+            body += message.get("body", b"")
+            if len(body) > _MAX_BODY:
+                raise ValueError(f"the form is larger than {_MAX_BODY} bytes")
+            if not message.get("more_body", False):
+                break
+        return urllib.parse.parse_qs(
+            body.decode("utf-8", "surrogateescape"), keep_blank_values=True, max_num_fields=2000
         )
-        lag = GaugeMetricFamily(
-            "trio_supervise_queue_lag_seconds",
-            "Seconds the oldest due, unclaimed item of the spec has waited (0: none overdue).",
-            labels=["spec"],
-        )
-        if self._up:
-            for spec_id in sorted(self._specs):
-                for state in ItemState:
-                    count = self._counts.get((spec_id, state), 0)
-                    items.add_metric([_label(spec_id), str(state)], count)
-                if spec_id in self._lags:
-                    lag.add_metric([_label(spec_id)], self._lags[spec_id])
-        up = GaugeMetricFamily(
-            "trio_supervise_queue_up", "1 if the queue answered the last scrape, else 0."
-        )
-        up.add_metric([], 1 if self._up else 0)
-        return [items, lag, up]
 
 
-# -- the page --------------------------------------------------------------------------------------
-
-_STYLE = """
-body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5rem; color: #222; }
-h1 { font-size: 1.3rem; } h2 { font-size: 1.1rem; margin-top: 1.5rem; }
-table { border-collapse: collapse; margin: .5rem 0; }
-th, td { border: 1px solid #ccc; padding: .25rem .5rem; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; }
-td.num { text-align: right; }
-code { white-space: pre-wrap; word-break: break-all; }
-.banner { padding: .5rem .75rem; border-radius: 4px; display: inline-block; font-weight: 600; }
-.healthy { background: #dff5e1; } .unhealthy { background: #fbe0e0; }
-.state-running { color: #17692a; } .state-backing-off { color: #8a5a00; }
-.state-failed { color: #b00020; font-weight: 600; }
-.muted { color: #777; }
-"""
-_STYLE_HASH = base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
-
-CONTENT_SECURITY_POLICY = (
-    f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; img-src 'none'; "
-    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-)
-"""No script at all, and only the page's own stylesheet (pinned by hash)."""
-
-_PAGE_HEADERS = [
-    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"x-frame-options", b"DENY"),
-]
-
-_CONFIG_PREVIEW = 200
+def _segments(scope: Scope) -> list[str] | None:
+    """The request path's segments, each percent-decoded on its own (so an item id holding
+    ``/`` is one segment); None when one is not UTF-8."""
+    raw = scope.get("raw_path")
+    try:
+        if isinstance(raw, bytes) and raw:
+            path = raw.partition(b"?")[0]
+            return [unquote_part(part) for part in path.split(b"/")[1:]] if path != b"/" else []
+        path_text = str(scope.get("path", ""))
+        return path_text.split("/")[1:] if path_text != "/" else []
+    except UnicodeDecodeError:
+        return None
 
 
-def _e(value: object) -> str:
-    """Escape anything for HTML text or a quoted attribute."""
-    return html.escape(str(value), quote=True)
-
-
-def _state_class(state: str) -> str:
-    safe = "".join(ch for ch in state.lower() if ch.isalnum() or ch == "-")
-    return f"state-{safe}"
-
-
-def _when(at: dt.datetime, now: dt.datetime | None) -> str:
-    stamp = at.strftime("%Y-%m-%d %H:%M:%S UTC")
-    if now is None:
-        return stamp
-    seconds = (at - now).total_seconds()
-    if seconds <= 0:
-        return f"{stamp} (due)"
-    if seconds < 120:
-        return f"{stamp} (in {math.ceil(seconds)}s)"
-    if seconds < 7200:
-        return f"{stamp} (in {math.ceil(seconds / 60)}m)"
-    return f"{stamp} (in {seconds / 3600:.1f}h)"
-
-
-def _due(item: WorkItem, now: dt.datetime | None) -> str:
-    """When *item* is due; "waiting for N children" while it waits for them."""
-    if item.waiting:
-        n = item.waiting_children
-        return f"waiting for {n} {'child' if n == 1 else 'children'}"
-    return _when(item.due_at, now)
-
-
-def _preview(config: object) -> str:
-    text = json.dumps(config, sort_keys=True, ensure_ascii=False)
-    if len(text) > _CONFIG_PREVIEW:
-        text = text[: _CONFIG_PREVIEW - 1] + "…"
+def _local_path(text: str, default: str = "/") -> str:
+    """*text* if it is a path on this server (``/...``, not ``//host``), else *default*."""
+    if not text.startswith("/") or text.startswith("//") or "\\" in text or len(text) > 4096:
+        return default
+    if not text.isascii():
+        return default
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in text):
+        return default
     return text
 
 
-def _stamp(at: object) -> str:
-    if at is None:
-        return ""
-    if isinstance(at, dt.datetime):
-        return at.strftime("%Y-%m-%d %H:%M:%S UTC")
-    return str(at)
+def _cookie(name: str, value: str, *, secure: bool, max_age: int | None = None) -> bytes:
+    parts = [f"{name}={value}", "Path=/", "HttpOnly", "SameSite=Strict"]
+    if max_age is not None:
+        parts.append(f"Max-Age={max_age}")
+    if secure:
+        parts.append("Secure")
+    return "; ".join(parts).encode()
 
 
-def _rows(
-    things: Sequence[T], render: Callable[[T], str], *, columns: int, what: str, empty: str
-) -> Iterator[str]:
-    """One ``<tr>`` per thing, at most :data:`_MAX_ROWS` of them, then how many were left out.
-
-    A thing that fails to render (odd data from a driver or a backend) is a row saying so,
-    never a failed page.
-    """
-    for thing in itertools.islice(things, _MAX_ROWS):
-        try:
-            yield render(thing)
-        except Exception as error:
-            logger.debug("status page cannot render a %s", what, exc_info=True)
-            yield (
-                f'<tr><td colspan="{columns}" class="muted">'
-                f"this {_e(what)} cannot be shown ({_e(type(error).__name__)})</td></tr>"
-            )
-    if len(things) > _MAX_ROWS:
-        yield (
-            f'<tr><td colspan="{columns}" class="muted">'
-            f"and {len(things) - _MAX_ROWS} more</td></tr>"
-        )
-    if not things:
-        yield f'<tr><td colspan="{columns}" class="muted">{_e(empty)}</td></tr>'
+def _page_query(**values: str | list[str] | None) -> str:
+    pairs = [
+        (name, each)
+        for name, value in values.items()
+        if value
+        for each in ([value] if isinstance(value, str) else value)
+    ]
+    return urllib.parse.urlencode(pairs)
 
 
-def _history(item: WorkItem) -> str:
-    """The item's error history (oldest first) as a folded list, every piece escaped."""
-    if not item.errors:
-        return ""
-    entries = "".join(
-        f"<li>{_e(_stamp(each.at))} by {_e(each.worker or '?')} (attempt {_e(each.attempt)}): "
-        f"<code>{_e(each.error)}</code></li>"
-        for each in item.errors
+def _credentials(token: str | None, password_hash: str | None) -> ConsoleAuth | None:
+    if token is None and password_hash is None:
+        return None
+    return ConsoleAuth(
+        token=None if token is None else check_token(token),
+        password_hash=None if password_hash is None else check_password_hash(password_hash),
     )
-    summary = f"<summary>history ({len(item.errors)})</summary>"
-    return f'<details class="history">{summary}<ol>{entries}</ol></details>'
+
+
+Handler = Callable[[_Request, "_Page"], Awaitable[_Response]]
+
+
+def _texts(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
 
 
 @attrs.frozen
-class _QueueView:
-    counts: Mapping[tuple[str, ItemState], int] | None
-    due: Sequence[WorkItem]
-    now: dt.datetime | None
-    problem: str | None
-    unowned: Sequence[tuple[str, int]] = ()
-    """(spec, queued count) of due specs no driver of this service owns."""
+class _Page:
+    """What a console request carries besides itself: who asked, and its CSRF session."""
 
-
-def render_status_page(
-    *,
-    title: str,
-    healthy: bool,
-    workers: Sequence[WorkerStatus],
-    errors: Sequence[ErrorRecord],
-    queue: _QueueView | None,
-    refresh: float,
-) -> str:
-    """The status page as HTML; every piece of data passes through :func:`html.escape`."""
-    out: list[str] = []
-    add = out.append
-    add("<!doctype html>")
-    add('<html lang="en"><head><meta charset="utf-8">')
-    add(f'<meta http-equiv="refresh" content="{max(1, math.ceil(refresh))}">')
-    add('<meta name="viewport" content="width=device-width, initial-scale=1">')
-    add(f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>")
-    add(f"<h1>{_e(title)}</h1>")
-    verdict = "healthy" if healthy else "unhealthy"
-    add(f'<p id="health" class="banner {verdict}">{verdict}</p>')
-
-    add('<h2>Workers</h2><table id="workers"><thead><tr>')
-    add("<th>worker</th><th>state</th><th>restarts</th><th>last error</th></tr></thead><tbody>")
-
-    def worker_row(worker: WorkerStatus) -> str:
-        return (
-            f'<tr><td>{_e(worker.worker)}</td><td class="{_e(_state_class(worker.state))}">'
-            f'{_e(worker.state)}</td><td class="num">{_e(worker.restarts)}</td>'
-            f"<td><code>{_e(worker.last_error or '')}</code></td></tr>"
-        )
-
-    out.extend(_rows(workers, worker_row, columns=4, what="worker", empty="no workers"))
-    add("</tbody></table>")
-
-    if queue is not None:
-        add("<h2>Queue</h2>")
-        if queue.problem is not None:
-            add(f'<p class="banner unhealthy">queue unavailable: {_e(queue.problem)}</p>')
-        if queue.counts is not None:
-            states = list(ItemState)
-            specs = sorted({spec for spec, _ in queue.counts})
-            add('<table id="counts"><thead><tr><th>spec</th>')
-            add("".join(f"<th>{_e(state)}</th>" for state in states))
-            add("</tr></thead><tbody>")
-            counts = queue.counts
-
-            def spec_row(spec: str) -> str:
-                cells = "".join(
-                    f'<td class="num">{_e(counts.get((spec, state), 0))}</td>' for state in states
-                )
-                return f"<tr><td>{_e(spec)}</td>{cells}</tr>"
-
-            out.extend(_rows(specs, spec_row, columns=len(states) + 1, what="spec", empty="empty"))
-            add("</tbody></table>")
-        if queue.unowned:
-            add('<table id="unowned"><thead><tr><th>unowned spec</th><th>queued</th>')
-            add("<th>warning</th></tr></thead><tbody>")
-
-            def unowned_row(entry: tuple[str, int]) -> str:
-                spec, count = entry
-                return (
-                    f'<tr class="warning"><td>{_e(spec)}</td><td class="num">{_e(count)}</td>'
-                    f"<td>due, but no driver of this service owns spec {_e(repr(spec))}</td></tr>"
-                )
-
-            out.extend(_rows(queue.unowned, unowned_row, columns=3, what="spec", empty=""))
-            add("</tbody></table>")
-        add('<h2>Due soon</h2><table id="due"><thead><tr><th>id</th><th>spec</th>')
-        add("<th>tenant</th><th>subject</th><th>due</th><th>errors</th><th>config</th>")
-        add("</tr></thead><tbody>")
-        now = queue.now
-
-        def item_row(item: WorkItem) -> str:
-            return (
-                f"<tr><td>{_e(item.id)}</td><td>{_e(item.spec_id)}</td>"
-                f"<td>{_e(item.tenant_id)}</td><td>{_e(item.subject_id)}</td>"
-                f"<td>{_e(_due(item, now))}</td>"
-                f'<td class="num">{_e(item.error_count)}'
-                f"{'<br><code>' + _e(item.last_error) + '</code>' if item.last_error else ''}"
-                f"{_history(item)}"
-                f"</td><td><code>{_e(_preview(item.config))}</code></td></tr>"
-            )
-
-        out.extend(_rows(queue.due, item_row, columns=7, what="item", empty="nothing queued"))
-        add("</tbody></table>")
-
-    add('<h2>Recent errors</h2><table id="errors"><thead><tr>')
-    add("<th>when</th><th>where</th><th>error</th></tr></thead><tbody>")
-
-    def error_row(error: ErrorRecord) -> str:
-        return (
-            f"<tr><td>{_e(_stamp(error.at))}</td><td>{_e(error.source)}</td>"
-            f"<td><code>{_e(error.message)}</code></td></tr>"
-        )
-
-    out.extend(_rows(errors, error_row, columns=3, what="error", empty="none"))
-    add("</tbody></table>")
-    add(f'<p class="muted">refreshes every {_e(max(1, math.ceil(refresh)))}s</p>')
-    add("</body></html>")
-    return "\n".join(out)
+    who: str
+    session: str
+    new_session: bool
+    csrf: str
 
 
 # -- the app ---------------------------------------------------------------------------------------
@@ -495,18 +297,30 @@ def render_status_page(
 
 @attrs.define(eq=False)
 class OperationsApp:
-    """The ASGI app behind the operations server.
+    """The ASGI app behind the operations server: ``/healthz``, ``/metrics`` and the console.
 
     :param source: health, workers and recent errors.
     :param registry: the Prometheus registry ``/metrics`` exposes. When a *queue* is given, a
-        :class:`QueueDepthCollector` is registered on it.
-    :param queue: the service's queue, for counts and the items due soon (optional).
+        :class:`QueueDepthCollector` (and with *schedules*, a schedule collector) is registered
+        on it.
+    :param queue: the service's queue: counts, items, and the console's actions (optional;
+        without one the console is the status page of workers and errors only).
     :param title: the status page's heading.
     :param refresh: seconds between status page refreshes.
     :param due_limit: how many due-soon items the status page lists.
     :param cache_for: seconds one read of the queue serves every scrape and page view.
     :param owned_specs: the spec ids this service's drivers own; when given, the status page
         flags due items of any other spec (nothing here will ever run them). None: no check.
+    :param schedules: the service's schedules, for the schedules panel, their metrics and
+        "fire now".
+    :param queue_limits: each queue the service's runner serves, with its concurrency (None:
+        no runner here), for the queues panel and ``named_queue_concurrency_limit``.
+    :param warnings: problems found at start (a queue nothing here serves), shown on the page.
+    :param token: the console's token (see ``HttpSettings.token``); with it or *password_hash*
+        the console asks for credentials.
+    :param password_hash: the console's password, hashed (``HttpSettings.password_hash``).
+    :param read_only: show no action forms and refuse every action (403).
+    :param audit: where the console records actions (a :class:`MemoryAuditTrail` if None).
     """
 
     source: StatusSource
@@ -517,8 +331,20 @@ class OperationsApp:
     due_limit: int = attrs.field(default=20, kw_only=True)
     cache_for: float = attrs.field(default=SCRAPE_CACHE_SECONDS, kw_only=True)
     owned_specs: frozenset[str] | None = attrs.field(default=None, kw_only=True)
+    schedules: Sequence[Schedule] = attrs.field(
+        default=(), kw_only=True, converter=checked_schedules
+    )
+    queue_limits: Mapping[str, int] | None = attrs.field(default=None, kw_only=True)
+    warnings: Sequence[str] = attrs.field(default=(), kw_only=True, converter=_texts)
+    token: str | None = attrs.field(default=None, kw_only=True, repr=False)
+    password_hash: str | None = attrs.field(default=None, kw_only=True, repr=False)
+    read_only: bool = attrs.field(default=False, kw_only=True)
+    audit: AuditTrail = attrs.field(factory=MemoryAuditTrail, kw_only=True)
     _depth: QueueDepthCollector | None = attrs.field(init=False, default=None)
+    _fires: ScheduleCollector | None = attrs.field(init=False, default=None)
     _due: SharedRead[Sequence[WorkItem]] | None = attrs.field(init=False, default=None)
+    _auth: ConsoleAuth | None = attrs.field(init=False, default=None)
+    _keys: ConsoleKeys = attrs.field(init=False, factory=ConsoleKeys)
 
     def __attrs_post_init__(self) -> None:
         if not self.refresh > 0:
@@ -527,23 +353,33 @@ class OperationsApp:
             raise ValueError(f"due_limit must be >= 0, got {self.due_limit!r}")
         if not (math.isfinite(self.cache_for) and self.cache_for >= 0):
             raise ValueError(f"cache_for must be a finite number >= 0, got {self.cache_for!r}")
+        self._auth = _credentials(self.token, self.password_hash)
+        self._keys = ConsoleKeys.from_secret(self.token or self.password_hash)
         if self.queue is not None:
             queue = self.queue
-            self._depth = QueueDepthCollector(queue)
+            self._depth = QueueDepthCollector(queue, limits=self.queue_limits)
             self._depth.source.max_age = self.cache_for
             self.registry.register(self._depth)
+            if self.schedules:
+                self._fires = ScheduleCollector(queue, self.schedules, cache_for=self.cache_for)
+                self.registry.register(self._fires)
 
             async def due() -> Sequence[WorkItem]:
                 return await queue.list_items(states=[ItemState.QUEUED], limit=self.due_limit)
 
             self._due = SharedRead(due, what="status page due items", max_age=self.cache_for)
 
+    @property
+    def authenticates(self) -> bool:
+        """Whether the console asks for credentials."""
+        return self._auth is not None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
             await self._lifespan(receive, send)
         elif kind == "http":
-            await self._http(scope, send)
+            await self._http(scope, receive, send)
         elif kind == "websocket":
             # Closing before accepting makes the server answer the handshake with 403 (returning
             # without a word would be a 500).
@@ -561,70 +397,143 @@ class OperationsApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _http(self, scope: Scope, send: Send) -> None:
-        method = scope.get("method", "GET")
-        routes = {"/": self._page, "/healthz": self._healthz, "/metrics": self._metrics}
-        handler = routes.get(scope.get("path", ""))
-        head = method == "HEAD"
-        if handler is None:
-            status, headers, body = 404, [(b"content-type", b"text/plain; charset=utf-8")], b""
-            body = b"not found\n"
-        elif method not in ("GET", "HEAD"):
-            status, body = 405, b"method not allowed\n"
-            headers = [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"allow", _ALLOWED.encode()),
-            ]
+    def _route(self, segments: list[str]) -> tuple[str, Handler, bool] | None:
+        """``(allowed methods, handler, is it the console)`` for a path, or None (404)."""
+        queued = self.queue is not None
+        match segments:
+            case []:
+                return _READ, self._status_page, True
+            case ["healthz"]:
+                return _READ, self._healthz, False
+            case ["metrics"]:
+                return _READ, self._metrics, False
+            case ["items"] if queued:
+                return _READ, self._items_page, True
+            case ["dead"] if queued:
+                return _READ, self._dead_page, True
+            case ["items", item_id] if queued and item_id:
+                return _READ, functools.partial(self._item_page, item_id), True
+            case ["items", item_id, action] if queued and item_id and action in ITEM_ACTIONS:
+                return _POST, functools.partial(self._act, "items", item_id, action), True
+            case ["dead", "retry"] if queued:
+                return _POST, functools.partial(self._act, "dead", "", "retry"), True
+            case ["queues", name, action] if queued and name and action in QUEUE_ACTIONS:
+                return _POST, functools.partial(self._act, "queues", name, action), True
+            case ["schedules", name, "fire"] if queued and name:
+                return _POST, functools.partial(self._act, "schedules", name, "fire"), True
+        return None
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = _Request.of(scope, receive)
+        segments = _segments(scope)
+        route = None if segments is None else self._route(segments)
+        if route is None:
+            response = _text(404, "not found")
+        elif request.method not in route[0].split(", "):
+            response = _text(405, "method not allowed", (b"allow", route[0].encode()))
         else:
+            _, handler, console = route
             try:
-                status, headers, body = await handler()
+                response = await self._answer(request, handler, console)
             except Exception:
                 logger.exception("operations endpoint %s failed", scope.get("path"))
-                status, body = 500, b"internal error\n"
-                headers = [(b"content-type", b"text/plain; charset=utf-8")]
+                response = _text(500, "internal error")
         headers = [
-            *headers,
-            (b"content-length", str(len(body)).encode()),
+            *response.headers,
+            (b"content-length", str(len(response.body)).encode()),
             (b"cache-control", b"no-store"),
         ]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": b"" if head else body})
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        body = b"" if request.method == "HEAD" else response.body
+        await send({"type": "http.response.body", "body": body})
+
+    async def _answer(self, request: _Request, handler: Handler, console: bool) -> _Response:
+        """Credentials and the CSRF session of a console request, then its handler."""
+        who = "local"
+        if console and self._auth is not None:
+            found = await self._auth.who(request.headers.get("authorization"))
+            if found is None:
+                challenge = f'Basic realm="{CREDENTIALS_REALM}", charset="UTF-8"'.encode()
+                return _text(401, "credentials required", (b"www-authenticate", challenge))
+            who = found
+        session = request.cookies.get(_SESSION_COOKIE, "")
+        fresh = len(session) < 32 or not session.replace("-", "").replace("_", "").isalnum()
+        if fresh:
+            session = self._keys.new_session()
+        page = _Page(who, session, fresh, self._keys.csrf_token(session))
+        response = await handler(request, page)
+        if console and fresh and request.method != "POST":
+            cookie = _cookie(_SESSION_COOKIE, session, secure=request.secure)
+            response = attrs.evolve(response, headers=[*response.headers, (b"set-cookie", cookie)])
+        return response
 
     # -- handlers ------------------------------------------------------------------------------
 
-    async def _healthz(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def _healthz(self, request: _Request, page: _Page) -> _Response:
         healthy = self.source.healthy
         document = {
             "healthy": healthy,
             "workers": [_worker_json(worker) for worker in self.source.workers()],
         }
         body = json.dumps(document, indent=2).encode() + b"\n"
-        return (200 if healthy else 503), [(b"content-type", b"application/json")], body
+        return _Response(200 if healthy else 503, [(b"content-type", b"application/json")], body)
 
-    async def _metrics(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def _metrics(self, request: _Request, page: _Page) -> _Response:
         if self._depth is not None:
             await self._depth.refresh()
-        return (
+        if self._fires is not None and self._depth is not None and self._depth.read is not None:
+            await self._fires.refresh()
+        return _Response(
             200,
             [(b"content-type", CONTENT_TYPE_LATEST.encode())],
             generate_latest(self.registry),
         )
 
-    async def _queue_view(self) -> _QueueView:
+    def _html(self, request: _Request, page: _Page, template: str, **context: Any) -> _Response:
+        """A console page: the flash message a redirect left (then cleared), the CSRF token
+        for its forms, and the security headers."""
+        headers = list(PAGE_HEADERS)
+        flash = self._keys.unsign(request.cookies.get(_FLASH_COOKIE))
+        if _FLASH_COOKIE in request.cookies:
+            cleared = _cookie(_FLASH_COOKIE, "", secure=request.secure, max_age=0)
+            headers.append((b"set-cookie", cleared))
+        text = render(
+            template,
+            title=self.title,
+            page_title=context.pop("page_title", None),
+            refresh=context.pop("refresh", None),
+            read_only=self.read_only,
+            csrf=page.csrf,
+            flash=None if flash is None else {"ok": flash[0], "text": flash[1]},
+            **context,
+        )
+        # Stored text may hold lone surrogates (no UTF-8 for them): shown as escapes, never a 500.
+        return _Response(200, headers, text.encode("utf-8", "backslashreplace"))
+
+    async def _queue_view(self) -> QueueView:
         assert self.queue is not None
         assert self._depth is not None
         assert self._due is not None
+        await self._depth.refresh()
         counts = await self._depth.source.get()
-        due = await self._due.get() if counts.value is not None else _Read(None, None)
-        problem = counts.problem or due.problem
+        due = await self._due.get() if counts.value is not None else None
+        problem = counts.problem or (None if due is None else due.problem)
         now: dt.datetime | None = None
         try:
             now = self.queue.clock.now()
         except Exception:
             logger.debug("queue clock failed", exc_info=True)
         unowned = await self._unowned(counts.value, now)
-        return _QueueView(
-            counts=counts.value, due=due.value or (), now=now, problem=problem, unowned=unowned
+        read = self._depth.read
+        return QueueView(
+            counts=counts.value,
+            due=() if due is None else due.value or (),
+            now=now,
+            problem=problem,
+            unowned=unowned,
+            queues=() if read is None else read.queues,
+            lags={} if read is None else read.queue_lags,
+            limits=self.queue_limits,
         )
 
     async def _unowned(
@@ -640,7 +549,7 @@ class OperationsApp:
             if state == ItemState.QUEUED and count and spec not in self.owned_specs
         }
         found = []
-        for spec in sorted(queued)[:_MAX_ROWS]:
+        for spec in sorted(queued)[:50]:
             try:
                 due = await self.queue.next_due_at([spec])
             except Exception:
@@ -650,19 +559,204 @@ class OperationsApp:
                 found.append((spec, queued[spec]))
         return found
 
-    async def _page(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        queue = None if self.queue is None else await self._queue_view()
-        text = render_status_page(
-            title=self.title,
-            healthy=self.source.healthy,
-            workers=self.source.workers(),
-            errors=self.source.recent_errors(),
+    async def _schedule_views(self) -> list[ScheduleView]:
+        last: Mapping[str, dt.datetime | None] = {}
+        if self._fires is not None:
+            last = await self._fires.refresh()
+        served = self.queue_limits
+        return [
+            ScheduleView(
+                schedule=schedule,
+                last=last.get(schedule.name),
+                unserved=served is not None and schedule.item_queue not in served,
+            )
+            for schedule in self.schedules
+        ]
+
+    async def _status_page(self, request: _Request, page: _Page) -> _Response:
+        states = list(ItemState)
+        view = None if self.queue is None else await self._queue_view()
+        queue: dict[str, Any] | None = None
+        if view is not None:
+            queue = {
+                "problem": view.problem,
+                "queues": queue_rows(view, states) if view.counts is not None else None,
+                "counts": None if view.counts is None else count_rows(view.counts, states),
+                "unowned": unowned_rows(view.unowned) if view.unowned else None,
+                "due": rows(
+                    view.due,
+                    due_row(view.now, [info.name for info in view.queues if info.paused]),
+                    what="item",
+                    empty="nothing queued",
+                ),
+            }
+        now = None if view is None else view.now
+        schedules = schedule_rows(await self._schedule_views(), now) if self.schedules else None
+        audit = await self.audit.recent(_AUDIT_SHOWN)
+        healthy = self.source.healthy
+        return self._html(
+            request,
+            page,
+            "status.html",
+            refresh=max(1, math.ceil(self.refresh)),
+            verdict="healthy" if healthy else "unhealthy",
+            warnings=self.warnings,
+            workers=rows(self.source.workers(), worker_row, what="worker", empty="no workers"),
             queue=queue,
-            refresh=self.refresh,
+            states=states,
+            schedules=schedules,
+            errors=rows(self.source.recent_errors(), error_row, what="error", empty="none"),
+            audit=rows(audit, audit_row, what="entry") if audit else None,
         )
-        headers = [(b"content-type", b"text/html; charset=utf-8"), *_PAGE_HEADERS]
-        # Stored text may hold lone surrogates (no UTF-8 for them): shown as escapes, never a 500.
-        return 200, headers, text.encode("utf-8", "backslashreplace")
+
+    async def _list(
+        self, states: list[ItemState] | None, specs: list[str] | None, after: str | None
+    ) -> tuple[list[WorkItem], str | None]:
+        """A page of items (keyset: the ones after *after*), or why there is none."""
+        assert self.queue is not None
+        try:
+            with trio.fail_after(5):
+                return await self.queue.list_items(
+                    states=states, spec_ids=specs, limit=PAGE_SIZE, after=after
+                ), None
+        except ItemNotFound:
+            return [], f"the item this page starts after ({after}) is gone; start from the first"
+        except Exception as error:  # a page says what went wrong, it does not fail
+            logger.warning("listing items failed", exc_info=True)
+            return [], f"the queue did not answer: {type(error).__name__}: {error}"
+
+    async def _items_page(self, request: _Request, page: _Page) -> _Response:
+        known = {state.value for state in ItemState}
+        chosen = [state for state in request.query.get("state", []) if state in known]
+        spec = request.first("spec")
+        after = request.first("after") or None
+        states = [ItemState(state) for state in chosen] or None
+        items, problem = await self._list(states, [spec] if spec else None, after)
+        assert self._depth is not None
+        counts = (await self._depth.source.get()).value or {}
+        query: dict[str, str | list[str] | None] = {"state": chosen, "spec": spec}
+        return self._html(
+            request,
+            page,
+            "items.html",
+            page_title="items",
+            states=[state.value for state in ItemState],
+            chosen_states=chosen,
+            specs=sorted({name for name, _ in counts} | ({spec} if spec else set())),
+            chosen_spec=spec,
+            items=rows(items, list_row, what="item", empty="no items", limit=None),
+            problem=problem,
+            first_page=f"/items?{_page_query(**query)}" if after else None,
+            next_page=(
+                f"/items?{_page_query(**query, after=items[-1].id)}"
+                if len(items) == PAGE_SIZE
+                else None
+            ),
+        )
+
+    async def _dead_page(self, request: _Request, page: _Page) -> _Response:
+        after = request.first("after") or None
+        items, problem = await self._list([ItemState.DEAD], None, after)
+        here = "/dead" + (f"?{_page_query(after=after)}" if after else "")
+        return self._html(
+            request,
+            page,
+            "dead.html",
+            page_title="dead items",
+            here=here,
+            items=rows(items, list_row, what="item", empty="no dead items", limit=None),
+            problem=problem,
+            first_page="/dead" if after else None,
+            next_page=(
+                f"/dead?{_page_query(after=items[-1].id)}" if len(items) == PAGE_SIZE else None
+            ),
+        )
+
+    async def _item_page(self, item_id: str, request: _Request, page: _Page) -> _Response:
+        assert self.queue is not None
+        try:
+            item = await self.queue.get(item_id)
+        except ItemNotFound:
+            return _text(404, f"no item {item_id!r}")
+        children = await self.queue.list_children(item.id, limit=101)
+        back = f"/items/{urllib.parse.quote(item.id, safe='', errors='surrogatepass')}"
+        return self._html(
+            request,
+            page,
+            "item.html",
+            page_title=f"item {item.id}",
+            actions=[] if self.read_only else item_actions(item, back),
+            lineage=await lineage(self.queue, item),
+            **item_page_context(item, children),
+        )
+
+    async def _act(
+        self, kind: str, name: str, action: str, request: _Request, page: _Page
+    ) -> _Response:
+        """One action: refused unless the console acts and the form is its own (CSRF), then
+        done, recorded in the audit trail, and answered with a redirect back and a flash."""
+        assert self.queue is not None
+        if self.read_only:
+            return _text(403, "forbidden: this console is read-only (http.read_only)")
+        if request.headers.get("sec-fetch-site") == "cross-site":
+            return _text(403, "forbidden: a form of another site")
+        try:
+            form = await request.form()
+        except ValueError as error:
+            return _text(400, f"bad request: {error}")
+        token = (form.get("csrf") or [""])[0]
+        if page.new_session or not self._keys.csrf_ok(page.session, token):
+            logger.warning(
+                "console: refused %s %s/%s from %s: missing or wrong CSRF token",
+                action,
+                kind,
+                name,
+                request.client,
+            )
+            return _text(403, "forbidden: missing or wrong CSRF token; reload the page and retry")
+        ids = form.get("id", [])[:_MAX_BULK] if kind == "dead" else []
+        done = await perform(
+            self.queue,
+            kind,
+            name,
+            action,
+            ids=ids,
+            schedules={schedule.name: schedule for schedule in self.schedules},
+            known_queues=[
+                *(self.queue_limits or {}),
+                *(schedule.item_queue for schedule in self.schedules),
+            ],
+        )
+        for read in (self._depth, self._fires, self._due):
+            if read is not None:
+                read.invalidate()  # the page the redirect leads to shows what changed
+        entry = AuditEntry(
+            at=self.queue.clock.now(),
+            who=page.who,
+            address=request.client,
+            action="bulk-retry" if kind == "dead" else action,
+            target=done.target,
+            ok=done.ok,
+            result=done.message,
+        )
+        await self.audit.record(entry)
+        logger.info(
+            "console: %s by %s from %s on %s: %s%s",
+            entry.action,
+            entry.who,
+            entry.address,
+            entry.target,
+            "" if done.ok else "refused: ",
+            done.message,
+        )
+        back = _local_path((form.get("next") or ["/"])[0])
+        flash = self._keys.sign(done.ok, done.message)
+        headers = [
+            (b"location", back.encode("utf-8", "surrogatepass")),
+            (b"set-cookie", _cookie(_FLASH_COOKIE, flash, secure=request.secure, max_age=60)),
+            _TEXT,
+        ]
+        return _Response(303, headers, b"see other\n")
 
 
 # -- serving ---------------------------------------------------------------------------------------
@@ -756,11 +850,17 @@ async def serve_http(
     Reports the bound port through *task_status* (useful with ``port=0``). Open requests get
     *graceful_timeout* seconds once shutdown begins. *sockets* from :func:`bind_http` are used
     (and closed) instead of binding *host*:*port* here; either way an address that cannot be
-    bound raises :class:`HttpBindError` before anything is served.
+    bound raises :class:`HttpBindError` before anything is served. An :class:`OperationsApp`
+    without credentials is served on loopback only (``ValueError`` otherwise).
     """
     from hypercorn.trio.run import worker_serve
     from hypercorn.utils import wrap_app
 
+    if isinstance(app, OperationsApp) and not app.authenticates and not is_loopback(host):
+        raise ValueError(
+            f"host {host!r} is not a loopback address, so the console needs credentials: "
+            "give the OperationsApp a token or a password_hash"
+        )
     if sockets is None:
         sockets = bind_http(host, port)
     config = _config(host, port, graceful_timeout)

@@ -21,7 +21,13 @@ import logging
 import sys
 from typing import Any, TextIO
 
-__all__ = ["STRUCTURED_FIELDS", "JsonFormatter", "LogFormat", "configure_logging"]
+__all__ = [
+    "STRUCTURED_FIELDS",
+    "SUPERVISOR_FIELDS",
+    "JsonFormatter",
+    "LogFormat",
+    "configure_logging",
+]
 
 LIBRARY_LOGGER = "trio_supervise"
 """The parent of every logger the library writes to."""
@@ -35,7 +41,17 @@ STRUCTURED_FIELDS = (
     "backoff_s",
     "error",
 )
-"""The ``extra`` fields the library's records carry (when they apply), copied into JSON lines."""
+"""The ``extra`` fields a runner's records carry (when they apply), copied into JSON lines."""
+
+SUPERVISOR_FIELDS = ("supervisor", "child")
+"""The ``extra`` fields a supervisor's records carry besides ``attempt``, ``backoff_s`` and
+``error``, also copied into JSON lines.
+
+Each key has one meaning in every record: ``supervisor`` is a supervisor's name and ``child`` the
+path of one of its children (``pipeline/flaky``); ``worker`` is a runner's ``worker_id`` (the
+owner written in leases)."""
+
+_JSON_FIELDS = (*SUPERVISOR_FIELDS, *STRUCTURED_FIELDS)
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """The text format of the handler :func:`configure_logging` installs."""
@@ -54,7 +70,8 @@ class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON object on one line.
 
     Keys: ``time`` (ISO 8601, UTC, milliseconds), ``level``, ``logger``, ``message``; then each
-    of :data:`STRUCTURED_FIELDS` that the record carries (from ``extra=``); then ``exception``
+    of :data:`SUPERVISOR_FIELDS` and :data:`STRUCTURED_FIELDS` that the record carries (from
+    ``extra=``); then ``exception``
     (the formatted traceback) when the record has ``exc_info``, and ``stack`` with
     ``stack_info``. A value JSON cannot hold is written as its ``str``.
     """
@@ -69,7 +86,7 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         fields = record.__dict__
-        for name in STRUCTURED_FIELDS:
+        for name in _JSON_FIELDS:
             if name in fields:
                 document[name] = fields[name]
         if record.exc_info:

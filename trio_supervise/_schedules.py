@@ -2,9 +2,12 @@
 
 A :class:`Schedule` names a spec, a cron expression and an IANA time zone; a
 :class:`Scheduler` (a maintenance task, see :mod:`trio_supervise._maintenance`) enqueues one item
-per fire. The item's id and idempotency key are both ``schedule:<name>:<fire instant in UTC>``,
-so any number of service processes on one database enqueue each fire once: the first write wins
-and the others find it.
+per fire, in the schedule's queue with its priority (by default the ones the spec's driver
+declares, see :func:`resolve_schedules`). The item's id and idempotency key are both
+``schedule:<name>:<fire instant in UTC>``, so any number of service processes on one database
+enqueue each fire once: the first write wins and the others find it. A fire asked for by hand
+(:func:`fire_now`, the console's "fire now") has an id of another shape,
+``schedule:<name>:manual:<instant>``, so it never takes a regular fire's place.
 
 Cron expressions are evaluated by `cronsim <https://pypi.org/project/cronsim/>`_, which follows
 Debian's cron, daylight saving time included: a job at a fixed local time that falls in the hour
@@ -34,7 +37,7 @@ import logging
 import math
 import zoneinfo
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
@@ -44,16 +47,34 @@ from ._clock import Clock, TrioClock, utc
 from ._errors import DuplicateItem, ItemNotFound, QueueUnavailable
 from ._policy import RestartPolicy
 from .job import (
+    DEFAULT_QUEUE,
     MAX_NAME_LENGTH,
     JSONValue,
     NewItem,
+    WorkItem,
     check_json,
+    check_priority,
+    check_queue_name,
     shown_value,
     validate_spec_id,
 )
 from .queues import WorkQueue
 
-__all__ = ["MissedFires", "SCAN_LIMIT", "Schedule", "Scheduler", "check_schedules"]
+if TYPE_CHECKING:
+    from ._workflow import AnyWorkflowDriver
+
+__all__ = [
+    "MissedFires",
+    "SCAN_LIMIT",
+    "Schedule",
+    "Scheduler",
+    "check_schedules",
+    "declared_priority",
+    "declared_queue",
+    "fire_now",
+    "last_fire",
+    "resolve_schedules",
+]
 
 logger = logging.getLogger("trio_supervise.schedules")
 
@@ -107,6 +128,10 @@ class Schedule:
     :param missed: the :class:`MissedFires` policy (``"skip"``, ``"latest"`` or ``"all"``).
     :param catch_up_window: seconds back from now in which missed fires are looked for.
     :param max_catch_up: with ``missed="all"``, at most this many (the most recent) are enqueued.
+    :param queue: the named queue of its items; None: the one the spec's driver declares in the
+        service the schedule belongs to (its ``queue`` attribute), else ``"default"``.
+    :param priority: the priority of its items (-100..100, lower first); None: the driver's
+        declared ``priority``, else 0.
 
     Every field is checked here, each error naming the schedule and the field.
     """
@@ -119,6 +144,8 @@ class Schedule:
     missed: MissedFires = attrs.field(default=MissedFires.SKIP, converter=_to_missed)
     catch_up_window: float = 7 * 86_400.0
     max_catch_up: int = 100
+    queue: str | None = None
+    priority: int | None = None
     _zone: zoneinfo.ZoneInfo = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
@@ -171,6 +198,13 @@ class Schedule:
             raise ValueError(f"{where}: max_catch_up must be 1..{MAX_CATCH_UP}, got {count!r}")
         if self.next_fire(dt.datetime(2000, 1, 1, tzinfo=dt.UTC)) is None:
             raise ValueError(f"{where}: cron {self.cron!r} never fires")
+        try:
+            if self.queue is not None:
+                check_queue_name(self.queue)
+            if self.priority is not None:
+                check_priority(self.priority)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
 
     def _expression(self, start: dt.datetime, *, reverse: bool = False) -> CronSim:
         return CronSim(self.cron, start, reverse=reverse)
@@ -207,6 +241,25 @@ class Schedule:
         """The id (and idempotency key) of the item of *fire*: ``schedule:<name>:<UTC ISO>``."""
         return f"schedule:{self.name}:{_utc_stamp(fire)}"
 
+    def manual_item_id(self, at: dt.datetime) -> str:
+        """The id of a fire asked for by hand at *at*: ``schedule:<name>:manual:<UTC ISO, µs>``.
+
+        The ``manual:`` part keeps it from ever being a regular fire's id (those end in a
+        timestamp), so firing by hand takes no fire's place and is never caught up as one.
+        """
+        stamp = utc(at).astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return f"schedule:{self.name}:manual:{stamp}"
+
+    @property
+    def item_queue(self) -> str:
+        """The queue its items go to: ``queue``, or ``"default"`` when it is None."""
+        return DEFAULT_QUEUE if self.queue is None else self.queue
+
+    @property
+    def item_priority(self) -> int:
+        """The priority of its items: ``priority``, or 0 when it is None."""
+        return 0 if self.priority is None else self.priority
+
 
 def check_schedules(schedules: Iterable[Schedule], spec_ids: Iterable[str] | None) -> None:
     """Refuse two schedules with one name, and, given the *spec_ids* the service's drivers
@@ -226,7 +279,43 @@ def check_schedules(schedules: Iterable[Schedule], spec_ids: Iterable[str] | Non
             )
 
 
-def _schedules(value: Iterable[Schedule]) -> tuple[Schedule, ...]:
+def declared_queue(driver: AnyWorkflowDriver[Any]) -> str:
+    """The queue *driver* declares for its items (its ``queue`` attribute), else ``"default"``;
+    the rule :meth:`DriverRegistry.enqueue` applies."""
+    queue: str = getattr(driver, "queue", DEFAULT_QUEUE)
+    return queue
+
+
+def declared_priority(driver: AnyWorkflowDriver[Any]) -> int:
+    """The priority *driver* declares for its items (its ``priority`` attribute), else 0."""
+    priority: int = getattr(driver, "priority", 0)
+    return priority
+
+
+def resolve_schedules(
+    schedules: Iterable[Schedule], drivers: Iterable[AnyWorkflowDriver[Any]]
+) -> tuple[Schedule, ...]:
+    """*schedules* with each ``queue`` and ``priority`` left None set to what the driver of its
+    spec declares (see :func:`declared_queue`); schedules of a spec no driver here owns (a
+    service that enqueues for another's runner) keep None, meaning ``"default"`` and 0."""
+    owners = {spec: driver for driver in drivers for spec in driver.spec_ids}
+    resolved = []
+    for schedule in schedules:
+        driver = owners.get(schedule.spec_id)
+        if driver is not None and (schedule.queue is None or schedule.priority is None):
+            schedule = attrs.evolve(
+                schedule,
+                queue=declared_queue(driver) if schedule.queue is None else schedule.queue,
+                priority=(
+                    declared_priority(driver) if schedule.priority is None else schedule.priority
+                ),
+            )
+        resolved.append(schedule)
+    return tuple(resolved)
+
+
+def checked_schedules(value: Iterable[Schedule]) -> tuple[Schedule, ...]:
+    """*value* as a tuple, checked by :func:`check_schedules` (an attrs converter)."""
     schedules = tuple(value)
     check_schedules(schedules, None)
     return schedules
@@ -259,7 +348,7 @@ class Scheduler:
     missed. Any other error ends the task, and its supervisor restarts it.
     """
 
-    schedules: Sequence[Schedule] = attrs.field(converter=_schedules)
+    schedules: Sequence[Schedule] = attrs.field(converter=checked_schedules)
     name: str = "schedules"
     restart: RestartPolicy | None = None
 
@@ -333,18 +422,40 @@ async def _retrying(
 
 async def _enqueue_fire(queue: WorkQueue, schedule: Schedule, fire: dt.datetime) -> None:
     key = schedule.item_id(fire)
-    entry = NewItem(
-        spec_id=schedule.spec_id,
-        config=schedule.config,
-        due_at=fire,
-        item_id=key,
-        idempotency_key=key,
-    )
     with contextlib.suppress(DuplicateItem):  # another process was first: once all the same
         # Recorded as the schedule's last fire with the item, in one transaction: a fire at or
         # before the last one recorded (another process's, or ours before a restart) is never
         # enqueued again, even once its item is pruned.
-        await queue.fire_schedule(schedule.name, fire, entry)
+        await queue.fire_schedule(schedule.name, fire, _entry(schedule, fire, key))
+
+
+def _entry(schedule: Schedule, due: dt.datetime, key: str) -> NewItem:
+    """One item of *schedule*, due at *due*, whose id and idempotency key are *key*."""
+    return NewItem(
+        spec_id=schedule.spec_id,
+        config=schedule.config,
+        due_at=due,
+        item_id=key,
+        idempotency_key=key,
+        queue=schedule.item_queue,
+        priority=schedule.item_priority,
+    )
+
+
+async def fire_now(queue: WorkQueue, schedule: Schedule) -> WorkItem:
+    """Enqueue an item of *schedule* due now, by hand (the console's "fire now").
+
+    Its id is :meth:`Schedule.manual_item_id` of now, never a regular fire's, and it is not
+    recorded as the schedule's last fire: the next regular fire still comes, and a missed one is
+    still caught up. Two fires asked for in one microsecond are one (the second raises
+    :class:`DuplicateItem`).
+    """
+    now = queue.clock.now()
+    key = schedule.manual_item_id(now)
+    [done] = await queue.enqueue_many([_entry(schedule, now, key)])
+    if not done.created:
+        raise DuplicateItem(key)
+    return done.item
 
 
 async def _exists(queue: WorkQueue, item_id: str) -> bool:
@@ -366,21 +477,39 @@ async def missed_fires(queue: WorkQueue, schedule: Schedule, now: dt.datetime) -
     """
     if schedule.missed is MissedFires.SKIP:
         return []
-    oldest = now - dt.timedelta(seconds=schedule.catch_up_window)
-    last = (await queue.last_fires([schedule.name])).get(schedule.name)
-    missing: list[dt.datetime] = []
-    found = False
-    for fire in schedule.fires_before(now):
-        if fire < oldest or len(missing) >= SCAN_LIMIT:
-            break
-        # The last fire recorded is the truth (its items may have been pruned since); before
-        # fires were recorded, the fire's item is looked for.
-        if (fire <= last) if last is not None else await _exists(queue, schedule.item_id(fire)):
-            found = True
-            break
-        missing.append(fire)
-    if not found:
+    found, missing = await _look_back(queue, schedule, now, SCAN_LIMIT)
+    if found is None:
         return []
     if schedule.missed is MissedFires.LATEST:
         return missing[:1]
     return missing[: schedule.max_catch_up][::-1]
+
+
+async def last_fire(
+    queue: WorkQueue, schedule: Schedule, now: dt.datetime, *, lookups: int = SCAN_LIMIT
+) -> dt.datetime | None:
+    """The schedule's last fire before *now*, as a scheduler finds it: the one recorded
+    (:meth:`WorkQueue.last_fires`), else, in a database from before fires were recorded, the
+    latest with an item, looking back fire by fire (at most *lookups* lookups and
+    ``catch_up_window`` seconds). None when none is found."""
+    found, _ = await _look_back(queue, schedule, now, lookups)
+    return found
+
+
+async def _look_back(
+    queue: WorkQueue, schedule: Schedule, now: dt.datetime, lookups: int
+) -> tuple[dt.datetime | None, list[dt.datetime]]:
+    """Walk *schedule*'s fires back from *now* (newest first, within ``catch_up_window`` and
+    *lookups*): the first that has an item, and the fires without one before reaching it."""
+    oldest = now - dt.timedelta(seconds=schedule.catch_up_window)
+    last = (await queue.last_fires([schedule.name])).get(schedule.name)
+    missing: list[dt.datetime] = []
+    for fire in schedule.fires_before(now):
+        if fire < oldest or len(missing) >= lookups:
+            break
+        # The last fire recorded is the truth (its items may have been pruned since); before
+        # fires were recorded, the fire's item is looked for.
+        if (fire <= last) if last is not None else await _exists(queue, schedule.item_id(fire)):
+            return fire, missing
+        missing.append(fire)
+    return None, missing

@@ -21,6 +21,7 @@ import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
+from ._audit import AuditTrail, MemoryAuditTrail
 from ._errors import StartFailed, WorkerFailed
 from ._group import to_auto_shutdown, to_shutdown_order
 from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
@@ -30,7 +31,13 @@ from ._maintenance import MaintenanceTask, maintenance_children
 from ._policy import Jitter
 from ._retention import PruneMetrics, Pruner
 from ._runner import FORCED_RELEASE_BOUND, RunnerEvent, RunnerState, WorkflowRunner
-from ._schedules import Schedule, Scheduler, check_schedules
+from ._schedules import (
+    Schedule,
+    Scheduler,
+    check_schedules,
+    declared_queue,
+    resolve_schedules,
+)
 from ._settings import Settings, load_settings
 from ._supervisor import (
     AutoShutdown,
@@ -67,6 +74,14 @@ def _drivers(value: Iterable[AnyWorkflowDriver[Any]]) -> tuple[AnyWorkflowDriver
 
 
 def _workers(value: Iterable[ChildSpec | Supervisor]) -> tuple[ChildSpec | Supervisor, ...]:
+    return tuple(value)
+
+
+def _schedule_tuple(value: Iterable[Schedule]) -> tuple[Schedule, ...]:
+    return tuple(value)
+
+
+def _task_tuple(value: Iterable[MaintenanceTask]) -> tuple[MaintenanceTask, ...]:
     return tuple(value)
 
 
@@ -136,9 +151,12 @@ class Service:
         its normal end drains and stops the service with exit code 0.
     :param schedules: periodic :class:`Schedule` s, enqueued by a :class:`Scheduler` child
         (``maintenance-schedules``). Checked here: with drivers, each schedule's spec must be one
-        of theirs (a service without drivers may enqueue for another's runner).
+        of theirs (a service without drivers may enqueue for another's runner). A schedule's
+        ``queue`` and ``priority`` left None become what its spec's driver declares.
     :param maintenance: more :class:`MaintenanceTask` s, each run as the supervised child
         ``maintenance-<name>`` on the service's queue, started last (so stopped first).
+    :param audit: where the console records the actions taken from it (an
+        :class:`AuditTrail`); a :class:`MemoryAuditTrail` (this process only) when None.
 
     With ``settings.retention.enabled`` (off by default), a service with drivers also runs a
     :class:`Pruner` (child ``maintenance-retention``) that deletes old finished items per
@@ -161,8 +179,9 @@ class Service:
     auto_shutdown: AutoShutdown = attrs.field(
         default=AutoShutdown.NEVER, converter=to_auto_shutdown
     )
-    schedules: Sequence[Schedule] = attrs.field(default=(), converter=tuple)
-    maintenance: Sequence[MaintenanceTask] = attrs.field(default=(), converter=tuple)
+    schedules: Sequence[Schedule] = attrs.field(default=(), converter=_schedule_tuple)
+    maintenance: Sequence[MaintenanceTask] = attrs.field(default=(), converter=_task_tuple)
+    audit: AuditTrail | None = None
 
     shutdown: Shutdown = attrs.field(init=False, factory=Shutdown)
     """Begin it to drain and stop the service (what SIGTERM does)."""
@@ -179,6 +198,29 @@ class Service:
     def __attrs_post_init__(self) -> None:
         specs = [spec for driver in self.drivers for spec in driver.spec_ids]
         check_schedules(self.schedules, specs if self.drivers else None)
+        self.schedules = resolve_schedules(self.schedules, self.drivers)
+
+    def unserved_queues(self, settings: Settings) -> list[str]:
+        """One warning per driver or schedule whose items land in a queue that the service's
+        runner (per *settings*) does not serve: nothing here would ever claim them. Empty for a
+        service without drivers (it runs no runner; another service's may serve them)."""
+        if not self.drivers:
+            return []
+        served = settings.runner.queue_limits
+        listed = ", ".join(sorted(served))
+        found = [
+            f"driver {driver.name!r} declares queue {declared_queue(driver)!r}, which the "
+            f"runner does not serve (runner.queues: {listed}): its items would wait for ever"
+            for driver in self.drivers
+            if declared_queue(driver) not in served
+        ]
+        found.extend(
+            f"schedule {schedule.name!r} enqueues into queue {schedule.item_queue!r}, which the "
+            f"runner does not serve (runner.queues: {listed}): its items would wait for ever"
+            for schedule in resolve_schedules(self.schedules, self.drivers)
+            if schedule.item_queue not in served
+        )
+        return found
 
     # -- what the HTTP surface reads (StatusSource) --------------------------------------------
 
@@ -258,9 +300,14 @@ class Service:
     def _build(self, settings: Settings, queue: WorkQueue) -> Supervisor:
         jitter = Jitter() if settings.jitter_seed is None else Jitter(seed=settings.jitter_seed)
         children: list[ChildSpec | Supervisor] = []
+        unserved = self.unserved_queues(settings)
+        for warning in unserved:
+            logger.warning("service %r: %s", self.name, warning)
         if settings.http.enabled:
             # Started first, so it is stopped last (reverse start order): /healthz and /metrics
             # keep answering, with the workers' states, for the whole drain.
+            if self.audit is None:
+                self.audit = MemoryAuditTrail()
             app = OperationsApp(
                 _StatusView(self),
                 self.registry,
@@ -272,6 +319,13 @@ class Service:
                     if self.drivers
                     else None
                 ),
+                schedules=resolve_schedules(self.schedules, self.drivers),
+                queue_limits=settings.runner.queue_limits if self.drivers else None,
+                warnings=unserved,
+                token=settings.http.token,
+                password_hash=settings.http.password_hash,
+                read_only=settings.http.read_only,
+                audit=self.audit,
             )
             children.append(
                 ChildSpec(
@@ -321,7 +375,8 @@ class Service:
         return self.supervisor
 
     def _maintenance_tasks(self, settings: Settings) -> list[MaintenanceTask]:
-        tasks: list[MaintenanceTask] = [Scheduler(self.schedules)] if self.schedules else []
+        schedules = resolve_schedules(self.schedules, self.drivers)
+        tasks: list[MaintenanceTask] = [Scheduler(schedules)] if schedules else []
         own = {task.name for task in self.maintenance}
         if self.drivers and settings.retention.enabled and "retention" not in own:
             if self._prune_metrics is None:  # once per service: a registry takes a name once

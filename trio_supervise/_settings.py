@@ -37,6 +37,7 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
+from ._console_auth import check_password_hash, check_token, is_loopback
 from ._convert import converter as _shared_converter
 from ._convert import nested_too_deeply, nesting_exceeds
 from ._errors import SettingsError
@@ -133,9 +134,25 @@ def _positive(instance: object, attribute: attrs.Attribute[float], value: float)
         raise ValueError(f"{attribute.name} must be positive, got {value!r}")
 
 
+def _token(instance: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None:
+        check_token(value)
+
+
+def _password_hash(
+    instance: object, attribute: attrs.Attribute[str | None], value: str | None
+) -> None:
+    if value is not None:
+        check_password_hash(value)
+
+
 @attrs.frozen(kw_only=True)
 class HttpSettings:
-    """The operations HTTP server: ``/healthz``, ``/metrics`` and the status page."""
+    """The operations HTTP server: ``/healthz``, ``/metrics`` and the console (status page).
+
+    Bound to an address other than loopback, the console asks for credentials, so a ``token``
+    or a ``password_hash`` (or both) is required there: the settings are refused without one.
+    """
 
     enabled: bool = True
     """Serve HTTP at all."""
@@ -147,6 +164,29 @@ class HttpSettings:
     """Seconds between status-page refreshes."""
     graceful_timeout: float = attrs.field(default=3.0, validator=_positive)
     """Seconds open requests get to finish once shutdown begins."""
+    token: str | None = attrs.field(default=None, validator=_token, metadata={_SECRET: True})
+    """A secret the console accepts as a bearer token or as the HTTP Basic password (any user
+    name): at least 16 printable ASCII characters."""
+    password_hash: str | None = attrs.field(
+        default=None, validator=_password_hash, metadata={_SECRET: True}
+    )
+    """The console's HTTP Basic password, hashed: ``scrypt$n=...,r=...,p=...$SALT$HASH`` or
+    ``pbkdf2_sha256$i=...$SALT$HASH`` (``trio-supervise hash-password`` makes one)."""
+    read_only: bool = False
+    """Show the console without its action forms, and refuse every action (403)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.enabled and not is_loopback(self.host) and not self.authenticates:
+            raise ValueError(
+                f"host {self.host!r} is not a loopback address, so the console needs "
+                "credentials: set http.token or http.password_hash (TRIO_SUPERVISE_HTTP__TOKEN, "
+                "TRIO_SUPERVISE_HTTP__PASSWORD_HASH)"
+            )
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether the console asks for credentials (a token or a password hash is set)."""
+        return self.token is not None or self.password_hash is not None
 
 
 @attrs.frozen(kw_only=True)

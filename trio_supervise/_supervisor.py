@@ -856,12 +856,13 @@ class Supervisor:
         **more: object,
     ) -> None:
         """One supervisor log record: the message says what happened, ``extra`` carries
-        ``supervisor``, ``worker``, ``attempt``, ``backoff_s`` and ``error`` on every record."""
+        ``supervisor``, ``child`` (the child's path; ``worker`` is kept for a runner's worker id),
+        ``attempt``, ``backoff_s`` and ``error`` on every record."""
         if not logger.isEnabledFor(level):
             return
         extra: dict[str, object] = {
             "supervisor": self.name,
-            "worker": None if slot is None else self._path(slot),
+            "child": None if slot is None else self._path(slot),
             "attempt": attempt,
             "backoff_s": backoff,
             "error": None if error is None else error_text(error),

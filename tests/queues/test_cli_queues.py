@@ -111,3 +111,110 @@ def test_enqueue_takes_a_concurrency_key_and_limit(
         main(["items", "enqueue", "job", "--concurrency-key", "k", "--concurrency-limit", "0"])
     assert exit_info.value.code == 2
     assert "--concurrency-limit: must be an integer from 1" in capsys.readouterr().err
+
+
+# -- known queues: a typo is not a new queue ---------------------------------------------------
+
+REMINDERS_APP = """
+from trio_supervise import RunnerSettings, Schedule, Service, Settings, Stop
+
+
+class Reminders:
+    name = "reminders"
+    spec_ids = ("remind",)
+    queue = "reminders"
+    priority = -3
+
+    def validate_specs(self):
+        pass
+
+    async def evaluate(self, context, item):
+        return Stop()
+
+
+def service():
+    return Service(
+        drivers=[Reminders()],
+        schedules=[Schedule(name="nightly", spec_id="remind", cron="0 3 * * *")],
+        settings=Settings(runner=RunnerSettings(worker_id="w", queues={"reminders": 2})),
+    )
+"""
+
+
+@pytest.fixture
+def reminders_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A service module whose driver declares queue "reminders", as --service MODULE:ATTR."""
+    (tmp_path / "cli_reminders_app.py").write_text(REMINDERS_APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TRIO_SUPERVISE_RUNNER__QUEUES", raising=False)
+    return "cli_reminders_app:service"
+
+
+def test_pausing_a_queue_nothing_uses_is_refused_naming_the_known_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`queues pause remnders` (a typo) exits 1 naming the known queues and pauses nothing;
+    --force pauses it all the same."""
+    url = f"sqlite:///{tmp_path}/q.db"
+    run(capsys, "items", "enqueue", "remind", "--queue", "reminders", "--database-url", url)
+    for verb in ("pause", "resume"):
+        code, out, err = run(capsys, "queues", verb, "remnders", "--database-url", url)
+        assert (code, out) == (1, "")
+        assert "no queue 'remnders' is known" in err
+        assert "(known: default, reminders)" in err
+        assert f"pass --force to {verb} it anyway" in err
+    code, out, _ = run(capsys, "queues", "list", "--database-url", url, "--json")
+    assert [queue["name"] for queue in json.loads(out)] == ["reminders"]
+    forced = run(capsys, "queues", "pause", "remnders", "--force", "--database-url", url)
+    assert forced[:2] == (0, "paused remnders\n")
+
+
+def test_a_queue_a_services_driver_declares_is_known(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], reminders_app: str
+) -> None:
+    """With --service, the queues its drivers declare may be paused before any item exists."""
+    url = f"sqlite:///{tmp_path}/q.db"
+    assert run(capsys, "migrate", "--database-url", url)[0] == 0
+    code, out, err = run(
+        capsys, "queues", "pause", "reminders", "--service", reminders_app, "--database-url", url
+    )
+    assert (code, out, err) == (0, "paused reminders\n", "")
+
+
+def test_enqueue_with_a_service_uses_the_drivers_queue_and_priority(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], reminders_app: str
+) -> None:
+    """Without --queue, --service puts the item where its driver says, with no warning."""
+    url = f"sqlite:///{tmp_path}/q.db"
+    code, out, err = run(
+        capsys, "items", "enqueue", "remind", "--service", reminders_app, "--database-url", url,
+        "--json",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    assert (json.loads(out)["queue"], json.loads(out)["priority"]) == ("reminders", -3)
+
+
+def test_enqueue_warns_when_the_item_lands_where_nothing_serves_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    reminders_app: str,
+) -> None:
+    """An item put beside its driver's queue, or in a queue the settings' runner does not
+    serve, is enqueued (exit 0) with a warning on stderr saying why it may never run."""
+    url = f"sqlite:///{tmp_path}/q.db"
+    code, _, err = run(
+        capsys, "items", "enqueue", "remind", "--queue", "default", "--service", reminders_app,
+        "--database-url", url,
+    )  # fmt: skip
+    assert code == 0
+    assert "warning: spec remind's driver declares queue 'reminders', but this item goes to " in err
+    monkeypatch.setenv("TRIO_SUPERVISE_RUNNER__QUEUES", '{"reminders": 4}')
+    code, _, err = run(capsys, "items", "enqueue", "remind", "--database-url", url)
+    assert code == 0
+    assert "warning: queue 'default' is not served by the runner of these settings" in err
+    assert "(it serves: reminders)" in err
+    code, _, err = run(
+        capsys, "items", "enqueue", "remind", "--queue", "reminders", "--database-url", url
+    )
+    assert (code, err) == (0, "")

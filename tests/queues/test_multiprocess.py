@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -44,7 +45,11 @@ def started_workers(
     """*count* processes of *worker* (ids ``w0``...), each ready, then told to go (OUT_DIR/go);
     any still running when the block ends is killed."""
     procs = [
-        subprocess.Popen([sys.executable, str(worker), *args, f"w{n}", str(out_dir)])
+        # The checkout under test, not whatever trio_supervise the interpreter finds first.
+        subprocess.Popen(
+            [sys.executable, str(worker), *args, f"w{n}", str(out_dir)],
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])),
+        )
         for n in range(count)
     ]
     try:

@@ -9,13 +9,15 @@ usage error), 3 not found, 4 the service is unreachable.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import _items, _queues, _schedules, _service
+from . import _console, _items, _queues, _schedules, _service
 from ._common import (
     EXIT_ERROR,
+    EXIT_OK,
     EXIT_USAGE,
     PROG,
     USER_ERRORS,
@@ -34,6 +36,7 @@ GROUPS: tuple[Callable[[Subparsers], None], ...] = (
     _queues.register,
     _service.register_inspection,
     _schedules.register,
+    _console.register,
 )
 """The verb groups, in the order ``--help`` lists them."""
 
@@ -65,7 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return str(getattr(args, "resolved_url", ""))
 
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # inside the try: a reader that went away is met here, not at exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except USER_ERRORS as error:
         report(error, dsn())
         return exit_code(error)
@@ -73,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         matched, rest = group.split(Exception)
         if rest is not None or matched is None:
             raise
+        if all(isinstance(leaf, BrokenPipeError) for leaf in leaves(matched)):
+            return _reader_gone()
         reported = [
             leaf if isinstance(leaf, USER_ERRORS) else unexpected(leaf) for leaf in leaves(matched)
         ]
@@ -83,6 +92,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # a bug, or a library's error we did not foresee: still one line
         report(unexpected(error), dsn())
         return EXIT_ERROR
+
+
+def _reader_gone() -> int:
+    """Standard output's reader closed the pipe (``... | head``): stop quietly, status 0.
+
+    What is still buffered can never be written; pointing standard output at ``/dev/null``
+    keeps the interpreter's own flush at exit from failing on it again (Python's documented
+    recipe for SIGPIPE, which it ignores).
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,6 +19,7 @@ from typing import Any, TextIO, TypeAlias
 import trio
 
 from .._convert import unstructure
+from .._describe import children_text, item_fields, stamp
 from .._errors import ItemNotFound, SuperviseError
 from .._settings import MAX_COUNT, MAX_SECONDS, Settings, load_settings
 from ..queues import WorkItem, WorkQueue
@@ -189,10 +190,6 @@ def short(value: object, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def stamp(value: dt.datetime | None) -> str:
-    return "" if value is None else value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def table(rows: Sequence[Sequence[str]], headers: Sequence[str], out: TextIO) -> None:
     widths = [len(h) for h in headers]
     rows = [[printable(cell) for cell in row] for row in rows]
@@ -211,36 +208,6 @@ def item_json(item: WorkItem) -> dict[str, Any]:
     return document
 
 
-def _unique_text(item: WorkItem) -> str:
-    """How long the item's key holds (``forever``, ``unfinished``, ``until ... UTC``), and
-    whether it was released to a newer item."""
-    if item.released_key is not None:
-        return f"released key {item.released_key} (a newer item holds it)"
-    if item.idempotency_key is None:
-        return ""
-    if item.unique_scope == "period":
-        return f"until {stamp(item.unique_until)} UTC"
-    return item.unique_scope
-
-
-def due_text(item: WorkItem) -> str:
-    """When *item* is due, for people: "waiting for N children" while it waits for them (its
-    stored ``due_at`` is then the never-due sentinel), else the time."""
-    if item.waiting:
-        n = item.waiting_children
-        return f"waiting for {n} {'child' if n == 1 else 'children'}"
-    return f"{stamp(item.due_at)} UTC"
-
-
-def children_text(children: Sequence[WorkItem], complete: bool) -> str:
-    """A parent's children in one line: how many, and how many per state."""
-    states: dict[str, int] = {}
-    for child in children:
-        states[str(child.state)] = states.get(str(child.state), 0) + 1
-    per_state = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
-    return f"{len(children)}{'' if complete else '+'} ({per_state})"
-
-
 def print_item(
     item: WorkItem, as_json: bool, children: Sequence[WorkItem] = (), *, complete: bool = True
 ) -> None:
@@ -250,39 +217,7 @@ def print_item(
             document["children"] = [child.id for child in children]
         print(json.dumps(document, indent=2, sort_keys=True))
         return
-    fields = [
-        ("id", item.id),
-        ("spec", item.spec_id),
-        ("state", str(item.state) + (" (cancel requested)" if item.cancel_requested else "")),
-        ("due", due_text(item)),
-        ("tenant", item.tenant_id),
-        ("subject", item.subject_id),
-        ("queue", item.queue),
-        ("priority", str(item.priority)),
-        (
-            "concurrency",
-            f"{item.concurrency_key} (limit {item.concurrency_limit})"
-            if item.concurrency_key is not None
-            else "",
-        ),
-        ("errors", str(item.error_count)),
-        ("last error", item.last_error or ""),
-        (
-            "lease",
-            f"{item.lease_owner} v{item.lease_version} until {stamp(item.lease_expires_at)}"
-            if item.lease_owner
-            else f"none (v{item.lease_version})",
-        ),
-        ("idempotency", item.idempotency_key or ""),
-        ("unique", _unique_text(item)),
-        ("created", f"{stamp(item.created_at)} UTC"),
-        ("updated", f"{stamp(item.updated_at)} UTC"),
-        ("config", json.dumps(item.config, sort_keys=True)),
-    ]
-    if item.result is not None:
-        fields.append(("result", json.dumps(item.result, sort_keys=True)))
-    if item.parent_id is not None:
-        fields.append(("parent", item.parent_id))
+    fields = item_fields(item)
     if children:
         fields.append(("children", children_text(children, complete)))
     # The error history, oldest first, each with its (trimmed) traceback below it.

@@ -20,7 +20,9 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from .._convert import nested_too_deeply, nesting_exceeds
+from .._describe import due_text, stamp
 from .._errors import ConfigError, DuplicateItem
+from .._operations import cancel_item, retry_item
 from .._settings import MAX_COUNT
 from ..job import (
     DEFAULT_QUEUE,
@@ -42,17 +44,25 @@ from ._common import (
     EXIT_USAGE,
     Subparsers,
     UserError,
-    due_text,
     item_json,
     limit,
     one_line,
     print_item,
     printable,
+    settings_of,
     short,
-    stamp,
     table,
     when,
     with_queue,
+)
+from ._known import (
+    add_service_option,
+    default_priority,
+    default_queue,
+    known_queues,
+    landing_warnings,
+    service_of,
+    warn,
 )
 
 
@@ -102,7 +112,9 @@ def register(commands: Subparsers) -> None:
         "adds one item per line, each a JSON object with enqueue's fields (spec_id, config, "
         "tenant_id, subject_id, due_at, item_id, idempotency_key, priority, queue, "
         "evaluation_timeout, unique), in one transaction: a bad line is reported with its line "
-        "number and field (exit 2) and nothing is written.",
+        "number and field (exit 2) and nothing is written. Without --queue, --service "
+        "MODULE:ATTR puts the item in the queue the spec's driver declares (else 'default'); "
+        "an item that lands in a queue nothing known serves is warned about on stderr.",
     )
     enqueue.add_argument("spec_id", metavar="SPEC", nargs="?")
     enqueue.add_argument("item_config", metavar="CONFIG_JSON", nargs="?", default=None)
@@ -125,12 +137,15 @@ def register(commands: Subparsers) -> None:
     enqueue.add_argument(
         "--priority",
         type=_priority,
-        default=0,
-        help=f"{MIN_PRIORITY}..{MAX_PRIORITY}, lower is claimed first (default 0)",
+        help=f"{MIN_PRIORITY}..{MAX_PRIORITY}, lower is claimed first (default: the driver's "
+        "declared priority with --service, else 0)",
     )
     enqueue.add_argument(
-        "--queue", default=DEFAULT_QUEUE, help=f"the named queue (default {DEFAULT_QUEUE!r})"
+        "--queue",
+        help="the named queue (default: the driver's declared queue with --service, else "
+        f"{DEFAULT_QUEUE!r})",
     )
+    add_service_option(enqueue)
     enqueue.add_argument(
         "--concurrency-key",
         metavar="KEY",
@@ -215,6 +230,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
             item.spec_id,
             str(item.state) + ("*" if item.cancel_requested else ""),
             due_text(item).removesuffix(" UTC"),
+            short(item.queue, 20),
+            str(item.priority),
             str(item.error_count),
             short(item.tenant_id, 16),
             short(item.subject_id, 16),
@@ -224,7 +241,18 @@ def _cmd_list(args: argparse.Namespace) -> int:
     ]
     table(
         rows,
-        ["id", "spec", "state", "due (utc)", "errors", "tenant", "subject", "last error"],
+        [
+            "id",
+            "spec",
+            "state",
+            "due (utc)",
+            "queue",
+            "priority",
+            "errors",
+            "tenant",
+            "subject",
+            "last error",
+        ],
         sys.stdout,
     )
     if any(item.cancel_requested for item in items):
@@ -306,6 +334,9 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise UserError(f"CONFIG_JSON is not JSON: {error}") from None
 
+    service = service_of(args)
+    settings = settings_of(args)
+
     async def body(queue: WorkQueue) -> Enqueued:
         entry = NewItem(
             spec_id=args.spec_id,
@@ -315,13 +346,18 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
             due_at=when(args.due, queue.clock.now()),
             item_id=args.item_id,
             idempotency_key=args.key,
-            priority=args.priority,
-            queue=args.queue,
+            priority=(
+                default_priority(args.spec_id, service) if args.priority is None else args.priority
+            ),
+            queue=default_queue(args.spec_id, service) if args.queue is None else args.queue,
             concurrency_key=args.concurrency_key,
             concurrency_limit=args.concurrency_limit,
             unique=args.unique,
         )
+        known = await known_queues(queue, settings, service)
         [done] = await queue.enqueue_many([entry])
+        for problem in landing_warnings(entry.spec_id, entry.queue, known, service):
+            warn(problem)
         return done
 
     done: Enqueued = with_queue(args, body, create=True)
@@ -372,8 +408,9 @@ def _enqueue_from_file(args: argparse.Namespace) -> int:
         "--subject": args.subject or None,
         "--due": args.due,
         "--key": args.key,
-        "--priority": None if args.priority == 0 else args.priority,
-        "--queue": None if args.queue == DEFAULT_QUEUE else args.queue,
+        "--priority": args.priority,
+        "--queue": args.queue,
+        "--service": args.service,
         "--unique": None if args.unique == "forever" else args.unique,
         "--concurrency-key": args.concurrency_key,
         "--concurrency-limit": args.concurrency_limit,
@@ -393,14 +430,23 @@ def _enqueue_from_file(args: argparse.Namespace) -> int:
         except UnicodeDecodeError as error:
             raise UserError(f"{printable(args.from_file)} is not UTF-8 text: {error}") from None
 
+    settings = settings_of(args)
+
     async def body(queue: WorkQueue) -> list[tuple[int, Enqueued]]:
         numbered = _parse_lines(lines, queue.clock.now())
+        known = await known_queues(queue, settings, None)
         try:
             done = await queue.enqueue_many([entry for _, entry in numbered])
         except DuplicateItem as error:
             clashing = [n for n, entry in numbered if entry.item_id == error.item_id]
             where = f"line {clashing[-1]}: " if clashing else ""
             raise UserError(f"{where}{error}; nothing was written") from None
+        warned = set()
+        for _, entry in numbered:
+            for problem in landing_warnings(entry.spec_id, entry.queue, known, None):
+                if problem not in warned:
+                    warned.add(problem)
+                    warn(problem)
         return [(n, each) for (n, _), each in zip(numbered, done, strict=True)]
 
     results: list[tuple[int, Enqueued]] = with_queue(args, body, create=True)
@@ -483,43 +529,27 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number"}
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    async def body(queue: WorkQueue) -> tuple[WorkItem, WorkItem]:
-        before = await queue.get(args.item_id)
-        if before.state.finished:
-            return before, before
-        return before, await queue.request_cancel(args.item_id)
-
-    before, item = with_queue(args, body)
-    name = printable(item.id)
-    if item.state in (ItemState.COMPLETED, ItemState.DEAD):
-        raise UserError(f"{name} is {item.state}; nothing to cancel")
+    item, said = with_queue(args, lambda queue: cancel_item(queue, args.item_id))
     if args.json:
         print_item(item, True)
-    elif before.state is ItemState.CANCELLED:
-        print(f"{name} is already cancelled")
-    elif item.state is ItemState.CANCELLED:
-        print(f"cancelled {name}")
-    elif before.cancel_requested:
-        print(f"cancellation of {name} was already requested; its worker will stop it")
     else:
-        print(f"cancellation requested for {name} ({item.state}); its worker will stop it")
+        print(printable(said))
     return EXIT_OK
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:
-    async def body(queue: WorkQueue) -> WorkItem:
-        if args.at is None and not args.now:
-            current = await queue.get(args.item_id)
-            if current.state is ItemState.QUEUED:
-                raise UserError(
-                    f"{printable(current.id)} is queued (due {stamp(current.due_at)} UTC); "
-                    "pass --now to run it now, or --at to move it"
-                )
-        return await queue.retry(args.item_id, at=when(args.at, queue.clock.now()))
+    async def body(queue: WorkQueue) -> tuple[WorkItem, str]:
+        return await retry_item(
+            queue,
+            args.item_id,
+            at=when(args.at, queue.clock.now()),
+            move_queued=args.now or args.at is not None,
+            queued_hint="pass --now to run it now, or --at to move it",
+        )
 
-    item: WorkItem = with_queue(args, body)
+    item, said = with_queue(args, body)
     if args.json:
         print_item(item, True)
     else:
-        print(f"requeued {printable(item.id)}, due {stamp(item.due_at)} UTC")
+        print(printable(said))
     return EXIT_OK

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from .._convert import nested_too_deeply, nesting_exceeds
+from .._operations import delete_item
 from .._retention import parse_period
 from ..queues import ItemState, WorkItem, WorkQueue
 from ._common import (
@@ -144,11 +145,11 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:
-    item: WorkItem = with_queue(args, lambda queue: queue.delete(args.item_id))
+    item, said = with_queue(args, lambda queue: delete_item(queue, args.item_id))
     if args.json:
         print(json.dumps(item_json(item), indent=2, sort_keys=True))
     else:
-        print(f"deleted {printable(item.id)} ({printable(item.spec_id)}, {item.state})")
+        print(printable(said))
     return EXIT_OK
 
 

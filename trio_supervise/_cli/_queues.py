@@ -12,12 +12,21 @@ import json
 import sys
 from typing import Any
 
-from ..job import (
-    ItemState,
-    QueueInfo,
-)
+from .._describe import stamp
+from .._operations import pause_queue, resume_queue
+from ..job import ItemState, QueueInfo
 from ..queues import WorkQueue
-from ._common import AS_JSON, DATABASE, EXIT_OK, Subparsers, printable, stamp, table, with_queue
+from ._common import (
+    AS_JSON,
+    DATABASE,
+    EXIT_OK,
+    Subparsers,
+    printable,
+    settings_of,
+    table,
+    with_queue,
+)
+from ._known import add_service_option, known_queues, service_of
 
 __all__ = ["register"]
 
@@ -32,9 +41,15 @@ def register(subparsers: Subparsers) -> None:
     listing.set_defaults(handler=_cmd_list)
     for verb, doing in (("pause", "stop claims from"), ("resume", "claim again from")):
         parser = verbs.add_parser(
-            verb, parents=[DATABASE, AS_JSON], help=f"{doing} a queue, fleet-wide"
+            verb,
+            parents=[DATABASE, AS_JSON],
+            help=f"{doing} a queue, fleet-wide",
+            description=f"{doing.capitalize()} the named queue, fleet-wide. A name that no item, "
+            "paused queue, runner setting (runner.queues) or --service driver or schedule uses "
+            "is refused as a likely typo, naming the known queues; --force takes it anyway.",
         )
         parser.add_argument("name", metavar="NAME")
+        add_service_option(parser, force=f"{verb} a queue nothing is known to use")
         parser.set_defaults(handler=_cmd_switch)
 
 
@@ -68,24 +83,20 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_SAID = {
-    ("pause", True): "paused {}",
-    ("pause", False): "{} was paused already",
-    ("resume", True): "resumed {}",
-    ("resume", False): "{} was not paused",
-}
-
-
 def _cmd_switch(args: argparse.Namespace) -> int:
     """``pause NAME`` or ``resume NAME``: says whether anything changed (exit 0 either way)."""
+    service = service_of(args)
+    settings = settings_of(args)
 
-    async def body(queue: WorkQueue) -> bool:
+    async def body(queue: WorkQueue) -> tuple[bool, str]:
+        if not args.force:
+            (await known_queues(queue, settings, service)).refuse_unknown(args.name, args.action)
         if args.action == "pause":
-            return await queue.pause_queue(args.name)
-        return await queue.resume_queue(args.name)
+            return await pause_queue(queue, args.name)
+        return await resume_queue(queue, args.name)
 
-    changed: bool = with_queue(args, body)
-    _say(args, args.name, changed, _SAID[args.action, changed].format(printable(args.name)))
+    changed, said = with_queue(args, body)
+    _say(args, args.name, changed, printable(said))
     return EXIT_OK
 
 

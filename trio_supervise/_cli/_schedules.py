@@ -91,6 +91,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
                 "cron": s.cron,
                 "timezone": s.timezone,
                 "missed": str(s.missed),
+                "queue": s.item_queue,
+                "priority": s.item_priority,
                 "config": s.config,
                 "next": [_utc(fire) for fire in fires[s.name]],
                 "next_local": [_local(fire, s) for fire in fires[s.name]],

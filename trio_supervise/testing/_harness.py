@@ -86,9 +86,10 @@ class Harness:
     """Runs drivers, workers or a :class:`~trio_supervise.Service` in virtual time and records
     a :class:`History`. Open one with :func:`open_harness` (or the ``harness`` fixture).
 
-    Drivers and workers run as children of :attr:`supervisor` (a root supervisor named
-    ``harness``, with the harness's jitter), so their restarts and states are recorded like a
-    service's. Every entry's time is virtual seconds since the harness opened.
+    Drivers and workers run as children of :attr:`root` (a root supervisor named ``harness``,
+    with the harness's jitter), so their restarts and states are recorded like a service's; a
+    service run with :meth:`run_service` runs under its own supervisor, which :attr:`supervisor`
+    then is. Every entry's time is virtual seconds since the harness opened.
     """
 
     queue: MemoryQueue
@@ -97,8 +98,9 @@ class Harness:
     """The seed of :attr:`jitter`; a service run here gets it as its ``jitter_seed``."""
     history: History = attrs.field(factory=History)
     """What happened so far."""
-    supervisor: Supervisor = attrs.field(init=False)
-    """The root supervisor of the drivers and workers started here."""
+    root: Supervisor = attrs.field(init=False)
+    """The harness's own supervisor (named ``harness``): :meth:`run_drivers` and
+    :meth:`run_workers` add their children to it."""
 
     _nursery: trio.Nursery = attrs.field(alias="nursery")
     _started_at: float = attrs.field(factory=trio.current_time, alias="started_at")
@@ -112,7 +114,29 @@ class Harness:
     )
 
     def __attrs_post_init__(self) -> None:
-        self.supervisor = Supervisor(name="harness", jitter=self.jitter)
+        self.root = Supervisor(name="harness", jitter=self.jitter)
+
+    @property
+    def supervisor(self) -> Supervisor:
+        """The supervisor of what this harness runs, to assert on (``healthy``, ``state``).
+
+        After :meth:`run_service`, the service's own supervisor (its runner, HTTP server,
+        workers and maintenance tasks are its children); otherwise :attr:`root`. With two
+        services run here, which one is meant is ambiguous: read each one's
+        ``service.supervisor`` instead (this raises ``RuntimeError`` saying so).
+        """
+        if not self._services:
+            return self.root
+        if len(self._services) > 1:
+            names = ", ".join(repr(service.name) for service in self._services)
+            raise RuntimeError(
+                f"this harness runs {len(self._services)} services ({names}): "
+                "read each one's service.supervisor"
+            )
+        supervisor = self._services[0].supervisor
+        if supervisor is None:  # run_service returned before the service built it
+            raise RuntimeError(f"service {self._services[0].name!r} never started")
+        return supervisor
 
     # -- time ----------------------------------------------------------------------------------
 
@@ -212,7 +236,7 @@ class Harness:
             registry=registry,
             settings=settings,
             build_context=build_context,
-            shutdown=self.supervisor.shutdown,
+            shutdown=self.root.shutdown,
             jitter=self.jitter,
             on_event=functools.partial(self._on_runner_event, name),
         )
@@ -228,11 +252,11 @@ class Harness:
         return runner
 
     async def run_workers(self, *children: ChildSpec | Supervisor) -> Supervisor:
-        """Add *children* to :attr:`supervisor`, one after the other, each once it is ready
-        (or has ended); return the supervisor."""
+        """Add *children* to :attr:`root`, one after the other, each once it is ready (or has
+        ended); return :attr:`root`."""
         for child in children:
             await self._add(child)
-        return self.supervisor
+        return self.root
 
     async def run_service(self, service: Service, *, http: bool = False) -> Service:
         """Run a whole :class:`~trio_supervise.Service` on :attr:`queue`; return it once ready.
@@ -275,7 +299,7 @@ class Harness:
         """
         for service in self._services:
             service.stop("harness stopped")
-        self.supervisor.shutdown.begin("harness stopped")
+        self.root.shutdown.begin("harness stopped")
         for done in self._running:
             await done.wait()
         self._rescan()
@@ -283,22 +307,22 @@ class Harness:
     # -- internals -----------------------------------------------------------------------------
 
     async def _add(self, child: ChildSpec | Supervisor) -> None:
-        self.supervisor.add_child(child)
+        self.root.add_child(child)
         self._rescan()
-        await self.supervisor.watch(child.name).wait_value(
+        await self.root.watch(child.name).wait_value(
             lambda state: state is not WorkerState.STARTING
         )
 
     async def _run_root(self, *, task_status: trio.TaskStatus[None]) -> None:
         done = trio.Event()
         self._running.append(done)
-        self._roots.append((self.supervisor, ""))
+        self._roots.append((self.root, ""))
         try:
-            await self.supervisor.run(task_status=task_status)
+            await self.root.run(task_status=task_status)
         except WorkerFailed as error:
-            self._record("exited", self.supervisor.name, f"failed: {error}")
+            self._record("exited", self.root.name, f"failed: {error}")
         else:
-            self._record("exited", self.supervisor.name, "ok")
+            self._record("exited", self.root.name, "ok")
         finally:
             done.set()
 

@@ -1,0 +1,503 @@
+"""The operations console's pages and actions.
+
+Pages are Jinja2 templates shipped in the package (``templates/``), rendered with autoescaping:
+every piece of item, worker or error data is text on the page, never markup. This module turns
+what the queue and the service say into plain rows for them (a row that cannot be turned into
+text says so, and the page still renders), and carries out the actions an operator takes from
+them, each through the one rule of :mod:`trio_supervise._operations` that the command line uses.
+The HTTP side (routes, credentials, CSRF, redirects) is :class:`~trio_supervise.OperationsApp`'s.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import importlib.resources
+import itertools
+import json
+import logging
+import math
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import jinja2
+
+from ._describe import due_text, item_fields, stamp
+from ._errors import DuplicateItem, ItemNotFound, SuperviseError
+from ._operations import (
+    cancel_item,
+    delete_item,
+    fire_schedule,
+    pause_queue,
+    resume_queue,
+    retry_item,
+    run_item_now,
+)
+from ._schedules import Schedule
+from ._supervisor import WorkerStatus
+from .queues import ItemState, QueueInfo, WorkItem, WorkQueue
+
+__all__ = [
+    "CONTENT_SECURITY_POLICY",
+    "MAX_ROWS",
+    "PAGE_HEADERS",
+    "QueueView",
+    "Rows",
+    "perform",
+    "render",
+]
+
+logger = logging.getLogger("trio_supervise.http")
+
+T = TypeVar("T")
+
+MAX_ROWS = 50
+"""The most rows a table of the status page shows (the rest are counted)."""
+PAGE_SIZE = 50
+"""Items per page of the item lists."""
+_CONFIG_PREVIEW = 200
+_LINEAGE = 20
+"""The most ancestors an item page walks up."""
+_CHILDREN = 100
+"""The most children an item page lists."""
+
+
+def quote_part(value: object) -> str:
+    """*value* as one path segment (every reserved character escaped, lone surrogates kept)."""
+    return urllib.parse.quote(str(value), safe="", errors="surrogatepass")
+
+
+def unquote_part(segment: bytes) -> str:
+    """The inverse of :func:`quote_part`, from a raw (percent-encoded) path segment."""
+    return urllib.parse.unquote_to_bytes(segment).decode("utf-8", "surrogatepass")
+
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("trio_supervise", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENV.filters["q"] = quote_part
+
+STYLE = importlib.resources.files("trio_supervise").joinpath("templates/console.css").read_text()
+_STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
+
+CONTENT_SECURITY_POLICY = (
+    f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; img-src 'none'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+"""No script at all, only the page's own stylesheet (pinned by hash), forms posted only here."""
+
+PAGE_HEADERS = [
+    (b"content-type", b"text/html; charset=utf-8"),
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+def render(template: str, **context: Any) -> str:
+    """The page *template* with *context* (and the stylesheet), every value autoescaped (the
+    stylesheet, ours and pinned by hash in the CSP, is marked safe in the template)."""
+    return _ENV.get_template(template).render(style=STYLE, **context)
+
+
+# -- rows --------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Rows:
+    """A table's rows as plain values: at most :data:`MAX_ROWS` shown, how many more there are,
+    and what to say when there are none."""
+
+    shown: list[dict[str, Any]]
+    more: int = 0
+    empty: str = ""
+
+
+def rows(
+    things: Sequence[T],
+    view: Callable[[T], dict[str, Any]],
+    *,
+    what: str,
+    empty: str = "",
+    limit: int | None = MAX_ROWS,
+) -> Rows:
+    """One row per thing from *view*; a thing that fails to turn into text (odd data from a
+    driver or a backend) is a row saying so, never a failed page."""
+    shown = []
+    for thing in itertools.islice(things, limit):
+        try:
+            shown.append({"unshowable": None, **view(thing)})
+        except Exception as error:
+            logger.debug("the console cannot show a %s", what, exc_info=True)
+            shown.append({"unshowable": f"this {what} cannot be shown ({type(error).__name__})"})
+    more = 0 if limit is None else max(0, len(things) - limit)
+    return Rows(shown, more, empty)
+
+
+def _state_class(state: str) -> str:
+    safe = "".join(ch for ch in state.lower() if ch.isalnum() or ch == "-")
+    return f"state-{safe}"
+
+
+def _stamp(at: object) -> str:
+    if at is None:
+        return ""
+    if isinstance(at, dt.datetime):
+        return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return str(at)
+
+
+def _when(at: dt.datetime, now: dt.datetime | None) -> str:
+    text = _stamp(at)
+    if now is None:
+        return text
+    seconds = (at - now).total_seconds()
+    if seconds <= 0:
+        return f"{text} (due)"
+    if seconds < 120:
+        return f"{text} (in {math.ceil(seconds)}s)"
+    if seconds < 7200:
+        return f"{text} (in {math.ceil(seconds / 60)}m)"
+    return f"{text} (in {seconds / 3600:.1f}h)"
+
+
+def _preview(config: object) -> str:
+    text = json.dumps(config, sort_keys=True, ensure_ascii=False)
+    if len(text) > _CONFIG_PREVIEW:
+        text = text[: _CONFIG_PREVIEW - 1] + "…"
+    return text
+
+
+def _first_line(text: str | None) -> str:
+    return "" if not text else text.split("\n", 1)[0]
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def worker_row(worker: WorkerStatus) -> dict[str, Any]:
+    return {
+        "worker": str(worker.worker),
+        "css": _state_class(str(worker.state)),
+        "state": str(worker.state),
+        "restarts": str(worker.restarts),
+        "last_error": str(worker.last_error or ""),
+    }
+
+
+def error_row(error: Any) -> dict[str, Any]:
+    return {"at": _stamp(error.at), "source": str(error.source), "message": str(error.message)}
+
+
+def audit_row(entry: Any) -> dict[str, Any]:
+    return {
+        "at": _stamp(entry.at),
+        "who": str(entry.who),
+        "address": str(entry.address),
+        "action": str(entry.action),
+        "target": str(entry.target),
+        "ok": bool(entry.ok),
+        "result": ("" if entry.ok else "refused: ") + str(entry.result),
+    }
+
+
+def _history(item: WorkItem) -> list[dict[str, str]]:
+    """*item*'s error history, oldest first: each error whole, and apart its first line (the
+    summary) and the rest (the traceback)."""
+    return [
+        {
+            "at": _stamp(each.at),
+            "worker": str(each.worker or "?"),
+            "attempt": str(each.attempt),
+            "error": str(each.error),
+            "summary": _first_line(each.error),
+            "traceback": str(each.error).partition("\n")[2],
+        }
+        for each in item.errors
+    ]
+
+
+def due_row(
+    now: dt.datetime | None, paused: Iterable[str] = ()
+) -> Callable[[WorkItem], dict[str, Any]]:
+    """The due-soon table's rows: an item of a paused queue says so beside its due time (it
+    waits however due it is); errors show their first line (tracebacks are on the item page)."""
+    stopped = frozenset(paused)
+
+    def view(item: WorkItem) -> dict[str, Any]:
+        due = due_text(item) if item.waiting else _when(item.due_at, now)
+        if item.queue in stopped:
+            due += f", queue {item.queue} paused"
+        history = [{**each, "error": each["summary"]} for each in _history(item)]
+        return {
+            "id": str(item.id),
+            "spec": str(item.spec_id),
+            "tenant": str(item.tenant_id),
+            "subject": str(item.subject_id),
+            "due": due,
+            "errors": str(item.error_count),
+            "last_error": _first_line(item.last_error),
+            "history": history,
+            "config": _preview(item.config),
+        }
+
+    return view
+
+
+def list_row(item: WorkItem) -> dict[str, Any]:
+    """An item as a row of the item lists."""
+    return {
+        "id": str(item.id),
+        "spec": str(item.spec_id),
+        "state": str(item.state) + (" (cancel requested)" if item.cancel_requested else ""),
+        "queue": str(item.queue),
+        "priority": str(item.priority),
+        "due": due_text(item),
+        "errors": str(item.error_count),
+        "last_error": _first_line(item.last_error),
+        "updated": f"{stamp(item.updated_at)} UTC",
+    }
+
+
+# -- the status page's queue panel ---------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class QueueView:
+    """What the status page shows of the queue, as last read (see ``OperationsApp``)."""
+
+    counts: Mapping[tuple[str, ItemState], int] | None
+    due: Sequence[WorkItem]
+    now: dt.datetime | None
+    problem: str | None
+    unowned: Sequence[tuple[str, int]] = ()
+    """(spec, queued count) of due specs no driver of this service owns."""
+    queues: Sequence[QueueInfo] = ()
+    lags: Mapping[str, float] = attrs.field(factory=dict)
+    """Each named queue's lag (seconds its oldest due item waited, paused or not)."""
+    limits: Mapping[str, int] | None = None
+    """Each queue this service's runner serves, with its concurrency (None: no runner here)."""
+
+
+def queue_rows(view: QueueView, states: Sequence[ItemState]) -> Rows:
+    """The queues panel: every queue that holds items or is paused, and every one served here."""
+    infos = {info.name: info for info in view.queues}
+    for name in view.limits or {}:
+        infos.setdefault(name, QueueInfo(name=name))
+
+    def row(info: QueueInfo) -> dict[str, Any]:
+        limit = (view.limits or {}).get(info.name)
+        status = f"paused since {_stamp(info.paused_at)}" if info.paused else "active"
+        return {
+            "name": str(info.name),
+            "paused": info.paused,
+            "status": status,
+            "counts": [str(info.counts.get(state, 0)) for state in states],
+            "limit": "not served here" if limit is None else str(limit),
+            "lag": _ago(view.lags.get(info.name)),
+        }
+
+    return rows([infos[name] for name in sorted(infos)], row, what="queue")
+
+
+def count_rows(counts: Mapping[tuple[str, ItemState], int], states: Sequence[ItemState]) -> Rows:
+    specs = sorted({spec for spec, _ in counts})
+
+    def row(spec: str) -> dict[str, Any]:
+        return {"spec": spec, "counts": [str(counts.get((spec, state), 0)) for state in states]}
+
+    return rows(specs, row, what="spec", empty="empty")
+
+
+def unowned_rows(unowned: Sequence[tuple[str, int]]) -> Rows:
+    def row(entry: tuple[str, int]) -> dict[str, Any]:
+        spec, count = entry
+        return {"spec": spec, "count": str(count), "spec_repr": repr(spec)}
+
+    return rows(unowned, row, what="spec")
+
+
+@attrs.frozen(kw_only=True)
+class ScheduleView:
+    """A schedule on the status page: its next fire, and its last one as last read."""
+
+    schedule: Schedule
+    last: dt.datetime | None
+    unserved: bool = False
+
+
+def schedule_rows(views: Sequence[ScheduleView], now: dt.datetime | None) -> Rows:
+    def row(view: ScheduleView) -> dict[str, Any]:
+        schedule = view.schedule
+        upcoming = None if now is None else schedule.next_fire(now)
+        queue = schedule.item_queue + (" (not served here)" if view.unserved else "")
+        return {
+            "name": schedule.name,
+            "spec": schedule.spec_id,
+            "cron": schedule.cron,
+            "zone": schedule.timezone,
+            "queue": queue,
+            "next": "" if upcoming is None else _when(upcoming, now),
+            "last": "none found" if view.last is None else _stamp(view.last),
+        }
+
+    return rows(views, row, what="schedule", limit=None)
+
+
+# -- item pages ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Action:
+    path: str
+    label: str
+    back: str
+    danger: bool = False
+
+
+def item_actions(item: WorkItem, back: str) -> list[_Action]:
+    """The actions the item page offers for *item*'s state (the rules of ``_operations``)."""
+    base = f"/items/{quote_part(item.id)}"
+    found = []
+    if item.state.finished:
+        found.append(_Action(f"{base}/retry", "Retry", back))
+    if item.state is ItemState.QUEUED and not item.waiting:
+        found.append(_Action(f"{base}/run-now", "Run now", back))
+    if item.state in (ItemState.QUEUED, ItemState.RUNNING):
+        found.append(_Action(f"{base}/cancel", "Cancel", back, danger=True))
+    if item.state is not ItemState.RUNNING:
+        found.append(_Action(f"{base}/delete", "Delete", "/items", danger=True))
+    return found
+
+
+async def lineage(queue: WorkQueue, item: WorkItem) -> list[dict[str, str | None]]:
+    """*item*'s ancestors, the root first (at most :data:`_LINEAGE`; a deleted one says so)."""
+    steps: list[dict[str, str | None]] = []
+    parent_id = item.parent_id
+    while parent_id is not None and len(steps) < _LINEAGE:
+        try:
+            parent = await queue.get(parent_id)
+        except ItemNotFound:
+            steps.append({"id": None, "text": f"{parent_id} (deleted)"})
+            break
+        steps.append(
+            {"id": parent.id, "spec": parent.spec_id, "state": str(parent.state), "text": None}
+        )
+        parent_id = parent.parent_id
+    if parent_id is not None and len(steps) >= _LINEAGE:
+        steps.append({"id": None, "text": "…"})
+    return steps[::-1]
+
+
+def item_page_context(item: WorkItem, children: Sequence[WorkItem]) -> dict[str, Any]:
+    """The item page's fields, error history (summary and traceback apart) and children."""
+    fields = [
+        (name, json.dumps(getattr(item, name), indent=2, sort_keys=True, ensure_ascii=False))
+        if name in ("config", "result")
+        else (name, value)
+        for name, value in item_fields(item)
+    ]
+    history = _history(item)
+
+    def child(row: WorkItem) -> dict[str, Any]:
+        return {"id": row.id, "spec": row.spec_id, "state": str(row.state), "due": due_text(row)}
+
+    shown = rows(children, child, what="child", empty="no children", limit=_CHILDREN)
+    return {"fields": fields, "history": history, "children": shown}
+
+
+# -- actions -------------------------------------------------------------------------------------
+
+ITEM_ACTIONS = ("retry", "cancel", "delete", "run-now")
+QUEUE_ACTIONS = ("pause", "resume")
+SCHEDULE_ACTIONS = ("fire",)
+
+
+@attrs.frozen
+class Done:
+    """What an action did: whether it was done, what to tell the operator, and its target."""
+
+    ok: bool
+    message: str
+    target: str
+
+
+async def _item_action(queue: WorkQueue, action: str, item_id: str) -> str:
+    if action == "retry":
+        return (await retry_item(queue, item_id))[1]
+    if action == "run-now":
+        return (await run_item_now(queue, item_id))[1]
+    if action == "cancel":
+        return (await cancel_item(queue, item_id))[1]
+    return (await delete_item(queue, item_id))[1]
+
+
+async def perform(
+    queue: WorkQueue,
+    kind: str,
+    name: str,
+    action: str,
+    *,
+    ids: Sequence[str] = (),
+    schedules: Mapping[str, Schedule],
+    known_queues: Iterable[str],
+) -> Done:
+    """Carry out one action of the console: *action* on the item, queue or schedule *name*
+    (*kind* ``items``, ``queues``, ``schedules``), or a bulk retry of *ids* (*kind* ``dead``).
+    A refusal (the action does not apply, the thing is unknown) is a :class:`Done` with
+    ``ok=False`` saying why, never an exception."""
+    target = {"items": "item", "queues": "queue", "schedules": "schedule"}.get(kind, "items")
+    where = f"{target}:{name}" if kind != "dead" else f"items:{len(ids)}"
+    try:
+        if kind == "items":
+            return Done(True, await _item_action(queue, action, name), where)
+        if kind == "queues":
+            known = set(known_queues) | {info.name for info in await queue.list_queues()}
+            if name not in known:
+                listed = ", ".join(sorted(known)) or "none"
+                return Done(False, f"no queue {name!r} is known (known: {listed})", where)
+            switch = pause_queue if action == "pause" else resume_queue
+            return Done(True, (await switch(queue, name))[1], where)
+        if kind == "schedules":
+            schedule = schedules.get(name)
+            if schedule is None:
+                return Done(False, f"no schedule {name!r} in this service", where)
+            return Done(True, (await fire_schedule(queue, schedule))[1], where)
+        return await _bulk_retry(queue, ids, where)
+    except ItemNotFound:
+        return Done(False, f"no item {name!r}", where)
+    except DuplicateItem:
+        return Done(False, f"{name} was fired a moment ago already", where)
+    except SuperviseError as error:  # ActionRefused, ItemStateError: the rule said no
+        return Done(False, str(error), where)
+
+
+async def _bulk_retry(queue: WorkQueue, ids: Sequence[str], where: str) -> Done:
+    if not ids:
+        return Done(False, "no items were selected", where)
+    refused: list[str] = []
+    for item_id in ids:
+        try:
+            await retry_item(queue, item_id)
+        except ItemNotFound:
+            refused.append(f"no item {item_id!r}")
+        except SuperviseError as error:
+            refused.append(str(error))
+    done = len(ids) - len(refused)
+    message = f"retried {done} of {len(ids)}" + (f"; {'; '.join(refused)}" if refused else "")
+    return Done(done > 0, message, where)
