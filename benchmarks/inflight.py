@@ -15,18 +15,21 @@ told to finish), on a :class:`~trio_supervise.MemoryQueue`.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
 import statistics
 import sys
 import tracemalloc
+from collections.abc import Iterator
 from typing import Any
 
 import trio
 import trio.testing
 
 import trio_supervise as ts
+from trio_supervise.run import _leases, _runner
 
 from . import supervision
 from ._common import Config, Result, no_context, now, run_json
@@ -60,15 +63,35 @@ class SleepingDriver:
 
 
 class TimedRunner(ts.WorkflowRunner[None]):
-    """A runner that records each renewal round's wall duration and how many were in flight."""
+    """A runner whose leases part records each renewal round's wall duration and how many were
+    in flight (see :class:`_TimedLeases`)."""
 
     rounds: list[tuple[float, int]]
 
+
+class _TimedLeases(_leases.Leases):
+    """The runner's leases part, timing each renewal round into ``ROUNDS_INTO``."""
+
     async def _renew_round(self, interval: float) -> None:
-        in_flight = len(self._in_flight)
+        in_flight = len(self.flights.entries)
         started = now()
         await super()._renew_round(interval)
-        self.rounds.append((now() - started, in_flight))
+        ROUNDS_INTO[-1].append((now() - started, in_flight))
+
+
+ROUNDS_INTO: list[list[tuple[float, int]]] = []
+"""Where the current timed run's rounds go (its runner's ``rounds``)."""
+
+
+@contextlib.contextmanager
+def _timed_leases() -> Iterator[None]:
+    """The runner builds its leases part from ``_runner.Leases``: a timed one meanwhile."""
+    original = _runner.Leases
+    _runner.Leases = _TimedLeases  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        _runner.Leases = original  # type: ignore[misc]
 
 
 async def _in_flight(count: int, on_all_started: Any, before_start: Any = lambda: None) -> Any:
@@ -88,8 +111,9 @@ async def _in_flight(count: int, on_all_started: Any, before_start: Any = lambda
         queue=queue, registry=registry, settings=settings, build_context=no_context
     )
     runner.rounds = []
+    ROUNDS_INTO.append(runner.rounds)
     before_start()
-    with trio.fail_after(300):
+    with trio.fail_after(300), _timed_leases():
         async with trio.open_nursery() as nursery:
             await nursery.start(runner.run)
             await driver.all_started.wait()
@@ -120,7 +144,7 @@ def renewal_rounds(count: int, wanted: int = ROUNDS) -> tuple[list[float], float
     warnings meanwhile)."""
 
     async def watch(runner: TimedRunner) -> list[float]:
-        interval = runner._settings.renew_interval
+        interval = runner.settings.renew_interval
         full: list[float] = []
         with trio.move_on_after(max(interval * (wanted + 3), 30.0)):
             while len(full) < wanted:

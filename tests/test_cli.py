@@ -496,7 +496,7 @@ def _health_server(code: int, document: dict[str, object]) -> Iterator[str]:
 SERVICE_MODULE = """
 import trio
 from trio_supervise._service import Service
-from trio_supervise._workflow import Stop
+from trio_supervise import Stop
 
 
 class Finisher:

@@ -34,12 +34,19 @@ import httpx
 import pytest
 import trio
 
-from trio_supervise import MemoryQueue, RunnerEvent, RunnerEventKind
+from trio_supervise import (
+    MemoryQueue,
+    Outcome,
+    Reschedule,
+    RunnerEvent,
+    RunnerEventKind,
+    RunnerSettings,
+    Stop,
+)
 from trio_supervise._errors import QueueUnavailable
 from trio_supervise._service import Service
 from trio_supervise._settings import HttpSettings, Settings
 from trio_supervise._supervisor import WorkerState
-from trio_supervise._workflow import Outcome, Reschedule, RunnerSettings, Stop
 from trio_supervise.queues import (
     ItemState,
     Lease,

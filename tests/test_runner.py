@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 import trio_supervise as ts
-from trio_supervise._workflow import first_line
+from trio_supervise.job import first_line
 from trio_supervise.queues import Lease, LeaseStatus, Settlement, WorkItem
 
 EPOCH = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -393,7 +393,7 @@ async def test_twice_the_claim_batch_claims_one_batch_ahead_within_the_concurren
                 if item.state is ts.ItemState.RUNNING and item.lease_owner == "a"
             )
             # The runner's slots: claimed (or being claimed) and not yet taken for a write.
-            slots = sum(busy.value for busy in runner._busy.values())
+            slots = sum(busy.value for busy in runner._flights.busy.values())
             seen.append((slots, driver.running, held))
 
     bound = Bound()
@@ -563,7 +563,7 @@ async def test_a_stopped_item_does_not_cancel_the_next_one_its_evaluator_runs(
 
 async def test_a_big_round_renews_in_chunks(autojump_clock: trio.testing.MockClock) -> None:
     """A round over more leases than RENEWAL_CHUNK renews them in several calls, all at once."""
-    from trio_supervise._runner import RENEWAL_CHUNK
+    from trio_supervise.run import RENEWAL_CHUNK
 
     queue = FaultyQueue()
     count = RENEWAL_CHUNK + 5
@@ -581,7 +581,7 @@ async def test_a_failed_chunk_counts_the_rest_of_its_round_as_failed(
 ) -> None:
     """When a chunk's call fails the round stops there: one warning, every lease counted failed,
     evaluations going on while their leases last."""
-    from trio_supervise._runner import RENEWAL_CHUNK
+    from trio_supervise.run import RENEWAL_CHUNK
 
     queue = FaultyQueue()
     queue.renew_failures = 1
@@ -1177,7 +1177,7 @@ async def test_a_permanent_write_error_is_not_retried(
 
 def test_transient_errors_are_the_queue_errors_a_retry_may_fix() -> None:
     """QueueUnavailable and unclassified QueueErrors are retried; SchemaError and bugs are not."""
-    from trio_supervise._workflow import is_transient
+    from trio_supervise.run import is_transient
 
     assert is_transient(ts.QueueUnavailable("database is locked"))
     assert is_transient(ts.QueueError("database or disk is full"))
@@ -1247,7 +1247,7 @@ async def test_the_watchdog_measures_loop_lag_and_names_items_at_risk(
 def test_lease_risk_warns_past_a_third_of_the_lease_and_says_what_is_left() -> None:
     """The watchdog's arithmetic: under a third of the lease is harmless; past it, every item in
     flight is named with the lease it had left when the loop woke (or how long ago it expired)."""
-    from trio_supervise._runner import lease_risk
+    from trio_supervise.run import lease_risk
 
     entries = [("a", 100.0), ("b", 104.5)]
     assert lease_risk(entries, woke=110.0, lag=2.0, lease=6.0) is None

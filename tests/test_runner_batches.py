@@ -11,7 +11,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry, Histogram
 
 import trio_supervise as ts
-from trio_supervise._runner import _observe_all
+from trio_supervise.run._observation import _observe_all
 
 from .test_runner import Kind, Recorder, make_runner, running
 

@@ -28,11 +28,10 @@ import httpx
 import pytest
 import trio
 
-from trio_supervise import ItemState, RunnerState
+from trio_supervise import ItemState, Outcome, RunnerSettings, RunnerState, Stop
 from trio_supervise._cli import main as cli_main
 from trio_supervise._service import Service
 from trio_supervise._settings import HttpSettings, Settings, load_settings
-from trio_supervise._workflow import Outcome, RunnerSettings, Stop
 from trio_supervise.queues import (
     Lease,
     LeaseStatus,

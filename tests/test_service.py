@@ -16,11 +16,19 @@ import httpx
 import pytest
 import trio
 
-from trio_supervise import ItemState, MemoryQueue, RestartPolicy, Shutdown
+from trio_supervise import (
+    Continue,
+    ItemState,
+    MemoryQueue,
+    Outcome,
+    RestartPolicy,
+    RunnerSettings,
+    Shutdown,
+    Stop,
+)
 from trio_supervise._service import EXIT_FAILED, EXIT_OK, Service, ServiceHandle, _takes_service
 from trio_supervise._settings import HttpSettings, Settings
 from trio_supervise._supervisor import ChildSpec, WorkerState
-from trio_supervise._workflow import Continue, Outcome, RunnerSettings, Stop
 from trio_supervise.queues import WorkItem
 from trio_supervise.queues._factory import open_queue
 
@@ -240,7 +248,7 @@ import os
 import trio
 from trio_supervise._service import Service
 from trio_supervise._supervisor import ChildSpec
-from trio_supervise._workflow import Continue
+from trio_supervise import Continue
 
 
 class Sleeper:

@@ -11,8 +11,9 @@ import pytest
 import trio
 
 import trio_supervise as ts
-from trio_supervise._workflow import first_line, raise_specific
+from trio_supervise.job import first_line
 from trio_supervise.queues import LeaseStatus, Settlement, WorkItem
+from trio_supervise.run import raise_specific
 
 EPOCH = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 

@@ -37,12 +37,6 @@ from ._policy import JitterMode as JitterMode
 from ._policy import RestartPolicy as RestartPolicy
 from ._retention import Pruner as Pruner
 from ._retention import RetentionSettings as RetentionSettings
-from ._runner import RecentError as RecentError
-from ._runner import RunnerEvent as RunnerEvent
-from ._runner import RunnerEventKind as RunnerEventKind
-from ._runner import RunnerMetrics as RunnerMetrics
-from ._runner import RunnerState as RunnerState
-from ._runner import WorkflowRunner as WorkflowRunner
 from ._schedules import MissedFires as MissedFires
 from ._schedules import Schedule as Schedule
 from ._schedules import Scheduler as Scheduler
@@ -65,20 +59,12 @@ from ._supervisor import Supervisor as Supervisor
 from ._supervisor import WorkerState as WorkerState
 from ._supervisor import WorkerStatus as WorkerStatus
 from ._version import __version__ as __version__
-from ._workflow import AnyWorkflowDriver as AnyWorkflowDriver
-from ._workflow import ContextFactory as ContextFactory
-from ._workflow import Continue as Continue
-from ._workflow import Discard as Discard
-from ._workflow import DriverRegistry as DriverRegistry
-from ._workflow import EvaluationTimedOut as EvaluationTimedOut
-from ._workflow import Outcome as Outcome
-from ._workflow import PassStats as PassStats
-from ._workflow import Reschedule as Reschedule
-from ._workflow import RunnerSettings as RunnerSettings
-from ._workflow import Stop as Stop
-from ._workflow import TypedWorkflowDriver as TypedWorkflowDriver
-from ._workflow import WorkflowDriver as WorkflowDriver
-from ._workflow import run_due_pass as run_due_pass
+from .job import Continue as Continue
+from .job import Discard as Discard
+from .job import EvaluationTimedOut as EvaluationTimedOut
+from .job import Outcome as Outcome
+from .job import Reschedule as Reschedule
+from .job import Stop as Stop
 from .queues import DEFAULT_CONCURRENCY_LIMIT as DEFAULT_CONCURRENCY_LIMIT
 from .queues import DEFAULT_QUEUE as DEFAULT_QUEUE
 from .queues import MAX_ERRORS as MAX_ERRORS
@@ -99,6 +85,20 @@ from .queues import WorkItem as WorkItem
 from .queues import WorkQueue as WorkQueue
 from .queues import migrate as migrate
 from .queues import open_queue as open_queue
+from .run import AnyWorkflowDriver as AnyWorkflowDriver
+from .run import ContextFactory as ContextFactory
+from .run import DriverRegistry as DriverRegistry
+from .run import PassStats as PassStats
+from .run import RecentError as RecentError
+from .run import RunnerEvent as RunnerEvent
+from .run import RunnerEventKind as RunnerEventKind
+from .run import RunnerMetrics as RunnerMetrics
+from .run import RunnerSettings as RunnerSettings
+from .run import RunnerState as RunnerState
+from .run import TypedWorkflowDriver as TypedWorkflowDriver
+from .run import WorkflowDriver as WorkflowDriver
+from .run import WorkflowRunner as WorkflowRunner
+from .run import run_due_pass as run_due_pass
 
 __all__ = [
     "DEFAULT_CONCURRENCY_LIMIT",

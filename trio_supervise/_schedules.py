@@ -61,7 +61,7 @@ from .job import (
 from .queues import WorkQueue
 
 if TYPE_CHECKING:
-    from ._workflow import AnyWorkflowDriver
+    from .run import AnyWorkflowDriver
 
 __all__ = [
     "MissedFires",

@@ -30,7 +30,6 @@ from ._logging import configure_logging
 from ._maintenance import MaintenanceTask, maintenance_children
 from ._policy import Jitter
 from ._retention import PruneMetrics, Pruner
-from ._runner import FORCED_RELEASE_BOUND, RunnerEvent, RunnerState, WorkflowRunner
 from ._schedules import (
     Schedule,
     Scheduler,
@@ -47,9 +46,17 @@ from ._supervisor import (
     WorkerState,
     WorkerStatus,
 )
-from ._workflow import AnyWorkflowDriver, ContextFactory, DriverRegistry
 from .queues import WorkQueue
 from .queues._factory import open_queue
+from .run import (
+    AnyWorkflowDriver,
+    ContextFactory,
+    DriverRegistry,
+    RunnerEvent,
+    RunnerState,
+    WorkflowRunner,
+)
+from .run._runner import FORCED_RELEASE_BOUND
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "Service", "ServiceHandle", "run_service"]
 

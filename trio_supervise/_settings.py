@@ -43,9 +43,9 @@ from ._convert import nested_too_deeply, nesting_exceeds
 from ._errors import SettingsError
 from ._logging import LogFormat
 from ._retention import Period, RetentionSettings, structure_period
-from ._workflow import RunnerSettings
 from .queues._factory import DEFAULT_DATABASE_URL
 from .queues._sql import redact_dsn
+from .run import RunnerSettings
 
 __all__ = [
     "DEFAULT_DATABASE_URL",

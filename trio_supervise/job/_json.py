@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any, TypeAlias
 
 from .._convert import MAX_JSON_DEPTH as _MAX_JSON_DEPTH
 from .._convert import nested_too_deeply
-from ._model import JSONValue
 
 __all__ = [
+    "JSONValue",
     "MAX_JSON_DEPTH",
     "check_json",
     "copy_json",
@@ -22,6 +23,9 @@ __all__ = [
     "storable_text",
     "unstorable",
 ]
+
+JSONValue: TypeAlias = Any
+"""A value that survives ``json.dumps``/``json.loads`` unchanged (dict, list, str, number, ...)."""
 
 MAX_JSON_DEPTH = _MAX_JSON_DEPTH
 """The deepest nesting of lists and objects a config (or result) may have; deeper is refused

@@ -18,6 +18,7 @@ import attrs
 
 from .._clock import utc
 from ._fields import build_function, copy_function, field_names, replace_function
+from ._json import JSONValue, copy_json
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -40,9 +41,6 @@ __all__ = [
     "replace_item",
     "stored_kind",
 ]
-
-JSONValue: TypeAlias = Any
-"""A value that survives ``json.dumps``/``json.loads`` unchanged (dict, list, str, number, ...)."""
 
 DEFAULT_QUEUE = "default"
 """The queue an item waits in unless told otherwise."""
@@ -202,14 +200,8 @@ build_item: Callable[..., WorkItem] = build_function(WorkItem, UnfrozenItem)
 """``WorkItem(**fields)`` without the converters, each field's default for the ones left out."""
 
 
-def _copy_json(value: JSONValue) -> JSONValue:
-    from ._json import copy_json
-
-    return copy_json(value)
-
-
 copy_item: Callable[[WorkItem], WorkItem] = copy_function(
-    WorkItem, UnfrozenItem, {"config": _copy_json, "result": _copy_json}
+    WorkItem, UnfrozenItem, {"config": copy_json, "result": copy_json}
 )
 """A copy of a stored item for a caller, its config and result copied too (the memory queue
 hands out copies, as a durable backend's freshly decoded rows are)."""

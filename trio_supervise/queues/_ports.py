@@ -40,6 +40,7 @@ from ..job import (
 )
 
 __all__ = [
+    "BatchWrites",
     "Capability",
     "EnqueueFront",
     "MaintenanceStore",
@@ -254,6 +255,16 @@ class WorkQueue(WorkerStore, ProducerStore, OperatorStore, MaintenanceStore, Pro
     async def aclose(self) -> None:
         """Release connections and threads. Idempotent."""
         ...
+
+
+@runtime_checkable
+class BatchWrites(Protocol):
+    """What sets a worker port apart from the seed's writes: leases renewed and outcomes
+    settled in batches (``run_due_pass`` writes to a store without them with the seed's calls)."""
+
+    async def renew_many(self, leases: Sequence[Lease], lease: float) -> dict[str, LeaseStatus]: ...
+
+    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]: ...
 
 
 @runtime_checkable

@@ -920,7 +920,7 @@ class SQLQueue(EnqueueFront, SingleWrites):
                 "delay_us": 0 if s.delay == 0 else _sql.duration_us("delay", s.delay),
                 "at": None if s.at is None else self._time(s.at),
                 # A runner's own settlement carries check_json's copies already (``_checked``,
-                # see _workflow._plain_settlement): dumped without checking them again.
+                # see job/_outcomes.py, _plain_settlement): dumped without checking them again.
                 "config": (
                     json.dumps(s.config if s._checked else check_json(s.config))
                     if s.kind is SettleKind.RESCHEDULE

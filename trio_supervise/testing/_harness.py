@@ -24,18 +24,20 @@ import trio_util
 from .._clock import TrioClock
 from .._errors import WorkerFailed
 from .._policy import Jitter, RestartPolicy
-from .._runner import RunnerEvent, RunnerEventKind, WorkflowRunner
 from .._service import Service
 from .._settings import Settings
 from .._supervisor import ChildSpec, Supervisor, WorkerState
-from .._workflow import (
+from ..queues import MemoryQueue
+from ..run import (
     AnyWorkflowDriver,
     ContextFactory,
     DriverRegistry,
+    RunnerEvent,
+    RunnerEventKind,
     RunnerSettings,
+    WorkflowRunner,
     raise_specific,
 )
-from ..queues import MemoryQueue
 from ._history import Entry, History
 
 __all__ = [
