@@ -318,3 +318,58 @@ async def test_a_failure_as_a_json_line_has_every_field_and_the_traceback(
     document = json.loads(line)
     assert {key: document[key] for key in STRUCTURED_FIELDS} == FIRST_FAILURE
     assert document["exception"].endswith("OSError: sensor unplugged")
+
+
+async def test_settled_outcomes_are_logged_at_info_up_to_a_rate(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each settled outcome is one INFO line, at most ``outcome_log_rate`` a second: a burst
+    past it is counted, and the next line says how many were left out."""
+    queue = ts.MemoryQueue()
+    for n in range(30):
+        await queue.enqueue("read", item_id=f"r{n:02}")
+    registry: ts.DriverRegistry[None] = ts.DriverRegistry()
+    registry.register(Driver())
+    settings = ts.RunnerSettings(
+        worker_id="w-1", concurrency=30, claim_batch=30, outcome_log_rate=5
+    )
+    runner = ts.WorkflowRunner(
+        queue=queue, registry=registry, settings=settings, build_context=no_context
+    )
+    with caplog.at_level(logging.INFO, RUNNER):
+        async with running(runner):
+            await trio.sleep(1)
+            await queue.enqueue("read", item_id="later")
+            await trio.sleep(1)
+    lines = [r for r in caplog.records if r.name == RUNNER and "s after its claim" in r.message]
+    assert len(lines) == 6
+    assert lines[0].message == "item 'r00' (spec 'read'): complete, 0 s after its claim"
+    assert lines[0].outcome == "complete"  # type: ignore[attr-defined]
+    assert lines[-1].message == (
+        "item 'later' (spec 'read'): complete, 0 s after its claim (25 more outcomes not logged)"
+    )
+
+
+async def test_no_outcome_lines_when_the_rate_is_zero(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``outcome_log_rate=0`` logs no outcome line at all."""
+    queue = ts.MemoryQueue()
+    await queue.enqueue("read", item_id="quiet")
+    registry: ts.DriverRegistry[None] = ts.DriverRegistry()
+    registry.register(Driver())
+    settings = ts.RunnerSettings(worker_id="w-1", outcome_log_rate=0)
+    runner = ts.WorkflowRunner(
+        queue=queue, registry=registry, settings=settings, build_context=no_context
+    )
+    with caplog.at_level(logging.INFO, RUNNER):
+        async with running(runner):
+            await trio.sleep(1)
+    assert not [r for r in caplog.records if "after its claim" in r.message]
+
+
+@pytest.mark.parametrize("rate", [-1, float("nan"), float("inf"), True, "5"])
+def test_a_bad_outcome_log_rate_is_refused_naming_the_field(rate: Any) -> None:
+    """The rate is a finite number of lines per second >= 0."""
+    with pytest.raises((TypeError, ValueError), match="outcome_log_rate must be"):
+        ts.RunnerSettings(worker_id="w", outcome_log_rate=rate)

@@ -269,6 +269,8 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         settle_batch=50,
         error_history=10,
         queues={"default": 5, "mail": 2},
+        outcome_log_rate=2.5,
+        tracing=False,
     )
     http = ts.HttpSettings(
         enabled=True,

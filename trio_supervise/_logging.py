@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 __all__ = [
     "STRUCTURED_FIELDS",
+    "OUTCOME_FIELDS",
     "SUPERVISOR_FIELDS",
     "JsonFormatter",
     "LogFormat",
@@ -51,7 +52,10 @@ Each key has one meaning in every record: ``supervisor`` is a supervisor's name 
 path of one of its children (``pipeline/flaky``); ``worker`` is a runner's ``worker_id`` (the
 owner written in leases)."""
 
-_JSON_FIELDS = (*SUPERVISOR_FIELDS, *STRUCTURED_FIELDS)
+OUTCOME_FIELDS = ("outcome",)
+"""The field of a runner's INFO line about a settled outcome: its kind (``complete``...)."""
+
+_JSON_FIELDS = (*SUPERVISOR_FIELDS, *STRUCTURED_FIELDS, *OUTCOME_FIELDS)
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """The text format of the handler :func:`configure_logging` installs."""

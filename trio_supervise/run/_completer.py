@@ -124,6 +124,8 @@ class _Accounts:
             observer.metrics.tally_settled(settlement.kind, item.spec_id)  # see Flights.written
             if control.state is _DRAINING:
                 observer.drained(item, entry.claimed_at, str(settlement.kind))
+            elif observer.outcome_lines is not None:
+                observer.log_outcome(item, settlement, entry.claimed_at)
             if observer.on_event is not None:
                 observer.emit(RunnerEventKind.SETTLED, item, detail=str(settlement.kind))
             return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import contextvars
 from collections.abc import Awaitable, Callable
-from typing import Generic, Protocol
+from typing import Any, Generic, Protocol
 
 import attrs
 import trio
@@ -26,6 +26,7 @@ from ..job import (
     SettleKind,
     Settlement,
     StopReason,
+    WorkItem,
     attempts_exhausted,
     describe_failure,
     first_line,
@@ -36,6 +37,7 @@ from ..job import (
 from ._drivers import ContextT, DriverRegistry, evaluate_item
 from ._flight import Control, Flights, InFlight
 from ._observation import Observer, RunnerEventKind, log_dead, log_failure
+from ._tracing import end_span, evaluation_span
 
 __all__ = ["Executor", "Pool"]
 
@@ -145,6 +147,8 @@ class Executor(Generic[ContextT]):
     jitter: Jitter
     completer: _Completer
     context: ContextT
+    tracer: Any | None = None
+    """An OpenTelemetry tracer: a span per evaluation (see ``_tracing.py``); None: none."""
     failures: int = 0
     """Evaluations that failed (an item error, dead, a lost lease): a due pass's ``failed``."""
 
@@ -274,6 +278,8 @@ class Executor(Generic[ContextT]):
             settlement = settlement_before(item, settings)
         elif entry.reason is None:
             entry.evaluating_since = self.control.time() if since is None else since
+            if self.tracer is not None:
+                return await self._evaluate_traced(item)
             try:
                 settlement = await evaluate_item(
                     self.registry.for_spec(item.spec_id),
@@ -283,6 +289,27 @@ class Executor(Generic[ContextT]):
                 )
             except Exception as exc:
                 error, failure = describe_failure(exc), exc
+        return settlement, error, failure
+
+    async def _evaluate_traced(
+        self, item: WorkItem
+    ) -> tuple[Settlement | None, str | None, Exception | None]:
+        """:meth:`_evaluate`'s driver call inside an OpenTelemetry span (see ``_tracing.py``)."""
+        settlement: Settlement | None = None
+        error: str | None = None
+        failure: Exception | None = None
+        with evaluation_span(self.tracer, item) as span:
+            try:
+                settlement = await evaluate_item(
+                    self.registry.for_spec(item.spec_id),
+                    self.context,
+                    item,
+                    requeue_delay=self.control.settings.requeue_delay,
+                )
+            except Exception as exc:
+                error, failure = describe_failure(exc), exc
+            finally:
+                end_span(span, settlement, error, failure)
         return settlement, error, failure
 
     def _outcome(

@@ -374,6 +374,26 @@ class _DrainLog:
 
 
 @attrs.define(eq=False)
+class _OutcomeLines:
+    """At most *rate* INFO lines a second about settled outcomes (a token bucket of one second's
+    worth), counting the ones left out for the next line to mention."""
+
+    rate: float
+    tokens: float = 0.0
+    at: float = 0.0
+    left_out: int = 0
+
+    def allow(self, now: float) -> bool:
+        self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        self.left_out += 1
+        return False
+
+
+@attrs.define(eq=False)
 class Observer:
     """Where a runner's parts report: its metrics, its ``on_event`` hook, its recent errors and
     its log lines (each with the structured fields of :func:`log_fields`).
@@ -391,6 +411,39 @@ class Observer:
     drain: _DrainLog = attrs.field(init=False, factory=lambda: _DrainLog(0.0))
     draining: bool = False
     """While true, items leaving are logged one by one and counted for the drain's summary."""
+    outcome_lines: _OutcomeLines | None = attrs.field(init=False, default=None)
+    """Set by :meth:`start` when outcomes are logged at INFO (see ``outcome_log_rate``)."""
+
+    def start(self) -> None:
+        """A run starts: log its settled outcomes at INFO if the logger shows them."""
+        rate = self.settings.outcome_log_rate
+        enabled = rate > 0 and self.logger.isEnabledFor(logging.INFO)
+        self.outcome_lines = _OutcomeLines(rate, rate, trio.current_time()) if enabled else None
+
+    def log_outcome(self, item: WorkItem, settlement: Settlement, claimed_at: float) -> None:
+        """One INFO line for a settled outcome, while the rate allows (see :meth:`start`)."""
+        lines = self.outcome_lines
+        assert lines is not None
+        now = trio.current_time()
+        if not lines.allow(now):
+            return
+        more = f" ({lines.left_out} more outcomes not logged)" if lines.left_out else ""
+        lines.left_out = 0
+        after = ""
+        if settlement.kind is SettleKind.RESCHEDULE and settlement.at is not None:
+            after = f", due {settlement.at.isoformat()}"
+        elif settlement.kind in (SettleKind.CONTINUE, SettleKind.RETRY, SettleKind.RELEASE):
+            after = f", due in {settlement.delay:.3g} s"
+        self.logger.info(
+            "item %r (spec %r): %s%s, %.3g s after its claim%s",
+            item.id,
+            item.spec_id,
+            settlement.kind,
+            after,
+            now - claimed_at,
+            more,
+            extra=log_fields(self.settings.worker_id, item, outcome=str(settlement.kind)),
+        )
 
     def __attrs_post_init__(self) -> None:
         self.errors = collections.deque(maxlen=self.settings.error_history)

@@ -23,6 +23,7 @@ from ._flight import Control, Flights
 from ._leases import Leases
 from ._observation import Observer, RunnerMetrics, RunnerState, log_fields
 from ._settings import PassStats, RunnerSettings
+from ._tracing import tracer_for
 
 __all__ = ["run_due_pass"]
 
@@ -90,6 +91,7 @@ async def run_due_pass(
             await _release_unbuilt(completer, flights, items, describe_error(error), claimed_at)
             raise
         executor = Executor(registry, control, flights, observer, jitter, completer, context)
+        executor.tracer = tracer_for(settings)
         leases = Leases(queue, control, flights, observer, seed=not batched, strict=True)
         try:
             async with trio.open_nursery() as services:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Generic
+from typing import Any, Generic
 
 import attrs
 import trio
@@ -39,6 +39,7 @@ from ._observation import (
 )
 from ._producer import Producer
 from ._settings import RunnerSettings
+from ._tracing import tracer_for
 
 __all__ = ["FORCED_RELEASE_BOUND", "WorkflowRunner"]
 
@@ -156,10 +157,11 @@ class WorkflowRunner(Generic[ContextT]):
             if self._registry.is_empty():
                 raise DriverError("the registry has no drivers: nothing to run")
             self._registry.validate_all()
+            tracer = tracer_for(self._settings)
             async with open_context(self._build_context) as context:
                 fatal: Exception | None = None
                 try:
-                    fatal = await self._run_parts(context, task_status)
+                    fatal = await self._run_parts(context, tracer, task_status)
                 except BaseExceptionGroup as group:
                     raise_specific(group)
                 if fatal is not None:
@@ -178,7 +180,7 @@ class WorkflowRunner(Generic[ContextT]):
             observer.emit(RunnerEventKind.STOPPED, detail=str(control.state))
 
     async def _run_parts(
-        self, context: ContextT, task_status: trio.TaskStatus[None]
+        self, context: ContextT, tracer: Any | None, task_status: trio.TaskStatus[None]
     ) -> Exception | None:
         """Join the parts for one run: leases, the watchdog and the completer as services, the
         evaluators in a nursery of their own, the producer's claim loops until shutdown (or a
@@ -193,6 +195,7 @@ class WorkflowRunner(Generic[ContextT]):
                 executor = Executor(
                     self._registry, control, flights, observer, self._jitter, completer, context
                 )
+                executor.tracer = tracer
                 pool.spawn = lambda: executor.evaluate_forever(pool)
                 producer = Producer(
                     self._queue, self._registry, control, flights, observer, self._jitter, pool.put
@@ -203,6 +206,7 @@ class WorkflowRunner(Generic[ContextT]):
                 services.start_soon(completer.run)
                 completer.write = producer.combined_writes()
                 control.state = RunnerState.RUNNING
+                observer.start()
                 observer.emit(RunnerEventKind.STARTED)
                 task_status.started()
                 fatal = await producer.claim_loops()

@@ -63,6 +63,15 @@ def _queue_limits(value: object) -> Mapping[str, int] | None:
     return limits
 
 
+def _rate(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{attribute.name} must be a number of lines per second, got {value!r}")
+    if not (value == value and 0 <= value < float("inf")):
+        raise ValueError(
+            f"{attribute.name} must be a finite number of lines per second >= 0, got {value!r}"
+        )
+
+
 def _worker_id(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError(f"worker_id must be a non-empty string, got {value!r}")
@@ -104,6 +113,13 @@ class RunnerSettings:
     :param settle_batch: the most outcomes written in one ``settle_many`` (or
         ``settle_and_claim``) call (one call at a time).
     :param error_history: how many recent errors a runner keeps for its status page.
+    :param outcome_log_rate: the most INFO lines per second saying how an evaluation ended
+        (``item 'alice' (spec 'digest'): reschedule, took 0.012 s``), one per settled outcome;
+        past it the rest are counted, and the next line says how many were not logged. 0: none
+        (the default is 10); a logger at WARNING shows none anyway.
+    :param tracing: a span per evaluation with OpenTelemetry (the ``otel`` extra): None (the
+        default) when ``opentelemetry`` is installed, False never, True required (refused at
+        :meth:`~trio_supervise.WorkflowRunner.run` without it).
     :param queues: the named queues this runner serves, each with its own concurrency limit,
         e.g. ``{"default": 20, "mail": 5}``: each queue is claimed on its own, so a flood in one
         never takes another's slots. None (the default) serves ``"default"`` with
@@ -130,6 +146,10 @@ class RunnerSettings:
     settle_batch: int = attrs.field(default=100, validator=_count())
     error_history: int = attrs.field(default=50, validator=_count(minimum=0))
     queues: Mapping[str, int] | None = attrs.field(default=None, converter=_queue_limits)
+    outcome_log_rate: float = attrs.field(default=10.0, validator=_rate)
+    tracing: bool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
+    )
 
     @property
     def queue_limits(self) -> dict[str, int]:
