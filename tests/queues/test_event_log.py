@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_supervise.queues import QueueEvent
-from trio_supervise.queues._memory import _NO_DETAIL, _EventLog
+from trio_supervise.queues.memory._events import _NO_DETAIL, _EventLog
 
 _T0 = dt.datetime(2031, 1, 1, tzinfo=dt.UTC)
 

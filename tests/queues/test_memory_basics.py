@@ -18,8 +18,8 @@ from trio_supervise.queues import (
     SettleKind,
     Settlement,
     WorkItem,
-    _memory,
 )
+from trio_supervise.queues.memory import _events
 
 
 async def test_claim_follows_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
@@ -81,7 +81,7 @@ async def test_events_read_as_written(autojump_clock: trio.testing.MockClock) ->
     # collector tracks (issue 17): the datetimes, strings and numbers are untracked, and the
     # markers of the detail slots are the module's.
     assert list.__len__(events) == 9 * len(events)
-    markers = {id(_memory._SHARED), id(_memory._PAIRS), id(_memory._NO_PAIR)}
+    markers = {id(_events._SHARED), id(_events._PAIRS), id(_events._NO_PAIR)}
     assert all(id(value) in markers or not gc.is_tracked(value) for value in list.__iter__(events))
 
 

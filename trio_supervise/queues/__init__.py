@@ -27,8 +27,6 @@ from ._factory import DEFAULT_DATABASE_URL as DEFAULT_DATABASE_URL
 from ._factory import migrate as migrate
 from ._factory import open_queue as open_queue
 from ._factory import parse_queue_url as parse_queue_url
-from ._memory import MemoryQueue as MemoryQueue
-from ._memory import QueueEvent as QueueEvent
 from ._ports import Capability as Capability
 from ._ports import MaintenanceStore as MaintenanceStore
 from ._ports import OperatorStore as OperatorStore
@@ -40,6 +38,8 @@ from ._postgres import PostgresQueue as PostgresQueue
 from ._sql import redact_dsn as redact_dsn
 from ._sqlite import DEFAULT_SQLITE_PATH as DEFAULT_SQLITE_PATH
 from ._sqlite import SQLiteQueue as SQLiteQueue
+from .memory import MemoryQueue as MemoryQueue
+from .memory import QueueEvent as QueueEvent
 
 __all__ = [
     "Capability",

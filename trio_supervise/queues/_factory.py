@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from .._clock import Clock
-from ._memory import MemoryQueue
 from ._ports import (
     WorkQueue,
 )
 from ._sql import redact_dsn
+from .memory import MemoryQueue
 
 __all__ = ["DEFAULT_DATABASE_URL", "migrate", "open_queue", "parse_queue_url"]
 
