@@ -161,6 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", metavar="PATH", help="also write the counts as JSON here")
     parser.add_argument("--only", help=f"comma-separated workloads of {', '.join(WORKLOADS)}")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help=f"exit 1 when a count is more than {GROWTH_ALLOWED:.0%} over its baseline "
+        f"(benchmarks/{BASELINE_FILE})",
+    )
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -191,7 +197,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as file:
             json.dump({"per_item": counts, "ratios": found}, file, indent=2)
             file.write("\n")
+    if args.check:
+        failures = over_baseline(counts, load_baseline())
+        for line in failures:
+            print(line, file=sys.stderr)
+        return 1 if failures else 0
     return 0
+
+
+BASELINE_FILE = "instructions_baseline.json"
+"""The committed counts a change is held to (beside this module): updated on purpose, with the
+reason in the commit, never to make a check pass."""
+GROWTH_ALLOWED = 0.05
+"""How far over its baseline a count may go before ``--check`` fails."""
+
+
+def load_baseline() -> dict[str, float]:
+    """The committed baseline counts, per workload."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), BASELINE_FILE)
+    with open(path, encoding="utf-8") as file:
+        document = json.load(file)
+    baseline: dict[str, float] = document["per_item"]
+    return baseline
+
+
+def over_baseline(counts: dict[str, float], baseline: dict[str, float]) -> list[str]:
+    """One line per workload counted more than :data:`GROWTH_ALLOWED` over *baseline* (a
+    workload with no baseline is one too: the file says what is held)."""
+    failures = []
+    for workload, count in counts.items():
+        base = baseline.get(workload)
+        if base is None:
+            failures.append(f"{workload}: no baseline in benchmarks/{BASELINE_FILE}")
+        elif count > base * (1 + GROWTH_ALLOWED):
+            failures.append(
+                f"{workload}: {count:,.0f} instructions per {WORKLOADS[workload][3]}, "
+                f"{count / base - 1:+.1%} over the baseline {base:,.0f} "
+                f"(at most {GROWTH_ALLOWED:+.0%}); find what the change added, or update "
+                f"benchmarks/{BASELINE_FILE} on purpose, saying why in the commit"
+            )
+    return failures
 
 
 if __name__ == "__main__":

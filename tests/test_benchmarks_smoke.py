@@ -495,3 +495,20 @@ def test_without_valgrind_the_count_says_so_and_exits_2(
     assert "valgrind is not installed" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         instructions.main(["--only", "P9"])
+
+
+def test_the_instructions_check_fails_past_five_percent_over_the_baseline() -> None:
+    """``--check`` holds P1 and P4 to the committed baseline: 5% over passes, more fails,
+    naming the workload, the growth and the file; a workload without a baseline fails too."""
+    from benchmarks.instructions import load_baseline, over_baseline
+
+    baseline = load_baseline()
+    assert set(baseline) == {"P1", "P4"}
+    assert over_baseline({"P1": baseline["P1"] * 1.05, "P4": baseline["P4"]}, baseline) == []
+    [failure] = over_baseline({"P1": baseline["P1"] * 1.06}, baseline)
+    assert failure.startswith("P1: ")
+    assert "+6.0% over the baseline" in failure
+    assert "instructions_baseline.json" in failure
+    assert over_baseline({"P4r": 1.0}, baseline) == [
+        "P4r: no baseline in benchmarks/instructions_baseline.json"
+    ]
