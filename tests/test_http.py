@@ -33,7 +33,7 @@ from trio_supervise._http import (
     bind_http,
     serve_http,
 )
-from trio_supervise._supervisor import WorkerState, WorkerStatus
+from trio_supervise.supervision import WorkerState, WorkerStatus
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 

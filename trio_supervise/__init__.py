@@ -48,16 +48,6 @@ from ._settings import LogLevel as LogLevel
 from ._settings import LogSettings as LogSettings
 from ._settings import Settings as Settings
 from ._settings import load_settings as load_settings
-from ._supervisor import AutoShutdown as AutoShutdown
-from ._supervisor import ChildCounts as ChildCounts
-from ._supervisor import ChildSpec as ChildSpec
-from ._supervisor import Intensity as Intensity
-from ._supervisor import RestartType as RestartType
-from ._supervisor import ShutdownOrder as ShutdownOrder
-from ._supervisor import Strategy as Strategy
-from ._supervisor import Supervisor as Supervisor
-from ._supervisor import WorkerState as WorkerState
-from ._supervisor import WorkerStatus as WorkerStatus
 from ._version import __version__ as __version__
 from .job import Continue as Continue
 from .job import Discard as Discard
@@ -99,6 +89,16 @@ from .run import TypedWorkflowDriver as TypedWorkflowDriver
 from .run import WorkflowDriver as WorkflowDriver
 from .run import WorkflowRunner as WorkflowRunner
 from .run import run_due_pass as run_due_pass
+from .supervision import AutoShutdown as AutoShutdown
+from .supervision import ChildCounts as ChildCounts
+from .supervision import ChildSpec as ChildSpec
+from .supervision import Intensity as Intensity
+from .supervision import RestartType as RestartType
+from .supervision import ShutdownOrder as ShutdownOrder
+from .supervision import Strategy as Strategy
+from .supervision import Supervisor as Supervisor
+from .supervision import WorkerState as WorkerState
+from .supervision import WorkerStatus as WorkerStatus
 
 __all__ = [
     "DEFAULT_CONCURRENCY_LIMIT",

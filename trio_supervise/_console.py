@@ -37,8 +37,8 @@ from ._operations import (
     run_item_now,
 )
 from ._schedules import Schedule
-from ._supervisor import WorkerStatus
 from .queues import ItemState, QueueInfo, WorkItem, WorkQueue
+from .supervision import WorkerStatus
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",

@@ -80,8 +80,8 @@ from ._http_metrics import (
 )
 from ._lifecycle import Shutdown
 from ._schedules import Schedule, checked_schedules
-from ._supervisor import WorkerStatus
 from .queues import ItemState, WorkItem, WorkQueue
+from .supervision import WorkerStatus
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",

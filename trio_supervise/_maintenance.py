@@ -26,8 +26,8 @@ from typing import Protocol, runtime_checkable
 import trio
 
 from ._policy import RestartPolicy
-from ._supervisor import ChildSpec
 from .queues import WorkQueue
+from .supervision import ChildSpec
 
 __all__ = ["MAINTENANCE_RESTART", "MaintenanceTask", "maintenance_children"]
 

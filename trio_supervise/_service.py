@@ -23,7 +23,6 @@ from prometheus_client import CollectorRegistry
 
 from ._audit import AuditTrail, MemoryAuditTrail
 from ._errors import StartFailed, WorkerFailed
-from ._group import to_auto_shutdown, to_shutdown_order
 from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
 from ._lifecycle import Shutdown
 from ._logging import configure_logging
@@ -38,14 +37,6 @@ from ._schedules import (
     resolve_schedules,
 )
 from ._settings import Settings, load_settings
-from ._supervisor import (
-    AutoShutdown,
-    ChildSpec,
-    ShutdownOrder,
-    Supervisor,
-    WorkerState,
-    WorkerStatus,
-)
 from .queues import WorkQueue
 from .queues._factory import open_queue
 from .run import (
@@ -57,6 +48,16 @@ from .run import (
     WorkflowRunner,
 )
 from .run._runner import FORCED_RELEASE_BOUND
+from .supervision import (
+    AutoShutdown,
+    ChildSpec,
+    ShutdownOrder,
+    Supervisor,
+    WorkerState,
+    WorkerStatus,
+    to_auto_shutdown,
+    to_shutdown_order,
+)
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "Service", "ServiceHandle", "run_service"]
 

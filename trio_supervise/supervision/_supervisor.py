@@ -27,6 +27,9 @@ import trio_util
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .._errors import ChildStateError, StartFailed, WorkerFailed
+from .._lifecycle import Shutdown
+from .._policy import Jitter, RestartPolicy
 from ._child import (
     DEFAULT_SHUTDOWN_GRACE,
     Action,
@@ -49,7 +52,6 @@ from ._child import (
     leaves,
     to_restart_type,
 )
-from ._errors import ChildStateError, StartFailed, WorkerFailed
 from ._group import (
     AutoShutdown,
     Intensity,
@@ -66,8 +68,6 @@ from ._group import (
     to_shutdown_order,
     to_strategy,
 )
-from ._lifecycle import Shutdown
-from ._policy import Jitter, RestartPolicy
 
 __all__ = [
     "DEFAULT_SHUTDOWN_GRACE",
