@@ -702,7 +702,7 @@ async def test_a_paused_queues_due_items_count_in_its_lag(autojump_clock: trio.a
 async def test_schedules_export_their_next_and_last_fire(autojump_clock: trio.abc.Clock) -> None:
     """next fire from the cron and the queue's clock; last fire once one has an item."""
     from trio_supervise import Schedule, TrioClock
-    from trio_supervise._schedules import Scheduler
+    from trio_supervise.maintenance import Scheduler
 
     epoch = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
     queue = MemoryQueue(clock=TrioClock(epoch=epoch))

@@ -36,7 +36,7 @@ from ._operations import (
     retry_item,
     run_item_now,
 )
-from ._schedules import Schedule
+from .maintenance import Schedule
 from .queues import ItemState, QueueInfo, WorkItem, WorkQueue
 from .supervision import WorkerStatus
 

@@ -79,7 +79,7 @@ from ._http_metrics import (
     SharedRead,
 )
 from ._lifecycle import Shutdown
-from ._schedules import Schedule, checked_schedules
+from .maintenance import Schedule, checked_schedules
 from .queues import ItemState, WorkItem, WorkQueue
 from .supervision import WorkerStatus
 

@@ -18,7 +18,7 @@ import attrs
 import trio
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from ._schedules import Schedule, last_fire
+from .maintenance import Schedule, last_fire
 from .queues import ItemState, QueueInfo, WorkQueue
 
 __all__ = [

@@ -26,17 +26,19 @@ from ._errors import StartFailed, WorkerFailed
 from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
 from ._lifecycle import Shutdown
 from ._logging import configure_logging
-from ._maintenance import MaintenanceTask, maintenance_children
 from ._policy import Jitter
-from ._retention import PruneMetrics, Pruner
-from ._schedules import (
+from ._settings import Settings, load_settings
+from .maintenance import (
+    MaintenanceTask,
+    PruneMetrics,
+    Pruner,
     Schedule,
     Scheduler,
     check_schedules,
     declared_queue,
+    maintenance_children,
     resolve_schedules,
 )
-from ._settings import Settings, load_settings
 from .queues import WorkQueue
 from .queues._factory import open_queue
 from .run import (

@@ -42,7 +42,7 @@ from ._convert import converter as _shared_converter
 from ._convert import nested_too_deeply, nesting_exceeds
 from ._errors import SettingsError
 from ._logging import LogFormat
-from ._retention import Period, RetentionSettings, structure_period
+from .maintenance import Period, RetentionSettings, structure_period
 from .queues._factory import DEFAULT_DATABASE_URL
 from .queues._sql import redact_dsn
 from .run import RunnerSettings

@@ -1,9 +1,9 @@
 """Periodic schedules: cron expressions in a time zone, each fire enqueued exactly once.
 
 A :class:`Schedule` names a spec, a cron expression and an IANA time zone; a
-:class:`Scheduler` (a maintenance task, see :mod:`trio_supervise._maintenance`) enqueues one item
-per fire, in the schedule's queue with its priority (by default the ones the spec's driver
-declares, see :func:`resolve_schedules`). The item's id and idempotency key are both
+:class:`Scheduler` (a maintenance task, see :class:`~trio_supervise.MaintenanceTask`) enqueues
+one item per fire, in the schedule's queue with its priority (by default the ones the spec's
+driver declares, see :func:`resolve_schedules`). The item's id and idempotency key are both
 ``schedule:<name>:<fire instant in UTC>``, so any number of service processes on one database
 enqueue each fire once: the first write wins and the others find it. A fire asked for by hand
 (:func:`fire_now`, the console's "fire now") has an id of another shape,
@@ -43,10 +43,10 @@ import attrs
 import trio
 from cronsim import CronSim, CronSimError
 
-from ._clock import Clock, TrioClock, utc
-from ._errors import DuplicateItem, ItemNotFound, QueueUnavailable
-from ._policy import RestartPolicy
-from .job import (
+from .._clock import Clock, TrioClock, utc
+from .._errors import DuplicateItem, ItemNotFound, QueueUnavailable
+from .._policy import RestartPolicy
+from ..job import (
     DEFAULT_QUEUE,
     MAX_NAME_LENGTH,
     JSONValue,
@@ -58,10 +58,10 @@ from .job import (
     shown_value,
     validate_spec_id,
 )
-from .queues import WorkQueue
+from ..queues import WorkQueue
 
 if TYPE_CHECKING:
-    from .run import AnyWorkflowDriver
+    from ..run import AnyWorkflowDriver
 
 __all__ = [
     "MissedFires",
@@ -101,12 +101,14 @@ class MissedFires(enum.StrEnum):
     """Enqueue every missed fire, oldest first, at most ``max_catch_up`` (the most recent)."""
 
 
+_MISSED = {policy.value: policy for policy in MissedFires}
+
+
 def _to_missed(value: Any) -> MissedFires:
     """The policy named *value*; anything else is passed on for the schedule to refuse by name."""
-    try:
-        return MissedFires(value)
-    except ValueError:
-        return value  # type: ignore[no-any-return]
+    if isinstance(value, str) and value in _MISSED:
+        return _MISSED[value]
+    return value  # type: ignore[no-any-return]
 
 
 def _utc_stamp(instant: dt.datetime) -> str:
@@ -339,7 +341,7 @@ async def sleep_until_instant(clock: Clock, instant: dt.datetime) -> None:
 
 @attrs.define(eq=False)
 class Scheduler:
-    """The maintenance task that enqueues *schedules*' fires on a queue (see the module doc).
+    """The maintenance task that enqueues *schedules*' fires on a queue, each fire once.
 
     Each schedule runs in a task of its own: at start it catches up missed fires per its policy,
     then waits for each fire on the queue's clock and enqueues it (due at the fire instant).
