@@ -156,8 +156,8 @@ class Restarter:
             verdict.message,
             slot,
             attempt=verdict.attempt,
-            backoff=verdict.backoff,
-            error=error,
+            backoff_s=verdict.backoff,
+            error=None if error is None else error_text(error),
             exc_info=error if loud else None,
             outcome=outcome.value if error is None else f"raised {error_text(error)}",
         )

@@ -31,7 +31,6 @@ from ._child import (
     check_child_rules,
     check_name,
     check_restart,
-    error_text,
     leaves,
     to_restart_type,
 )
@@ -492,31 +491,24 @@ class Supervisor:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _log(
-        self,
-        level: int,
-        message: str,
-        slot: Slot | None = None,
-        *,
-        attempt: int | None = None,
-        backoff: float | None = None,
-        error: BaseException | None = None,
-        exc_info: BaseException | None = None,
-        **more: object,
-    ) -> None:
+    def _log(self, level: int, message: str, slot: Slot | None = None, **fields: object) -> None:
         """One supervisor log record: the message says what happened, ``extra`` carries
         ``supervisor``, ``child`` (the child's path; ``worker`` is kept for a runner's worker id),
-        ``attempt``, ``backoff_s`` and ``error`` on every record."""
+        ``attempt``, ``backoff_s`` and ``error`` on every record (None unless given), and the
+        other *fields*; an exception given as ``exc_info`` comes with its traceback."""
         if not logger.isEnabledFor(level):
             return
+        exc_info = fields.pop("exc_info", None)
         extra: dict[str, object] = {
             "supervisor": self.name,
             "child": None if slot is None else self._path(slot),
-            "attempt": attempt,
-            "backoff_s": backoff,
-            "error": None if error is None else error_text(error),
-            **more,
+            "attempt": None,
+            "backoff_s": None,
+            "error": None,
+            **fields,
         }
+        if not isinstance(exc_info, BaseException):
+            exc_info = None
         logger.log(level, message, extra=extra, exc_info=exc_info)
 
     def _prefix(self) -> str:
