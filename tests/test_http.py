@@ -24,7 +24,7 @@ from trio_supervise import (
     Shutdown,
     WorkItem,
 )
-from trio_supervise._http import (
+from trio_supervise.console import (
     CONTENT_SECURITY_POLICY,
     SCRAPE_CACHE_SECONDS,
     ErrorRecord,

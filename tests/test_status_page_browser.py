@@ -14,7 +14,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from trio_supervise import MemoryQueue, Shutdown
-from trio_supervise._http import ErrorRecord, OperationsApp, Receive, Scope, Send, serve_http
+from trio_supervise.console import ErrorRecord, OperationsApp, Receive, Scope, Send, serve_http
 from trio_supervise.supervision import WorkerState, WorkerStatus
 
 CHROMIUM = "/usr/bin/chromium"

@@ -6,7 +6,6 @@ from ._audit import MemoryAuditTrail as MemoryAuditTrail
 from ._clock import Clock as Clock
 from ._clock import SystemClock as SystemClock
 from ._clock import TrioClock as TrioClock
-from ._console_auth import hash_password as hash_password
 from ._errors import ChildStateError as ChildStateError
 from ._errors import ConfigError as ConfigError
 from ._errors import DriverError as DriverError
@@ -22,10 +21,6 @@ from ._errors import SettingsError as SettingsError
 from ._errors import StartFailed as StartFailed
 from ._errors import SuperviseError as SuperviseError
 from ._errors import WorkerFailed as WorkerFailed
-from ._http import ErrorRecord as ErrorRecord
-from ._http import OperationsApp as OperationsApp
-from ._http import StatusSource as StatusSource
-from ._http import serve_http as serve_http
 from ._lifecycle import Shutdown as Shutdown
 from ._logging import JsonFormatter as JsonFormatter
 from ._logging import LogFormat as LogFormat
@@ -42,6 +37,11 @@ from ._settings import LogSettings as LogSettings
 from ._settings import Settings as Settings
 from ._settings import load_settings as load_settings
 from ._version import __version__ as __version__
+from .console import ErrorRecord as ErrorRecord
+from .console import OperationsApp as OperationsApp
+from .console import StatusSource as StatusSource
+from .console import hash_password as hash_password
+from .console import serve_http as serve_http
 from .job import Continue as Continue
 from .job import Discard as Discard
 from .job import EvaluationTimedOut as EvaluationTimedOut

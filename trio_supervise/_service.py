@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry
 
 from ._audit import AuditTrail, MemoryAuditTrail
 from ._errors import StartFailed, WorkerFailed
-from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
 from ._lifecycle import Shutdown
 from ._logging import configure_logging
 from ._policy import Jitter
 from ._settings import Settings, load_settings
+from .console import ErrorRecord, OperationsApp, bind_http, serve_http
 from .maintenance import (
     MaintenanceTask,
     PruneMetrics,
