@@ -79,7 +79,7 @@ async def scrape_and_page_seconds(queue: ts.WorkQueue, requests: int = REQUESTS)
     """Median seconds for one ``/metrics`` plus one ``/`` on *queue*, nothing cached."""
     from prometheus_client import CollectorRegistry
 
-    from trio_supervise._http import OperationsApp
+    from trio_supervise.console import OperationsApp
 
     app = OperationsApp(_Source(), CollectorRegistry(), queue=queue, cache_for=0.0)
     times = []

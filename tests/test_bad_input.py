@@ -41,9 +41,9 @@ from trio_supervise import (
     WorkflowRunner,
 )
 from trio_supervise._cli import main as cli_main
-from trio_supervise._http import HttpBindError
 from trio_supervise._service import Service
 from trio_supervise._settings import HttpSettings, Settings, load_settings
+from trio_supervise.console import HttpBindError
 from trio_supervise.queues import ItemState, WorkItem, WorkQueue
 from trio_supervise.queues._factory import parse_queue_url
 

@@ -27,7 +27,7 @@ from trio_supervise import (
     Shutdown,
     hash_password,
 )
-from trio_supervise._http import OperationsApp, serve_http
+from trio_supervise.console import OperationsApp, serve_http
 
 from .test_http import FakeSource
 
@@ -457,7 +457,7 @@ async def test_with_a_password_hash_the_console_takes_the_password(serving: Serv
 
 def test_password_hashes_verify_and_refuse() -> None:
     """Both schemes hash to scheme$params$salt$hash and verify only the password hashed."""
-    from trio_supervise._console_auth import check_password_hash
+    from trio_supervise.console import check_password_hash
 
     for scheme in ("scrypt", "pbkdf2_sha256"):
         made = hash_password("s3cret", scheme=scheme)

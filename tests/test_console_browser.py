@@ -37,7 +37,7 @@ from trio_supervise import (
     WorkerState,
     WorkerStatus,
 )
-from trio_supervise._http import OperationsApp, Receive, Scope, Send, serve_http
+from trio_supervise.console import OperationsApp, Receive, Scope, Send, serve_http
 
 from .test_status_page_browser import FLAGS, HOSTILE, chromium
 
@@ -372,7 +372,7 @@ async def test_hostile_item_data_is_inert_on_every_page(nursery: trio.Nursery, s
     await queue.enqueue(HOSTILE, item_id=f"x{HOSTILE}", tenant_id=HOSTILE, config={"n": HOSTILE})
     await queue.enqueue("receipt", item_id="r-1", config={HOSTILE: HOSTILE})
     await settle_as(queue, "r-1", SettleKind.DEAD, error=f"{HOSTILE}\n{HOSTILE}")
-    from trio_supervise._console import quote_part
+    from trio_supervise.console import quote_part
 
     paths = ["/", "/items", "/dead", "/items/r-1", f"/items/{quote_part('x' + HOSTILE)}"]
 

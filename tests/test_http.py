@@ -24,7 +24,7 @@ from trio_supervise import (
     Shutdown,
     WorkItem,
 )
-from trio_supervise._http import (
+from trio_supervise.console import (
     CONTENT_SECURITY_POLICY,
     SCRAPE_CACHE_SECONDS,
     ErrorRecord,
@@ -33,7 +33,7 @@ from trio_supervise._http import (
     bind_http,
     serve_http,
 )
-from trio_supervise._supervisor import WorkerState, WorkerStatus
+from trio_supervise.supervision import WorkerState, WorkerStatus
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 
@@ -702,7 +702,7 @@ async def test_a_paused_queues_due_items_count_in_its_lag(autojump_clock: trio.a
 async def test_schedules_export_their_next_and_last_fire(autojump_clock: trio.abc.Clock) -> None:
     """next fire from the cron and the queue's clock; last fire once one has an item."""
     from trio_supervise import Schedule, TrioClock
-    from trio_supervise._schedules import Scheduler
+    from trio_supervise.maintenance import Scheduler
 
     epoch = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
     queue = MemoryQueue(clock=TrioClock(epoch=epoch))

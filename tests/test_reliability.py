@@ -46,7 +46,6 @@ from trio_supervise import (
 from trio_supervise._errors import QueueUnavailable
 from trio_supervise._service import Service
 from trio_supervise._settings import HttpSettings, Settings
-from trio_supervise._supervisor import WorkerState
 from trio_supervise.queues import (
     ItemState,
     Lease,
@@ -57,6 +56,7 @@ from trio_supervise.queues import (
     SQLiteQueue,
     WorkItem,
 )
+from trio_supervise.supervision import WorkerState
 
 from .queues.conftest import pg_schema
 

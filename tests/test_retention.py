@@ -23,8 +23,12 @@ from trio_supervise import (
     Stop,
     load_settings,
 )
-from trio_supervise._maintenance import maintenance_children
-from trio_supervise._retention import PruneMetrics, format_period, parse_period
+from trio_supervise.maintenance import (
+    PruneMetrics,
+    format_period,
+    maintenance_children,
+    parse_period,
+)
 from trio_supervise.queues import MemoryQueue, WorkItem
 from trio_supervise.testing import harness_runner_settings
 

@@ -33,8 +33,13 @@ from trio_supervise import (
     TrioClock,
 )
 from trio_supervise._cli import main
-from trio_supervise._maintenance import MAINTENANCE_RESTART, maintenance_children
-from trio_supervise._schedules import fire_now, last_fire, missed_fires
+from trio_supervise.maintenance import (
+    MAINTENANCE_RESTART,
+    fire_now,
+    last_fire,
+    maintenance_children,
+    missed_fires,
+)
 from trio_supervise.queues import (
     Enqueued,
     MemoryQueue,

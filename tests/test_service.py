@@ -28,9 +28,9 @@ from trio_supervise import (
 )
 from trio_supervise._service import EXIT_FAILED, EXIT_OK, Service, ServiceHandle, _takes_service
 from trio_supervise._settings import HttpSettings, Settings
-from trio_supervise._supervisor import ChildSpec, WorkerState
 from trio_supervise.queues import WorkItem
 from trio_supervise.queues._factory import open_queue
+from trio_supervise.supervision import ChildSpec, WorkerState
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -247,7 +247,7 @@ import os
 
 import trio
 from trio_supervise._service import Service
-from trio_supervise._supervisor import ChildSpec
+from trio_supervise.supervision import ChildSpec
 from trio_supervise import Continue
 
 

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import strategies as st
 
 from trio_supervise import JitterMode, SettingsError
-from trio_supervise._console_auth import hash_password
 from trio_supervise._settings import (
     DEFAULT_DATABASE_URL,
     HttpSettings,
@@ -25,6 +24,7 @@ from trio_supervise._settings import (
     load_settings,
     structure_settings,
 )
+from trio_supervise.console import hash_password
 from trio_supervise.queues import redact_dsn
 
 

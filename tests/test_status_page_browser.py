@@ -14,8 +14,8 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from trio_supervise import MemoryQueue, Shutdown
-from trio_supervise._http import ErrorRecord, OperationsApp, Receive, Scope, Send, serve_http
-from trio_supervise._supervisor import WorkerState, WorkerStatus
+from trio_supervise.console import ErrorRecord, OperationsApp, Receive, Scope, Send, serve_http
+from trio_supervise.supervision import WorkerState, WorkerStatus
 
 CHROMIUM = "/usr/bin/chromium"
 

@@ -220,7 +220,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
     left out, so a parameter typed in a way mypy --strict refuses fails here first."""
     from prometheus_client import CollectorRegistry
 
-    from trio_supervise._retention import PruneMetrics
+    from trio_supervise.maintenance import PruneMetrics
 
     async def worker() -> None:
         await trio.sleep_forever()

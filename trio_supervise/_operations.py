@@ -21,7 +21,7 @@ delete    any item not running; the store refuses one waiting for its children, 
           parent waits for.
 pause     a named queue, fleet-wide (claims stop at the next claim); resume undoes it.
 fire      a schedule: one item due now, with an id no regular fire has (see
-          :func:`~trio_supervise._schedules.fire_now`).
+          :func:`~trio_supervise.maintenance.fire_now`).
 ========  =======================================================================================
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import datetime as dt
 
 from ._errors import SuperviseError
-from ._schedules import Schedule, fire_now
+from .maintenance import Schedule, fire_now
 from .queues import ItemState, WorkItem, WorkQueue
 
 __all__ = [

@@ -23,28 +23,21 @@ from prometheus_client import CollectorRegistry
 
 from ._audit import AuditTrail, MemoryAuditTrail
 from ._errors import StartFailed, WorkerFailed
-from ._group import to_auto_shutdown, to_shutdown_order
-from ._http import ErrorRecord, OperationsApp, bind_http, serve_http
 from ._lifecycle import Shutdown
 from ._logging import configure_logging
-from ._maintenance import MaintenanceTask, maintenance_children
 from ._policy import Jitter
-from ._retention import PruneMetrics, Pruner
-from ._schedules import (
+from ._settings import Settings, load_settings
+from .console import ErrorRecord, OperationsApp, bind_http, serve_http
+from .maintenance import (
+    MaintenanceTask,
+    PruneMetrics,
+    Pruner,
     Schedule,
     Scheduler,
     check_schedules,
     declared_queue,
+    maintenance_children,
     resolve_schedules,
-)
-from ._settings import Settings, load_settings
-from ._supervisor import (
-    AutoShutdown,
-    ChildSpec,
-    ShutdownOrder,
-    Supervisor,
-    WorkerState,
-    WorkerStatus,
 )
 from .queues import WorkQueue
 from .queues._factory import open_queue
@@ -57,6 +50,16 @@ from .run import (
     WorkflowRunner,
 )
 from .run._runner import FORCED_RELEASE_BOUND
+from .supervision import (
+    AutoShutdown,
+    ChildSpec,
+    ShutdownOrder,
+    Supervisor,
+    WorkerState,
+    WorkerStatus,
+    to_auto_shutdown,
+    to_shutdown_order,
+)
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "Service", "ServiceHandle", "run_service"]
 

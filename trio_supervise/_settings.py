@@ -37,12 +37,12 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
-from ._console_auth import check_password_hash, check_token, is_loopback
 from ._convert import converter as _shared_converter
 from ._convert import nested_too_deeply, nesting_exceeds
 from ._errors import SettingsError
 from ._logging import LogFormat
-from ._retention import Period, RetentionSettings, structure_period
+from .console import check_password_hash, check_token, is_loopback
+from .maintenance import Period, RetentionSettings, structure_period
 from .queues._factory import DEFAULT_DATABASE_URL
 from .queues._sql import redact_dsn
 from .run import RunnerSettings

@@ -6,7 +6,7 @@ import argparse
 import getpass
 import sys
 
-from .._console_auth import hash_password
+from ..console import hash_password
 from ._common import EXIT_OK, Subparsers, UserError
 
 __all__ = ["register"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from .._convert import nested_too_deeply, nesting_exceeds
 from .._operations import delete_item
-from .._retention import parse_period
+from ..maintenance import parse_period
 from ..queues import ItemState, WorkItem, WorkQueue
 from ._common import (
     AS_JSON,

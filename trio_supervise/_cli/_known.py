@@ -19,9 +19,9 @@ from collections.abc import Mapping
 
 import attrs
 
-from .._schedules import declared_priority, declared_queue, resolve_schedules
 from .._settings import Settings
 from ..job import DEFAULT_QUEUE
+from ..maintenance import declared_priority, declared_queue, resolve_schedules
 from ..queues import WorkQueue
 from ._common import PROG, UserError, printable, settings_of
 from ._service import resolve_service

@@ -16,8 +16,8 @@ import json
 import sys
 
 from .._clock import SystemClock
-from .._schedules import Schedule
 from .._settings import load_settings
+from ..maintenance import Schedule
 from ._common import EXIT_OK, Subparsers, table, when
 from ._service import resolve_service
 

@@ -26,7 +26,6 @@ from .._errors import WorkerFailed
 from .._policy import Jitter, RestartPolicy
 from .._service import Service
 from .._settings import Settings
-from .._supervisor import ChildSpec, Supervisor, WorkerState
 from ..queues import MemoryQueue
 from ..run import (
     AnyWorkflowDriver,
@@ -38,6 +37,7 @@ from ..run import (
     WorkflowRunner,
     raise_specific,
 )
+from ..supervision import ChildSpec, Supervisor, WorkerState
 from ._history import Entry, History
 
 __all__ = [

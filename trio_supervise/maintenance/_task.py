@@ -1,20 +1,6 @@
-"""Maintenance children: the small contract of a service's background upkeep (as Oban's plugins).
-
-A maintenance task is something a :class:`~trio_supervise.Service` runs beside its workers to look
-after the queue: the :class:`~trio_supervise.Scheduler` that enqueues periodic schedules, and the
-:class:`~trio_supervise.Pruner` that deletes old finished items (retention). Each is one object
-with a ``name`` and an ``async def run(queue, *, task_status)``; the service runs each as a
-supervised child named ``maintenance-<name>`` on the service's queue, restarted with the task's
-``restart`` policy (or :data:`MAINTENANCE_RESTART`).
-
-Rules a task keeps, so that any number of service processes may run it on one database:
-
-- its writes are idempotent across processes (deterministic item ids or keys, fenced updates);
-  running it twice at once, or restarting it, never does a piece of upkeep twice;
-- it reports readiness with ``task_status.started()`` once its first pass is done, and then runs
-  until cancelled (it holds no state that a cancel could lose);
-- it reads "now" from the queue's clock (``queue.clock``) and waits with ``trio.sleep_until``, so
-  under an autojump clock a month of upkeep passes in milliseconds.
+"""The maintenance contract: :class:`MaintenanceTask`, a service's background upkeep of its queue
+(as Oban's plugins), and the supervised children a service runs the tasks as. The rules a task
+keeps are in docs/schedules.md ("Maintenance children").
 """
 
 from __future__ import annotations
@@ -25,9 +11,9 @@ from typing import Protocol, runtime_checkable
 
 import trio
 
-from ._policy import RestartPolicy
-from ._supervisor import ChildSpec
-from .queues import WorkQueue
+from .._policy import RestartPolicy
+from ..queues import WorkQueue
+from ..supervision import ChildSpec
 
 __all__ = ["MAINTENANCE_RESTART", "MaintenanceTask", "maintenance_children"]
 
@@ -41,7 +27,16 @@ _SHUTDOWN_GRACE = 1.0
 
 @runtime_checkable
 class MaintenanceTask(Protocol):
-    """Background upkeep of a queue, run by a service as a supervised child (see module doc)."""
+    """Background upkeep of a queue, run by a service as the supervised child
+    ``maintenance-<name>``, restarted with the task's ``restart`` policy if it has one (else
+    :data:`MAINTENANCE_RESTART`).
+
+    Any number of service processes may run a task on one database, so it keeps three rules: its
+    writes are idempotent across processes (deterministic item ids or keys, fenced updates); it
+    reports readiness once its first pass is done, then runs until cancelled, holding no state a
+    cancel could lose; and it reads "now" from ``queue.clock`` and waits with Trio, so a month of
+    upkeep passes in milliseconds under an autojump clock.
+    """
 
     @property
     def name(self) -> str:

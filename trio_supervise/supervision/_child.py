@@ -19,8 +19,8 @@ import attrs
 import trio
 import trio_util
 
-from ._lifecycle import Shutdown
-from ._policy import Jitter, RestartPolicy
+from .._lifecycle import Shutdown
+from .._policy import Jitter, RestartPolicy
 
 if TYPE_CHECKING:
     from ._supervisor import Supervisor

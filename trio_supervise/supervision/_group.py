@@ -1,7 +1,7 @@
 """The group rules of a supervisor: which siblings restart together, how many restarts a
 supervisor takes before it gives up, in which order children are stopped, and when the end of
 significant children ends the supervisor. Each rule is a small value or function over the
-supervisor's slots; ``_supervisor.py`` applies them.
+supervisor's slots; the restarter (``_restarts.py``) and the stopper (``_stopping.py``) apply them.
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
-"""Retention: finished items deleted once old enough, by a maintenance child of the service.
-
-A :class:`Pruner` (a maintenance task, see :mod:`trio_supervise._maintenance`) deletes
-``completed``, ``cancelled`` and ``dead`` items whose last change (``updated_at``) is older than
-their state's retention (:class:`RetentionSettings`, the ``[retention]`` table of the settings),
-every ``interval``, in batches of ``batch_size``: each batch is one short transaction of its own
-(:meth:`WorkQueue.prune`), with a checkpoint between batches, so pruning a large backlog never
-holds claims, renewals or settlements up for long. Any number of service processes may prune one
-database at once: on PostgreSQL each batch skips the rows another pruner has locked
-(``FOR UPDATE SKIP LOCKED``), on SQLite writers take turns; an item is deleted once.
-
-Schedules record their last fire apart from its item (see :mod:`trio_supervise._schedules`), so
-pruning never makes a fire run again. Until a schedule's first recorded fire (a database migrated
-from a release that did not record fires) its catch-up finds past fires by their items, so a
-schedule that catches missed fires up keeps its finished items for at least its
-``catch_up_window``: a shorter retention is raised to that window (and the pruner says so once,
-in its log).
-
-Deleted items are counted in ``trio_supervise_pruned_items_total{state}`` and logged.
+"""The pruner, a maintenance task: finished items deleted once older than their state's
+retention (:class:`RetentionSettings`, the ``[retention]`` table, and the periods it is written
+in), in short batches that never hold claims up, and never younger than a catching-up schedule
+looks back. The contract is docs/operations.md ("Retention").
 """
 
 from __future__ import annotations
@@ -31,10 +16,10 @@ import attrs
 import trio
 from prometheus_client import CollectorRegistry, Counter
 
-from ._errors import QueueUnavailable
-from ._policy import RestartPolicy
-from ._schedules import MissedFires, Schedule
-from .queues import ItemState, WorkQueue
+from .._errors import QueueUnavailable
+from .._policy import RestartPolicy
+from ..queues import ItemState, WorkQueue
+from ._schedule import MissedFires, Schedule
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -240,7 +225,7 @@ def _as_tuple(schedules: Iterable[Schedule]) -> tuple[Schedule, ...]:
 
 @attrs.define(eq=False, kw_only=True)
 class Pruner:
-    """The maintenance task that deletes old finished items (see the module doc).
+    """The maintenance task that deletes old finished items.
 
     :param settings: the retention periods, interval and batch size.
     :param schedules: the service's schedules; a retention shorter than the longest
@@ -250,7 +235,8 @@ class Pruner:
     At start it runs one pass (readiness comes after it), then one every ``interval``. A pass
     prunes each state in batches of ``batch_size`` until a batch comes back short. A queue that
     is unavailable is logged and tried again at the next pass; any other error ends the task,
-    and its supervisor restarts it.
+    and its supervisor restarts it. Any number of processes may prune one database at once:
+    each item is deleted once.
     """
 
     settings: RetentionSettings = attrs.field(factory=RetentionSettings)

@@ -16,15 +16,17 @@ from typing import Generic, TypeVar
 
 import attrs
 import trio
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from ._schedules import Schedule, last_fire
-from .queues import ItemState, QueueInfo, WorkQueue
+from ..maintenance import Schedule, last_fire
+from ..queues import ItemState, QueueInfo, WorkItem, WorkQueue
 
 __all__ = [
     "SCRAPE_CACHE_SECONDS",
     "QueueDepthCollector",
     "QueueRead",
+    "QueueReads",
     "ScheduleCollector",
     "SharedRead",
 ]
@@ -385,3 +387,50 @@ class ScheduleCollector:
             if found is not None:
                 last.add_metric([label], found.timestamp())
         return [upcoming, last]
+
+
+@attrs.define(eq=False, kw_only=True)
+class QueueReads:
+    """The bounded reads of one queue that ``/metrics`` and the console share: its counts (the
+    depth collector's), its due-soon items and its schedules' last fires."""
+
+    depth: QueueDepthCollector
+    due: SharedRead[Sequence[WorkItem]]
+    fires: ScheduleCollector | None = None
+
+    @classmethod
+    def register(
+        cls,
+        queue: WorkQueue,
+        registry: CollectorRegistry,
+        *,
+        schedules: Sequence[Schedule],
+        limits: Mapping[str, int] | None,
+        due_limit: int,
+        cache_for: float,
+    ) -> QueueReads:
+        """The reads of *queue*, their collectors registered on *registry* (a schedule
+        collector only with *schedules*); one read serves every caller for *cache_for* s."""
+        depth = QueueDepthCollector(queue, limits=limits)
+        depth.source.max_age = cache_for
+        registry.register(depth)
+        fires = None
+        if schedules:
+            fires = ScheduleCollector(queue, schedules, cache_for=cache_for)
+            registry.register(fires)
+
+        async def due() -> Sequence[WorkItem]:
+            return await queue.list_items(states=[ItemState.QUEUED], limit=due_limit)
+
+        return cls(
+            depth=depth,
+            due=SharedRead(due, what="status page due items", max_age=cache_for),
+            fires=fires,
+        )
+
+    def invalidate(self) -> None:
+        """Read everything afresh next time (after an action, to show what it changed)."""
+        self.depth.invalidate()
+        if self.fires is not None:
+            self.fires.invalidate()
+        self.due.invalidate()

@@ -1,19 +1,11 @@
-"""Supervision: run long-lived children in a nursery, observe how each one ends, and act on it.
+"""The supervisor: the public face of supervision (the contract is docs/supervision.md).
 
-A child is expected to run for the life of the process. How a run ends is sorted into three
-outcomes, and only the first two carry information about the child:
-
-- it *returned*: an **exit**, not a success (a worker that stops working is a problem);
-- it raised an :class:`Exception`: a **failure**;
-- it was cancelled: says nothing about the child (the supervisor, or something above it, is
-  stopping it).
-
-``trio.Cancelled``, :class:`KeyboardInterrupt` and :class:`SystemExit` are never swallowed: the
-supervisor catches :class:`Exception` only, and lets everything else through.
-
-Where the rules live: the per-child ones (the spec, the states, how one ended run is judged) in
-``_child.py``; the group ones (strategy, restart intensity, shutdown order, auto shutdown) in
-``_group.py``; this module applies them, runs the children and manages them at run time.
+A :class:`Supervisor` holds its settings, its children table (:mod:`._children`) and its health,
+answers what is asked of it (states, snapshots, children added, terminated, restarted, deleted at
+run time) and runs. It joins two parts once, at construction: the restarter
+(:mod:`._restarts`) launches each run of a child and acts on how it ended, the stopper
+(:mod:`._stopping`) stops the children in the shutdown order. The rules they apply are in
+:mod:`._child` (one child) and :mod:`._group` (its siblings).
 """
 
 from __future__ import annotations
@@ -25,114 +17,41 @@ import attrs
 import trio
 import trio_util
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .._errors import ChildStateError, StartFailed, WorkerFailed
+from .._lifecycle import Shutdown
+from .._policy import Jitter, RestartPolicy
 from ._child import (
-    DEFAULT_SHUTDOWN_GRACE,
-    Action,
     ChildSpec,
-    Outcome,
-    Readiness,
-    Restart,
     RestartType,
     Slot,
-    Verdict,
     WorkerState,
     WorkerStatus,
     check_bool,
     check_child_rules,
     check_name,
     check_restart,
-    describe,
-    error_text,
-    judge,
     leaves,
     to_restart_type,
 )
-from ._errors import ChildStateError, StartFailed, WorkerFailed
+from ._children import ChildCounts, ChildTable, WorkerMetrics, status_of
 from ._group import (
     AutoShutdown,
     Intensity,
     RestartWindow,
     ShutdownOrder,
     Strategy,
-    auto_shutdown_due,
-    check_significant,
     ended_for_good,
-    never_restarted_with_group,
-    restart_group,
-    stop_order,
     to_auto_shutdown,
     to_shutdown_order,
     to_strategy,
 )
-from ._lifecycle import Shutdown
-from ._policy import Jitter, RestartPolicy
+from ._restarts import Restarter
+from ._stopping import Stopper
 
-__all__ = [
-    "DEFAULT_SHUTDOWN_GRACE",
-    "AutoShutdown",
-    "ChildCounts",
-    "ChildSpec",
-    "Intensity",
-    "RestartType",
-    "ShutdownOrder",
-    "Strategy",
-    "Supervisor",
-    "WorkerState",
-    "WorkerStatus",
-]
+__all__ = ["Supervisor"]
 
 logger = logging.getLogger("trio_supervise.supervisor")
-
-STATE_METRIC = "trio_supervise_worker_state"
-RESTARTS_METRIC = "trio_supervise_worker_restarts"  # exposed as ..._total
-
-
-@attrs.frozen
-class ChildCounts:
-    """What :meth:`Supervisor.count_children` reports (OTP's ``count_children``).
-
-    :param specs: children listed, running or not.
-    :param active: children with a run alive (starting, running or stopping).
-    :param supervisors: listed children that are supervisors.
-    :param workers: listed children that are workers (:class:`ChildSpec`).
-    """
-
-    specs: int
-    active: int
-    supervisors: int
-    workers: int
-
-
-class _WorkerMetrics:
-    """A Prometheus collector reading a supervisor's snapshot at scrape time."""
-
-    def __init__(self, supervisor: Supervisor) -> None:
-        self._supervisor = supervisor
-
-    def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
-        return (
-            GaugeMetricFamily(
-                STATE_METRIC,
-                "Supervised worker state (1 for the state the worker is in).",
-                labels=["worker", "state"],
-            ),
-            CounterMetricFamily(
-                RESTARTS_METRIC, "Restarts of a supervised worker.", labels=["worker"]
-            ),
-        )
-
-    def describe(self) -> Iterable[Metric]:
-        return self._families()
-
-    def collect(self) -> Iterable[Metric]:
-        gauge, counter = self._families()
-        for status in self._supervisor.snapshot():
-            for state in WorkerState:
-                gauge.add_metric([status.worker, state.value], float(state is status.state))
-            counter.add_metric([status.worker], float(status.restarts))
-        return [gauge, counter]
 
 
 def _as_children(value: Iterable[ChildSpec | Supervisor]) -> tuple[ChildSpec | Supervisor, ...]:
@@ -273,29 +192,27 @@ class Supervisor:
     )
     """True until a worker in this supervisor's tree fails terminally; then false for good."""
 
-    _slots: list[Slot] = attrs.field(init=False, factory=list, repr=False)
-    _by_name: dict[str, Slot] = attrs.field(init=False, factory=dict, repr=False)
+    _table: ChildTable = attrs.field(init=False, repr=False)
     _parent: Supervisor | None = attrs.field(init=False, default=None, repr=False)
     _fallback_jitter: Jitter = attrs.field(init=False, factory=Jitter, repr=False)
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
     _running: bool = attrs.field(init=False, default=False, repr=False)
-    _halt: Shutdown = attrs.field(init=False, factory=Shutdown, repr=False)
-    """This run is stopping its children (shutdown reached it, or its parent terminates it)."""
-    _turn: Shutdown | None = attrs.field(init=False, default=None, repr=False)
-    """As a nested child: begun by the parent when it is this supervisor's turn to stop."""
-    _window: RestartWindow | None = attrs.field(init=False, default=None, repr=False)
+    _stopper: Stopper = attrs.field(init=False, repr=False)
+    _restarter: Restarter = attrs.field(init=False, repr=False)
     _start_failure: StartFailed | None = attrs.field(init=False, default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.jitter is not None and not isinstance(self.jitter, Jitter):
             raise TypeError(f"jitter must be a Jitter or None, got {self.jitter!r}")
         check_child_rules(self.name, self.restart, self.restart_type, self.significant)
-        if self.intensity is not None:
-            self._window = RestartWindow(self.intensity)
+        self._table = ChildTable(self.name)
+        self._stopper = Stopper(self)
+        window = None if self.intensity is None else RestartWindow(self.intensity)
+        self._restarter = Restarter(self, self._stopper, window)
         for child in self._initial:
             self._add_slot(child)
         try:
-            self.registry.register(_WorkerMetrics(self))
+            self.registry.register(WorkerMetrics(self.snapshot))
         except ValueError as exc:
             raise ValueError(
                 f"registry already carries trio_supervise worker metrics; give it to the root "
@@ -307,7 +224,7 @@ class Supervisor:
     @property
     def children(self) -> tuple[ChildSpec | Supervisor, ...]:
         """The children, in start order (including those added with :meth:`add_child`)."""
-        return tuple(slot.child for slot in self._slots)
+        return tuple(slot.child for slot in self._table)
 
     @property
     def failed(self) -> bool:
@@ -335,7 +252,7 @@ class Supervisor:
     def snapshot(self) -> list[WorkerStatus]:
         """One record per worker in this supervisor's tree, in start order, depth first."""
         records: list[WorkerStatus] = []
-        for slot in self._slots:
+        for slot in self._table:
             records.append(self._status(slot))
             if isinstance(slot.child, Supervisor):
                 records.extend(slot.child.snapshot())
@@ -343,27 +260,15 @@ class Supervisor:
 
     def which_children(self) -> list[WorkerStatus]:
         """One record per *direct* child, in start order (OTP's ``which_children``)."""
-        return [self._status(slot) for slot in self._slots]
+        return [self._status(slot) for slot in self._table]
 
     def count_children(self) -> ChildCounts:
         """How many direct children are listed, alive, supervisors, workers (OTP's
         ``count_children``)."""
-        supervisors = sum(isinstance(slot.child, Supervisor) for slot in self._slots)
-        return ChildCounts(
-            specs=len(self._slots),
-            active=sum(slot.in_run for slot in self._slots),
-            supervisors=supervisors,
-            workers=len(self._slots) - supervisors,
-        )
+        return self._table.counts()
 
     def _status(self, slot: Slot) -> WorkerStatus:
-        return WorkerStatus(
-            worker=self._path(slot),
-            state=slot.state,
-            restarts=slot.restarts,
-            last_error=slot.last_error,
-            since=slot.since,
-        )
+        return status_of(slot, self._path(slot))
 
     # -- changing the tree -------------------------------------------------------------------
 
@@ -375,7 +280,7 @@ class Supervisor:
         self._refuse_if_stopping(f"not adding {_name_of(child)!r}")
         slot = self._add_slot(child)
         if self._nursery is not None:
-            self._nursery.start_soon(self._launch, slot, None)
+            self._nursery.start_soon(self._restarter.launch, slot, None)
 
     async def start_child(self, child: ChildSpec | Supervisor) -> None:
         """Add a child to a running supervisor and return once it is running (or ready).
@@ -390,7 +295,7 @@ class Supervisor:
         self._refuse_if_stopping(f"not adding {_name_of(child)!r}")
         slot = self._add_slot(child)
         slot.probation = True
-        await self._launch(slot, None)
+        await self._restarter.launch(slot, None)
         slot.probation = False
         if slot.start_ignored:
             return  # OTP's ignore: listed, stopped, no error
@@ -407,18 +312,7 @@ class Supervisor:
         not running does nothing (as OTP's). *name* may be a path into a nested supervisor.
         """
         owner, slot = self._locate(name)
-        path = owner._path(slot)
-        if slot.pending is not None:
-            slot.pending = None  # its restart skips it
-            if slot.scope is None:
-                slot.set_state(WorkerState.STOPPED)
-        if slot.scope is not None:
-            slot.held = slot.terminating = True
-            slot.ask_to_stop(f"terminate_child({path!r})")
-            await slot.wait_run_ended()
-        else:
-            await trio.lowlevel.checkpoint()
-        owner._log(logging.INFO, f"worker {path!r} terminated", slot)
+        await owner._stopper.terminate(slot)
 
     async def restart_child(self, name: str) -> None:
         """Start the terminated child *name* again, returning once it is running (or ready).
@@ -437,7 +331,7 @@ class Supervisor:
         if not slot.idle:
             raise ChildStateError(f"worker {path!r} is running; terminate it first")
         slot.attempt, slot.probation = 0, True
-        await owner._launch(slot, None)
+        await owner._restarter.launch(slot, None)
         slot.probation = False
         if slot.start_ignored:
             return  # OTP's ignore: stays stopped, no error
@@ -478,20 +372,14 @@ class Supervisor:
                 ancestor = ancestor._parent
         elif not isinstance(child, ChildSpec):
             raise TypeError(f"a child must be a ChildSpec or a Supervisor, got {child!r}")
-        if child.name in self._by_name:
-            raise ValueError(f"supervisor {self.name!r} already has a child named {child.name!r}")
-        check_significant(child.name, child.significant, self.auto_shutdown, self.name)
+        self._table.check_new(child.name, child.significant, self.auto_shutdown)
         if isinstance(child, Supervisor):
             child._parent = self
             self.shutdown.adopt(child.shutdown)
-        slot = Slot(child)
-        self._slots.append(slot)
-        self._by_name[child.name] = slot
-        return slot
+        return self._table.add(child)
 
     def _remove_slot(self, slot: Slot) -> None:
-        self._slots.remove(slot)
-        del self._by_name[slot.name]
+        self._table.remove(slot)
         if isinstance(slot.child, Supervisor):
             slot.child._parent = None
             self.shutdown.detach(slot.child.shutdown)
@@ -509,17 +397,17 @@ class Supervisor:
         if self._running:
             raise RuntimeError(f"supervisor {self.name!r} is already running")
         self._running = True
-        self._halt, self._start_failure = Shutdown(), None
-        if self._window is not None:
-            self._window.reset()
-        for slot in self._slots:
+        self._stopper.reset()
+        self._start_failure = None
+        self._restarter.reset()
+        for slot in self._table:
             slot.attempt, slot.held, slot.pending, slot.probation = 0, False, None, False
             slot.end_run()
         self._log(logging.INFO, f"supervisor {self.name!r} starting", strategy=str(self.strategy))
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._stop_when_asked)
+                nursery.start_soon(self._stopper.stop_when_asked)
                 if await self._start_initial_children():
                     task_status.started()
         except BaseExceptionGroup as group:
@@ -544,9 +432,9 @@ class Supervisor:
     async def _start_initial_children(self) -> bool:
         """Launch the initial children in order, each once it is ready; False (and shutdown
         begun) when one failed terminally before it was ready: the start failed."""
-        initial = list(self._slots)
+        initial = list(self._table)
         for index, slot in enumerate(initial):
-            await self._launch(slot, None)
+            await self._restarter.launch(slot, None)
             if await self._became_ready(slot):
                 continue
             path = self._path(slot)
@@ -573,202 +461,9 @@ class Supervisor:
 
     @property
     def _stopping(self) -> bool:
-        return self.shutdown.requested or self._halt.requested
+        return self._stopper.stopping
 
-    async def _stop_when_asked(self) -> None:
-        """Once it is this supervisor's time to stop, stop its children in its shutdown order.
-
-        Every live child is marked ``stopping`` as soon as shutdown reaches this supervisor (all
-        at once, so the states a history records do not depend on which task Trio runs first);
-        each is then asked in turn.
-        """
-        await trio_util.wait_any(self.shutdown.wait, self._wait_for_turn)  # type: ignore[no-untyped-call]
-        for slot in self._slots:
-            slot.mark_stopping()
-        await self._wait_for_stop()
-        reason = self.shutdown.reason or (self._turn.reason if self._turn else None) or "stop"
-        self._halt.begin(reason)
-        live = [slot for slot in stop_order(self._slots, self.shutdown_order) if slot.scope]
-        self._log(
-            logging.INFO,
-            f"supervisor {self.name!r} shutting down ({reason}): stopping {len(live)} "
-            f"worker(s), {self.shutdown_order} order",
-            reason=reason,
-        )
-        for slot in live:
-            slot.ask_to_stop(reason)
-            if self.shutdown_order is ShutdownOrder.REVERSE:
-                await slot.wait_run_ended()
-
-    async def _wait_for_turn(self) -> None:
-        if self._turn is None or self._parent is None:
-            await trio.sleep_forever()
-        else:
-            await self._turn.wait()
-
-    async def _wait_for_stop(self) -> None:
-        turn = self._turn
-        if self._parent is None or turn is None:
-            await self.shutdown.wait()
-            return
-        await trio_util.wait_any(turn.wait, self._wait_for_own_shutdown)  # type: ignore[no-untyped-call]
-
-    async def _wait_for_own_shutdown(self) -> None:
-        """A nested supervisor's shutdown that began alone (it gave up, or shut down
-        automatically); one begun by its parent's waits for the parent to give it its turn."""
-        await self.shutdown.wait()
-        if self._parent is not None and self._parent._stopping:
-            await trio.sleep_forever()
-
-    def _prepare_nested_run(self, parent: Supervisor, turn: Shutdown) -> None:
-        """Called by the parent before each run of this nested supervisor."""
-        self._turn = turn
-        if self.shutdown.requested and not parent._stopping:
-            # Restarted after giving up: a fresh shutdown (the old one stays begun) and health.
-            parent.shutdown.detach(self.shutdown)
-            self.shutdown = Shutdown()
-            parent.shutdown.adopt(self.shutdown)
-            self.healthy.value = True
-
-    async def _launch(self, slot: Slot, restart: Restart | None) -> None:
-        """Start one run of *slot*, returning once it is running (or ready, or ended).
-
-        Only the restart a slot belongs to may launch it, and never while a run is alive.
-        """
-        if slot.pending is not restart:
-            return
-        if self._stopping:
-            slot.pending = None
-            if slot.scope is None:
-                slot.set_state(WorkerState.STOPPED)
-            return
-        if slot.scope is not None:
-            return
-        slot.pending = None
-        assert self._nursery is not None
-        scope = trio.CancelScope()
-        slot.scope, slot.held = scope, False
-        child = slot.child
-        slot.stop = None
-        if isinstance(child, Supervisor):
-            slot.stop = Shutdown()
-            child._prepare_nested_run(self, slot.stop)
-        elif child.stop_signal:
-            slot.stop = Shutdown()
-        slot.begin_run()
-        slot.set_state(WorkerState.STARTING)
-        await self._nursery.start(self._run_child, slot, scope)
-
-    async def _run_child(
-        self,
-        slot: Slot,
-        scope: trio.CancelScope,
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """One run of a child: observe how it ends, and decide."""
-        readiness = Readiness(task_status, slot)
-        del task_status  # only through readiness, which lets go of it once used (see Readiness)
-        started_at = trio.current_time()
-        outcome = Outcome.CANCELLED
-        error: Exception | None = None
-        decided = False
-        try:
-            try:
-                with scope:
-                    child = slot.child
-                    # Each call spelled out: a per-run kwargs dict would live as long as the run.
-                    if isinstance(child, Supervisor):
-                        await child.run(task_status=readiness)
-                    elif child.stop_signal and child.start:
-                        await child.target(task_status=readiness, stop=slot.stop)
-                    elif child.stop_signal:
-                        readiness.started()
-                        await child.target(stop=slot.stop)
-                    elif child.start:
-                        await child.target(task_status=readiness)
-                    else:
-                        readiness.started()
-                        await child.target()
-                    outcome = Outcome.EXITED
-            except Exception as exc:
-                outcome, error = Outcome.FAILED, exc
-            slot.scope = None
-            self._on_end(slot, outcome, error, trio.current_time() - started_at)
-            decided = True
-        finally:
-            if slot.scope is scope:
-                slot.scope = None
-            if not decided and not slot.held:
-                # Cancelled from above, or KeyboardInterrupt: it is not running any more.
-                slot.set_state(WorkerState.STOPPED)
-            slot.end_run()
-        readiness.release()
-
-    def _on_end(
-        self, slot: Slot, outcome: Outcome, error: Exception | None, ran_for: float
-    ) -> None:
-        """Act on how a run ended. Synchronous, so decisions never interleave."""
-        slot.ended_how = describe(outcome, error)
-        slot.stopped_by_supervisor = slot.held or self._stopping
-        if error is not None:
-            slot.last_error, slot.last_exception = error_text(error), error
-        verdict = judge(
-            slot,
-            self._path(slot),
-            outcome,
-            error,
-            ran_for,
-            stopping=self._stopping,
-            jitter=self._effective_jitter(),
-        )
-        if verdict.action is Action.RESTART:
-            verdict = self._within_intensity(verdict)
-        loud = verdict.level >= logging.ERROR and error is not None
-        self._log(
-            verdict.level,
-            verdict.message,
-            slot,
-            attempt=verdict.attempt,
-            backoff=verdict.backoff,
-            error=error,
-            exc_info=error if loud else None,
-            outcome=outcome.value if error is None else f"raised {error_text(error)}",
-        )
-        action = verdict.action
-        if action is Action.RESTART:
-            assert verdict.backoff is not None
-            self._schedule_restart(slot, verdict.backoff)
-        elif action is Action.FAIL:
-            self._fail(slot, escalate=True)
-        elif action is Action.FAIL_QUIETLY:
-            self._fail(slot, escalate=False)
-        elif slot.held and slot.pending is not None and not self._stopping:
-            pass  # stopped for its strategy group, which restarts it: stays backing-off
-        else:
-            slot.set_state(WorkerState.STOPPED)
-            if verdict.ends_normally and auto_shutdown_due(self._slots, slot, self.auto_shutdown):
-                reason = f"significant worker {self._path(slot)!r} ended ({self.auto_shutdown})"
-                self._log(logging.INFO, f"supervisor {self.name!r} shutting down: {reason}", slot)
-                self.shutdown.begin(reason)
-
-    def _within_intensity(self, verdict: Verdict) -> Verdict:
-        """The restart *verdict* asks for, or giving up if it exceeds the supervisor's
-        intensity."""
-        window, intensity = self._window, self.intensity
-        if window is None or intensity is None or window.admit(trio.current_time()):
-            return verdict
-        return attrs.evolve(
-            verdict,
-            action=Action.FAIL,
-            level=logging.ERROR,
-            backoff=None,
-            message=(
-                f"{verdict.message.rsplit('; restart ', 1)[0]}; supervisor {self.name!r} exceeded "
-                f"its restart intensity ({window.count} restarts within {intensity.period:g} s, "
-                f"at most {intensity.max_restarts}): shutting down"
-            ),
-        )
+    # -- health ------------------------------------------------------------------------------
 
     def _fail(self, slot: Slot, *, escalate: bool) -> None:
         slot.set_state(WorkerState.FAILED)
@@ -781,7 +476,7 @@ class Supervisor:
         parent = self._parent
         if parent is None:
             return
-        slot = parent._by_name.get(self.name)
+        slot = parent._table.get(self.name)
         if slot is not None and slot.probation:
             return  # started by start_child/restart_child, not ready yet: that call decides
         if escalating and self.restart is not None:
@@ -794,80 +489,26 @@ class Supervisor:
         if isinstance(slot.child, Supervisor) and slot.child.failed:
             self._mark_unhealthy(escalating=False)
 
-    def _schedule_restart(self, slot: Slot, delay: float) -> None:
-        """Restart *slot* after *delay*, with the siblings its strategy names."""
-        members: set[int] = {id(slot)}
-        for sibling in restart_group(self._slots, slot, self.strategy):
-            if sibling is slot or ended_for_good(sibling) or sibling.terminating:
-                continue  # a child being terminated is as good as terminated: never restarted
-            if never_restarted_with_group(sibling):
-                if sibling.scope is not None:
-                    sibling.held = True
-                    sibling.scope.cancel()
-                continue
-            members.add(id(sibling))
-            if sibling.pending is not None:
-                # Already waiting for an earlier restart: this one replaces it, with its members.
-                sibling.pending.scope.cancel()
-                members.update(id(m) for m in sibling.pending.members)
-        ordered = [s for s in self._slots if id(s) in members]
-        restart = Restart(members=ordered, delay=delay)
-        for member in ordered:
-            member.pending = restart
-            if member.scope is not None:
-                member.held = True
-                member.scope.cancel()
-            member.set_state(WorkerState.BACKING_OFF)
-        assert self._nursery is not None
-        self._nursery.start_soon(self._restart_after, restart)
-
-    async def _restart_after(self, restart: Restart) -> None:
-        with restart.scope:
-            with trio.move_on_after(restart.delay):
-                await trio_util.wait_any(self._halt.wait, self.shutdown.wait)  # type: ignore[no-untyped-call]
-            if not self._stopping:
-                for member in restart.members:
-                    await member.wait_run_ended()
-            for member in restart.members:
-                if member.pending is not restart:
-                    continue
-                if not self._stopping:
-                    member.restarts += 1
-                    self._log(
-                        logging.INFO,
-                        f"restarting worker {self._path(member)!r} (attempt {member.attempt})",
-                        member,
-                        attempt=member.attempt,
-                    )
-                await self._launch(member, restart)
-
     # -- helpers -----------------------------------------------------------------------------
 
-    def _log(
-        self,
-        level: int,
-        message: str,
-        slot: Slot | None = None,
-        *,
-        attempt: int | None = None,
-        backoff: float | None = None,
-        error: BaseException | None = None,
-        exc_info: BaseException | None = None,
-        **more: object,
-    ) -> None:
+    def _log(self, level: int, message: str, slot: Slot | None = None, **fields: object) -> None:
         """One supervisor log record: the message says what happened, ``extra`` carries
         ``supervisor``, ``child`` (the child's path; ``worker`` is kept for a runner's worker id),
-        ``attempt``, ``backoff_s`` and ``error`` on every record."""
+        ``attempt``, ``backoff_s`` and ``error`` on every record (None unless given), and the
+        other *fields*; an exception given as ``exc_info`` comes with its traceback."""
         if not logger.isEnabledFor(level):
             return
+        exc_info = fields.pop("exc_info", None)
         extra: dict[str, object] = {
             "supervisor": self.name,
             "child": None if slot is None else self._path(slot),
-            "attempt": attempt,
-            "backoff_s": backoff,
-            "error": None if error is None else error_text(error),
-            **more,
+            "attempt": None,
+            "backoff_s": None,
+            "error": None,
+            **fields,
         }
+        if not isinstance(exc_info, BaseException):
+            exc_info = None
         logger.log(level, message, extra=extra, exc_info=exc_info)
 
     def _prefix(self) -> str:
@@ -892,12 +533,12 @@ class Supervisor:
         supervisor: Supervisor = self
         *parents, last = path.split("/")
         for name in parents:
-            parent = supervisor._by_name.get(name)
+            parent = supervisor._table.get(name)
             if parent is None or not isinstance(parent.child, Supervisor):
                 break
             supervisor = parent.child
         else:
-            slot = supervisor._by_name.get(last)
+            slot = supervisor._table.get(last)
             if slot is not None:
                 return supervisor, slot
         raise KeyError(f"supervisor {self.name!r} has no worker {path!r}")

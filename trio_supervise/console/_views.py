@@ -1,11 +1,7 @@
-"""The operations console's pages and actions.
-
-Pages are Jinja2 templates shipped in the package (``templates/``), rendered with autoescaping:
-every piece of item, worker or error data is text on the page, never markup. This module turns
-what the queue and the service say into plain rows for them (a row that cannot be turned into
-text says so, and the page still renders), and carries out the actions an operator takes from
-them, each through the one rule of :mod:`trio_supervise._operations` that the command line uses.
-The HTTP side (routes, credentials, CSRF, redirects) is :class:`~trio_supervise.OperationsApp`'s.
+"""What the console's pages show, as plain rows: the Jinja2 templates shipped in the package
+(``templates/``), rendered with autoescaping and a strict Content-Security-Policy, and the rows
+made of workers, errors, audit entries, items, queues and schedules for them. A row that cannot
+be turned into text says so, and the page still renders.
 """
 
 from __future__ import annotations
@@ -25,34 +21,28 @@ from typing import Any, TypeVar
 import attrs
 import jinja2
 
-from ._describe import due_text, item_fields, stamp
-from ._errors import DuplicateItem, ItemNotFound, SuperviseError
-from ._operations import (
-    cancel_item,
-    delete_item,
-    fire_schedule,
-    pause_queue,
-    resume_queue,
-    retry_item,
-    run_item_now,
-)
-from ._schedules import Schedule
-from ._supervisor import WorkerStatus
-from .queues import ItemState, QueueInfo, WorkItem, WorkQueue
+from .._describe import due_text, item_fields, stamp
+from .._errors import ItemNotFound
+from ..maintenance import Schedule
+from ..queues import ItemState, QueueInfo, WorkItem, WorkQueue
+from ..supervision import WorkerStatus
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
     "MAX_ROWS",
     "PAGE_HEADERS",
+    "PAGE_SIZE",
     "QueueView",
     "Rows",
-    "perform",
+    "ScheduleView",
+    "item_page_context",
+    "lineage",
+    "quote_part",
     "render",
+    "rows",
 ]
 
 logger = logging.getLogger("trio_supervise.http")
-
-T = TypeVar("T")
 
 MAX_ROWS = 50
 """The most rows a table of the status page shows (the rest are counted)."""
@@ -76,7 +66,7 @@ def unquote_part(segment: bytes) -> str:
 
 
 _ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("trio_supervise", "templates"),
+    loader=jinja2.PackageLoader(__package__, "templates"),
     autoescape=True,
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
@@ -84,7 +74,7 @@ _ENV = jinja2.Environment(
 )
 _ENV.filters["q"] = quote_part
 
-STYLE = importlib.resources.files("trio_supervise").joinpath("templates/console.css").read_text()
+STYLE = importlib.resources.files(__package__).joinpath("templates/console.css").read_text()
 _STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
 
 CONTENT_SECURITY_POLICY = (
@@ -119,6 +109,9 @@ class Rows:
     shown: list[dict[str, Any]]
     more: int = 0
     empty: str = ""
+
+
+T = TypeVar("T")
 
 
 def rows(
@@ -362,29 +355,6 @@ def schedule_rows(views: Sequence[ScheduleView], now: dt.datetime | None) -> Row
 # -- item pages ----------------------------------------------------------------------------------
 
 
-@attrs.frozen
-class _Action:
-    path: str
-    label: str
-    back: str
-    danger: bool = False
-
-
-def item_actions(item: WorkItem, back: str) -> list[_Action]:
-    """The actions the item page offers for *item*'s state (the rules of ``_operations``)."""
-    base = f"/items/{quote_part(item.id)}"
-    found = []
-    if item.state.finished:
-        found.append(_Action(f"{base}/retry", "Retry", back))
-    if item.state is ItemState.QUEUED and not item.waiting:
-        found.append(_Action(f"{base}/run-now", "Run now", back))
-    if item.state in (ItemState.QUEUED, ItemState.RUNNING):
-        found.append(_Action(f"{base}/cancel", "Cancel", back, danger=True))
-    if item.state is not ItemState.RUNNING:
-        found.append(_Action(f"{base}/delete", "Delete", "/items", danger=True))
-    return found
-
-
 async def lineage(queue: WorkQueue, item: WorkItem) -> list[dict[str, str | None]]:
     """*item*'s ancestors, the root first (at most :data:`_LINEAGE`; a deleted one says so)."""
     steps: list[dict[str, str | None]] = []
@@ -419,85 +389,3 @@ def item_page_context(item: WorkItem, children: Sequence[WorkItem]) -> dict[str,
 
     shown = rows(children, child, what="child", empty="no children", limit=_CHILDREN)
     return {"fields": fields, "history": history, "children": shown}
-
-
-# -- actions -------------------------------------------------------------------------------------
-
-ITEM_ACTIONS = ("retry", "cancel", "delete", "run-now")
-QUEUE_ACTIONS = ("pause", "resume")
-SCHEDULE_ACTIONS = ("fire",)
-
-
-@attrs.frozen
-class Done:
-    """What an action did: whether it was done, what to tell the operator, and its target."""
-
-    ok: bool
-    message: str
-    target: str
-
-
-async def _item_action(queue: WorkQueue, action: str, item_id: str) -> str:
-    if action == "retry":
-        return (await retry_item(queue, item_id))[1]
-    if action == "run-now":
-        return (await run_item_now(queue, item_id))[1]
-    if action == "cancel":
-        return (await cancel_item(queue, item_id))[1]
-    return (await delete_item(queue, item_id))[1]
-
-
-async def perform(
-    queue: WorkQueue,
-    kind: str,
-    name: str,
-    action: str,
-    *,
-    ids: Sequence[str] = (),
-    schedules: Mapping[str, Schedule],
-    known_queues: Iterable[str],
-) -> Done:
-    """Carry out one action of the console: *action* on the item, queue or schedule *name*
-    (*kind* ``items``, ``queues``, ``schedules``), or a bulk retry of *ids* (*kind* ``dead``).
-    A refusal (the action does not apply, the thing is unknown) is a :class:`Done` with
-    ``ok=False`` saying why, never an exception."""
-    target = {"items": "item", "queues": "queue", "schedules": "schedule"}.get(kind, "items")
-    where = f"{target}:{name}" if kind != "dead" else f"items:{len(ids)}"
-    try:
-        if kind == "items":
-            return Done(True, await _item_action(queue, action, name), where)
-        if kind == "queues":
-            known = set(known_queues) | {info.name for info in await queue.list_queues()}
-            if name not in known:
-                listed = ", ".join(sorted(known)) or "none"
-                return Done(False, f"no queue {name!r} is known (known: {listed})", where)
-            switch = pause_queue if action == "pause" else resume_queue
-            return Done(True, (await switch(queue, name))[1], where)
-        if kind == "schedules":
-            schedule = schedules.get(name)
-            if schedule is None:
-                return Done(False, f"no schedule {name!r} in this service", where)
-            return Done(True, (await fire_schedule(queue, schedule))[1], where)
-        return await _bulk_retry(queue, ids, where)
-    except ItemNotFound:
-        return Done(False, f"no item {name!r}", where)
-    except DuplicateItem:
-        return Done(False, f"{name} was fired a moment ago already", where)
-    except SuperviseError as error:  # ActionRefused, ItemStateError: the rule said no
-        return Done(False, str(error), where)
-
-
-async def _bulk_retry(queue: WorkQueue, ids: Sequence[str], where: str) -> Done:
-    if not ids:
-        return Done(False, "no items were selected", where)
-    refused: list[str] = []
-    for item_id in ids:
-        try:
-            await retry_item(queue, item_id)
-        except ItemNotFound:
-            refused.append(f"no item {item_id!r}")
-        except SuperviseError as error:
-            refused.append(str(error))
-    done = len(ids) - len(refused)
-    message = f"retried {done} of {len(ids)}" + (f"; {'; '.join(refused)}" if refused else "")
-    return Done(done > 0, message, where)
