@@ -483,6 +483,10 @@ _SEED_FIELDS = frozenset({"jitter_seed"})
 """Int fields that are identifiers, not counts: any 64-bit integer."""
 
 
+_PACKAGE = __name__.split(".", 1)[0]
+"""The top package: settings classes anywhere inside it are bounded, wherever they move."""
+
+
 def _range_problems(instance: object, path: tuple[str, ...]) -> Iterator[tuple[str, str]]:
     """``(field path, rule)`` for every number of trio_supervise's own settings out of range.
 
@@ -492,7 +496,7 @@ def _range_problems(instance: object, path: tuple[str, ...]) -> Iterator[tuple[s
     cls: Any = type(instance)
     if not attrs.has(cls):
         return
-    ours = cls.__module__.startswith(__package__ or "trio_supervise")
+    ours = cls.__module__.split(".", 1)[0] == _PACKAGE
     for field in attrs.fields(cls):
         value = getattr(instance, field.name)
         where = (*path, field.name)
