@@ -3,8 +3,6 @@ write of them, and fan-in under the runner's settle batching, in virtual time.""
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import pytest
 import trio
@@ -13,30 +11,7 @@ import trio.testing
 import trio_supervise as ts
 from trio_supervise.queues import ItemState, WorkItem, WorkQueue
 from trio_supervise.testing import Harness, harness_runner_settings
-
-
-@attrs.define
-class Parent:
-    """Fans out ``config["n"]`` children (waiting for them), then stops with their results."""
-
-    child_config: Any = None
-    name: str = "parent"
-    spec_ids: tuple[str, ...] = ("parent",)
-
-    def validate_specs(self) -> None:
-        pass
-
-    async def evaluate(self, queue: WorkQueue, item: WorkItem) -> ts.Outcome:
-        children = await queue.list_children(item.id)
-        if not children:
-            return ts.Continue(
-                children=[
-                    ts.NewItem(spec_id="child", config=self.child_config or {"n": index})
-                    for index in range(item.config["n"])
-                ],
-                wait_for_children=True,
-            )
-        return ts.Stop(result=[child.result for child in children])
+from trio_supervise.testing.conformance._evaluation_ends import Parent
 
 
 class Child:

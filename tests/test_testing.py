@@ -367,3 +367,58 @@ def test_history_comparison_ignores_order_within_an_instant() -> None:
     assert History([a]) != [a]
     assert History([a, b]).for_item("x") == [b]
     assert "running" in History([a]).format()
+
+
+def test_a_third_party_store_runs_the_shipped_conformance_suite(pytester: pytest.Pytester) -> None:
+    """A backend author's project, with no conftest and no ``trio_mode``, subclasses
+    ``StoreConformance`` for a store of its own that has the four ports only (no single-item
+    writes, no optional capability): the whole contract runs against it and passes; the tests of
+    what it has not (``settle_and_claim``, ``mark_error``) are skipped, saying why."""
+    pytester.makeini("[pytest]\nfilterwarnings = error\n")
+    pytester.makepyfile(
+        test_my_store=textwrap.dedent(
+            """
+            from contextlib import asynccontextmanager
+
+            from trio_supervise.queues import MemoryQueue, SeedWrites
+            from trio_supervise.testing.conformance import StoreConformance
+
+            SEED = {"renew", "release", "reschedule", "complete", "mark_error", "settle_and_claim"}
+
+
+            class PortsOnly:
+                \"\"\"A store of its own: the four ports, nothing more.\"\"\"
+
+                capabilities = frozenset()
+
+                def __init__(self, inner):
+                    self._inner = inner
+
+                def __getattr__(self, name):
+                    if name in SEED:
+                        raise AttributeError(name)
+                    return getattr(self._inner, name)
+
+                async def __aenter__(self):
+                    return self
+
+                async def __aexit__(self, *exc_info):
+                    await self._inner.aclose()
+
+
+            class TestPortsOnly(StoreConformance):
+                @asynccontextmanager
+                async def open_store(self, clock):
+                    async with PortsOnly(MemoryQueue(clock=clock)) as store:
+                        assert not isinstance(store, SeedWrites)
+                        yield store
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-q", "-rs")
+    outcomes = result.parseoutcomes()
+    assert "failed" not in outcomes, result.stdout.str()
+    assert "errors" not in outcomes, result.stdout.str()
+    assert outcomes["passed"] > 150
+    for reason in ("seed-writes", "settle-and-claim"):
+        result.stdout.fnmatch_lines([f"*the store lacks {reason}*"])

@@ -28,7 +28,7 @@ ALIASES = {"r1": ("r1-sqlite", "r1-postgres")}
 R3_HINT = (
     "R3 (the queue state machine at a high example count): "
     "TRIO_SUPERVISE_MODEL_EXAMPLES=2000 TRIO_SUPERVISE_TEST_DSN=... "
-    "pytest tests/queues/test_state_machine.py -k long"
+    "pytest tests/queues/test_conformance.py -k model_long"
 )
 
 

@@ -14,11 +14,19 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
 
-from trio_supervise.queues import MemoryQueue, PostgresQueue, Settlement, SQLiteQueue, WorkQueue
+from trio_supervise.queues import (
+    MemoryQueue,
+    PostgresQueue,
+    Settlement,
+    SQLiteQueue,
+    WorkItem,
+    WorkQueue,
+)
 
 START = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 BACKENDS = [
@@ -117,9 +125,9 @@ class RunnerMarkedPostgresQueue(PostgresQueue):
     waits still goes the general way, in a transaction (tests/queues/test_postgres.py runs the
     general way for plain batches too)."""
 
-    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
+    async def _mark(self, settlements: Sequence[Settlement]) -> None:
         from trio_supervise import ItemNotFound
-        from trio_supervise.job import mark_parentless as _S_PARENTLESS
+        from trio_supervise.job import mark_parentless
 
         for settlement in settlements:
             if not isinstance(settlement, Settlement):
@@ -129,8 +137,19 @@ class RunnerMarkedPostgresQueue(PostgresQueue):
             except ItemNotFound:
                 continue
             if item.parent_id is None:
-                _S_PARENTLESS(settlement, True)
+                mark_parentless(settlement, True)
+
+    async def settle_many(self, settlements: Sequence[Settlement]) -> list[bool]:
+        await self._mark(settlements)
         return await super().settle_many(settlements)
+
+    async def settle_and_claim(
+        self, settlements: Sequence[Settlement], *args: Any, **kwargs: Any
+    ) -> tuple[list[bool], list[WorkItem]]:
+        """Marked the same way; defined here beside ``settle_many``, so the queue still declares
+        ``Capability.SETTLE_AND_CLAIM`` and the suite's settle-and-claim tests run on it."""
+        await self._mark(settlements)
+        return await super().settle_and_claim(settlements, *args, **kwargs)
 
 
 @pytest.fixture

@@ -66,3 +66,10 @@ class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide):
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()
         self.closed = True
+
+    async def __aenter__(self) -> MemoryQueue:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Closes the queue, as the durable queues' ``async with`` does."""
+        await self.aclose()
