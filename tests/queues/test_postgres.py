@@ -25,12 +25,13 @@ from trio_supervise.queues import (
 )
 from trio_supervise.queues import _sql as _queries
 from trio_supervise.queues._postgres import (
+    _CODEC,
     _due_hint,
     _due_payload,
     _int_array,
-    _item_decoder,
     _text_array,
 )
+from trio_supervise.queues.sql._rows import item_decoder as _item_decoder
 
 from .conftest import ManualClock, pg_schema, postgres_dsn
 
@@ -821,16 +822,27 @@ def _sql_params(dsn: str, schema: str, query: str, params: tuple[Any, ...]) -> l
         return conn.execute(query, params).fetchall()
 
 
-def test_a_claim_s_columns_in_another_order_are_refused() -> None:
-    """The claims' rows are read by position: columns that are not WorkItem's fields first, in
-    its order, are refused (naming them) instead of read into the wrong fields."""
+def test_a_claim_s_columns_are_read_by_name_and_a_missing_one_is_refused() -> None:
+    """The claims' rows are read by the names of their columns (from the cursor): in another
+    order they give the same item, and a row without one of WorkItem's fields is refused,
+    naming it, instead of read into the wrong fields."""
     fields = tuple(field.name for field in attrs.fields(WorkItem))
-    _item_decoder((*fields, "keyed"))  # the claims' own lists
+    at = dt.datetime(2001, 2, 3, tzinfo=dt.UTC)
+    values: dict[str, Any] = {name: f"{name}-value" for name in fields}
+    values.update(
+        config='{"n": 1}', result='"done"', errors="[]", state="running", cancel_requested=True
+    )
+    values.update(dict.fromkeys(("due_at", "created_at", "updated_at"), at))
+    values.update(lease_expires_at=None, unique_until=at)
+    columns = (*fields, "keyed")  # the claims' own lists
+    item = _item_decoder(columns, _CODEC)([*values.values(), 0])
+    assert (item.config, item.result, item.state) == ({"n": 1}, "done", ItemState.RUNNING)
+    assert type(item) is WorkItem
+    assert (item.unique_until, item.lease_expires_at) == (at, None)
     swapped = (fields[1], fields[0], *fields[2:])
-    with pytest.raises(RuntimeError, match="WorkItem's fields first, in order"):
-        _item_decoder(swapped)
-    with pytest.raises(RuntimeError, match="in order"):
-        _item_decoder(fields[:-1])
+    assert _item_decoder(swapped, _CODEC)([values[name] for name in swapped]) == item
+    with pytest.raises(RuntimeError, match="without the columns \\['concurrency_limit'\\]"):
+        _item_decoder(fields[:-1], _CODEC)
 
 
 async def test_the_pool_s_sessions_are_utc_and_claimed_times_too() -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import sqlite3
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 
 from trio_supervise import QueueFailed, QueueUnavailable, SchemaError
@@ -15,6 +18,7 @@ from trio_supervise.queues import (
     SettleKind,
     Settlement,
     SQLiteQueue,
+    WorkItem,
     _sql,
     migrate,
     open_queue,
@@ -278,13 +282,42 @@ async def test_changing_directory_is_not_a_deleted_database(
         assert (await queue.get("x")).id == "x"
 
 
+def _item_by_name(row: sqlite3.Row) -> WorkItem:
+    """*row* read field by field, by column name, through WorkItem's own converters."""
+    import json
+
+    from trio_supervise.job import ErrorEntry, stored_kind
+
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+    def read(kind: str | None, value: Any) -> Any:
+        if value is None or kind is None:
+            return value
+        if kind in ("json", "errors"):
+            value = json.loads(value)
+        if kind == "errors":
+            return tuple(
+                ErrorEntry(**{**each, "at": epoch + dt.timedelta(microseconds=each["at"])})
+                for each in value
+            )
+        if kind == "time":
+            return epoch + dt.timedelta(microseconds=value)
+        return {"bool": bool, "state": ItemState, "json": lambda v: v}[kind](value)
+
+    return WorkItem(
+        **{
+            field.name: read(stored_kind(field), row[field.name])
+            for field in attrs.fields(WorkItem)
+        }
+    )
+
+
 @pytest.mark.parametrize("fresh", [True, False], ids=["schema", "migrations"])
 def test_rows_read_by_position_are_the_items_read_by_name(tmp_path: Path, fresh: bool) -> None:
     """The SQLite queue's positional row reader gives the WorkItem the shared by-name reader
     gives, every field set, on a fresh schema and on a migrated one (their columns are in
     different orders)."""
     from trio_supervise.queues import _sqlite
-    from trio_supervise.queues._sqlbase import SQLQueue
 
     path = tmp_path / "q.db"
     conn = sqlite3.connect(path, isolation_level=None)
@@ -310,11 +343,11 @@ def test_rows_read_by_position_are_the_items_read_by_name(tmp_path: Path, fresh:
         queue = _sqlite.SQLiteQueue(
             path=str(path), conn=conn, reader=conn, clock=ManualClock(), identity=None
         )
-        for row in conn.execute("SELECT * FROM trio_supervise_items ORDER BY id"):
-            assert queue._item(row) == SQLQueue._item(queue, row)
-        full = queue._item(
-            conn.execute("SELECT * FROM trio_supervise_items WHERE id = 'full'").fetchone()
-        )
+        cur = conn.execute("SELECT * FROM trio_supervise_items ORDER BY id")
+        for row in cur.fetchall():
+            assert queue._decode(cur, row) == _item_by_name(row)
+        cur = conn.execute("SELECT * FROM trio_supervise_items WHERE id = 'full'")
+        full = queue._decode(cur, cur.fetchone())
         assert (full.errors[0].error, full.result) == ("boom", {"r": None})
         assert (full.state, full.cancel_requested) == (ItemState.RUNNING, True)
     finally:

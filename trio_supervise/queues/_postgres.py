@@ -40,14 +40,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
 import json
 import logging
 import math
 import operator
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -57,27 +56,14 @@ import trio_util
 
 from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
-from ..job import (
-    MAX_ERRORS,
-    ItemState,
-    JSONValue,
-    Lease,
-    UnfrozenItem,
-    WorkItem,
-)
+from ..job import MAX_ERRORS, Lease, WorkItem
+from ..job._model import BOOL, TIME
 from . import _sql
 from ._outbox import psycopg_savepoint
 from ._ports import Capability, declared
 from ._sql import redact_dsn, scrub_dsn
-from ._sqlbase import (
-    NEW_ROW_COLUMNS,
-    PLAIN_VALUES,
-    SettleEntry,
-    SQLQueue,
-    stored_config,
-    stored_errors,
-    woken_by,
-)
+from ._sqlbase import NEW_ROW_COLUMNS, PLAIN_VALUES, SettleEntry, SQLQueue, woken_by
+from .sql._rows import Codec, item_decoder
 
 if TYPE_CHECKING:
     import psycopg
@@ -139,11 +125,6 @@ def _data_errors() -> tuple[type[Exception], ...]:
     return (psycopg.DataError, psycopg.IntegrityError, ValueError, OverflowError)
 
 
-_UTC = dt.UTC
-_STATES = {str(state): state for state in ItemState}
-_FIELDS = tuple(field.name for field in attrs.fields(WorkItem))
-_TIMES = ("due_at", "lease_expires_at", "created_at", "updated_at", "unique_until")
-_new_object = object.__new__
 _SETTLEMENT = operator.itemgetter(1)
 _VALUES = operator.itemgetter(2)
 _ITEM_ID = operator.attrgetter("item_id")
@@ -155,109 +136,42 @@ _CONFIG = operator.itemgetter("config")
 _RESULT = operator.itemgetter("result")
 _DELAY_US = operator.itemgetter("delay_us")
 
-
-def _utc(value: dt.datetime) -> dt.datetime:
-    # The pool's sessions use UTC (see _configure): the loaded datetime is UTC already.
-    return value if value.tzinfo is _UTC else utc(value)
-
-
-@functools.cache
-def _item_decoder(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], WorkItem]:
-    """The decoder of claimed rows with these *columns*: the claims' ``RETURNING`` lists, which
-    hold :class:`WorkItem`'s fields first, in its order (the JSON columns as text), and may
-    end with columns that are not fields (``keyed``). Refuses any other order, once per list."""
-    if columns[: len(_FIELDS)] != _FIELDS:
-        raise RuntimeError(
-            f"a claim must return WorkItem's fields first, in order: {_FIELDS}, got {columns}"
-        )
-    return _decode_claimed
+_CODEC = Codec(
+    # psycopg loads a timestamptz as a UTC datetime in the pool's UTC sessions (see
+    # _configure): kept as it is; one in another zone is converted, as WorkItem would.
+    decode={TIME: "$value if $value.tzinfo is _UTC else _utc($value)", BOOL: "$value"},
+    namespace={"_UTC": dt.UTC, "_utc": utc},
+)
+"""How stored values become an item's: JSON arrives as its text (the queue's connections load
+``jsonb`` as text, see :func:`_configure`), read as on SQLite."""
 
 
-def _decode_claimed(row: Sequence[Any]) -> WorkItem:
-    """A claimed row (see :func:`_item_decoder`) as a :class:`WorkItem`, read by position.
+def _reads_text_json(conn: psycopg.Connection[Any]) -> bool:
+    """Whether *conn* loads ``jsonb`` as text (:func:`_text_json`): the queue's own do."""
+    from psycopg.pq import Format
+    from psycopg.types.string import TextLoader
 
-    What :meth:`SQLQueue._item` does for a dict row, in a fraction of the time: no dict per row,
-    no ``json.loads`` for the common empty config and error history, no ``WorkItem(...)``
-    converters on datetimes that psycopg loaded as UTC, and the fields stored through
-    :class:`UnfrozenItem`. A time in another zone (a session whose time zone is not UTC) is
-    converted as the converters would. A field added to WorkItem is added here (the check at
-    import, :func:`_check_decoder`, fails until it is) and to the claims' ``RETURNING``.
-    """
-    (
-        id_, spec_id, tenant_id, subject_id, config, cancel_requested, lease_version, state,
-        due_at, error_count, last_error, lease_owner, lease_expires_at, idempotency_key,
-        created_at, updated_at, attempt, priority, queue, timeout, result, errors, parent_id,
-        waiting_children, unique_scope, unique_until, released_key, concurrency_key,
-        concurrency_limit, *_,
-    ) = row  # fmt: skip
-    item: Any = _new_object(UnfrozenItem)
-    item.id = id_
-    item.spec_id = spec_id
-    item.tenant_id = tenant_id
-    item.subject_id = subject_id
-    item.config = {} if config == "{}" else json.loads(config)  # as stored_config
-    item.cancel_requested = cancel_requested
-    item.lease_version = lease_version
-    item.state = _STATES[state] if state in _STATES else ItemState(state)
-    item.due_at = due_at if due_at.tzinfo is _UTC else utc(due_at)
-    item.error_count = error_count
-    item.last_error = last_error
-    item.lease_owner = lease_owner
-    item.lease_expires_at = None if lease_expires_at is None else _utc(lease_expires_at)
-    item.idempotency_key = idempotency_key
-    item.created_at = created_at if created_at.tzinfo is _UTC else utc(created_at)
-    item.updated_at = updated_at if updated_at.tzinfo is _UTC else utc(updated_at)
-    item.attempt = attempt
-    item.priority = priority
-    item.queue = queue
-    item.timeout = timeout
-    item.result = None if result is None else stored_config(result)
-    item.errors = () if errors == "[]" else stored_errors(errors)
-    item.parent_id = parent_id
-    item.waiting_children = waiting_children
-    item.unique_scope = unique_scope
-    item.unique_until = None if unique_until is None else _utc(unique_until)
-    item.released_key = released_key
-    item.concurrency_key = concurrency_key
-    item.concurrency_limit = concurrency_limit
-    item.__class__ = WorkItem
-    decoded: WorkItem = item
-    return decoded
+    jsonb = conn.adapters.types.get("jsonb")
+    return jsonb is not None and conn.adapters.get_loader(jsonb.oid, Format.TEXT) is TextLoader
 
 
-def _check_decoder() -> None:
-    # A field added to WorkItem but not to _decode_claimed would be left unset, and fields
-    # reordered would take each other's columns: decoding a row of distinct values (a new
-    # object in each plain column) and reading every field back catches both, at import.
-    row: list[Any] = [object() for _ in _FIELDS]
-    expected = dict(zip(_FIELDS, row, strict=True))
-    at = dt.datetime(2001, 2, 3, tzinfo=dt.UTC)
-    for n, name in enumerate(_FIELDS):
-        if name in ("config", "result"):
-            row[n], expected[name] = json.dumps({"n": n}), {"n": n}
-        elif name in _TIMES:
-            row[n] = expected[name] = at + dt.timedelta(days=n)
-    row[_FIELDS.index("state")], expected["state"] = "running", ItemState.RUNNING
-    row[_FIELDS.index("errors")], expected["errors"] = "[]", ()
-    decoded = _decode_claimed([*row, "a column that is not a field"])
-    try:
-        wrong = [name for name in _FIELDS if getattr(decoded, name) != expected[name]]
-    except AttributeError as error:  # pragma: no cover - a field left unset
-        raise RuntimeError(f"_decode_claimed leaves a WorkItem field unset: {error}") from None
-    if wrong or type(decoded) is not WorkItem:  # pragma: no cover
-        raise RuntimeError(f"_decode_claimed reads these WorkItem fields wrong: {wrong}")
+def _text_json(adapters: Any) -> None:
+    """Load ``jsonb`` as its text on connections or cursors of *adapters*: the item decoders
+    read it (``'{}'`` and ``'[]'``, the common values, without a parse), as on SQLite."""
+    from psycopg.types.string import TextLoader
 
-
-_check_decoder()
+    adapters.register_loader("jsonb", TextLoader)
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
     """Set up a new pool connection: its session in UTC, so psycopg loads every ``timestamptz``
     as a UTC datetime (``datetime.UTC``) that needs no conversion, whatever the server's
-    ``TimeZone``. No query of the queue depends on the session's time zone otherwise. A plain
+    ``TimeZone``, and ``jsonb`` loaded as its text (:func:`_text_json`). No query of the queue
+    depends on the session's time zone otherwise. A plain
     ``SET`` rather than a startup option, so connection poolers (PgBouncer) that refuse
     ``options`` still work (PgBouncer keeps ``TimeZone`` per client)."""
     conn.execute("SET TimeZone TO 'UTC'")
+    _text_json(conn.adapters)
 
 
 def map_error(error: Exception, dsn: str) -> QueueError:
@@ -715,9 +629,11 @@ class PostgresQueue(SQLQueue):
     def _from_time(value: dt.datetime) -> dt.datetime:
         return value
 
+    _codec: ClassVar[Codec] = _CODEC
+
     @staticmethod
-    def _from_config(value: JSONValue) -> JSONValue:
-        return value
+    def _columns(cur: psycopg.Cursor[Any]) -> tuple[str, ...]:
+        return _columns(cur)
 
     @staticmethod
     def _ids(values: Sequence[str]) -> list[str]:
@@ -734,7 +650,10 @@ class PostgresQueue(SQLQueue):
     def _cursor(self, conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
         from psycopg.rows import dict_row
 
-        return conn.cursor(row_factory=dict_row)
+        cur = conn.cursor(row_factory=dict_row)
+        if not _reads_text_json(conn):  # the application's connection (enqueue_on)
+            _text_json(cur.adapters)
+        return cur
 
     def _insert_rows(
         self,
@@ -762,7 +681,7 @@ class PostgresQueue(SQLQueue):
         assert row is not None
         return row["inserted"], utc(row["now"])
 
-    # The claims return WorkItems, decoded in the thread (see _claimed and _item_decoder).
+    # The claims return WorkItems, decoded in the thread (see _claimed).
 
     def _claim_rows(self, conn: psycopg.Connection[Row], params: dict[str, Any]) -> list[Any]:
         # The fast path: one autocommit statement leases the window's unkeyed rows and says how
@@ -785,11 +704,6 @@ class PostgresQueue(SQLQueue):
                 _Q["claim_keyed"], {**params, "keys": keys}, binary=True
             )
             return _claimed(cur)[0]
-
-    def _claimed_items(self, rows: Iterable[Any]) -> list[WorkItem]:
-        items = rows if type(rows) is list else list(rows)  # decoded already, and ours
-        items.sort(key=_claim_order)
-        return items
 
     def _renew_rows(
         self, conn: psycopg.Connection[Row], leases: Sequence[Lease], lease_us: int, now: Any
@@ -1008,7 +922,7 @@ def _claimed(cur: psycopg.Cursor[tuple[Any, ...]]) -> tuple[list[WorkItem], int]
     if not rows:
         return [], 0
     columns = _columns(cur)
-    decode = _item_decoder(columns)
+    decode = item_decoder(columns, _CODEC)
     id_at = columns.index("id")
     keyed = rows[0][columns.index("keyed")] if "keyed" in columns else 0
     return [decode(row) for row in rows if row[id_at] is not None], keyed
@@ -1055,12 +969,6 @@ def _int_array(values: list[int]) -> str | list[int]:
     if values.count(first) == len(values):
         return "{" + ",".join([str(first)] * len(values)) + "}"
     return "{" + repr(values)[1:-1] + "}"
-
-
-_claim_order: Callable[[WorkItem], tuple[int, dt.datetime, str]] = operator.attrgetter(
-    "priority", "due_at", "id"
-)
-"""A claimed item's place in the claim's order (read in C: a third of a function's cost)."""
 
 
 def _map_any(error: Exception, dsn: str) -> QueueError | None:

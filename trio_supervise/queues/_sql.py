@@ -17,6 +17,7 @@ import datetime as dt
 import functools
 import heapq
 import itertools
+import operator
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
@@ -26,9 +27,7 @@ from typing import Any, Literal
 import attrs
 
 from .._errors import ItemNotFound, SchemaError
-from ..job import (
-    ItemState,
-)
+from ..job import ItemState, WorkItem
 
 __all__ = [
     "Backend",
@@ -239,12 +238,14 @@ def list_page(
     conn: Any,
     queries: Mapping[str, str],
     params: Mapping[str, Any],
+    items: Callable[[Any], list[WorkItem]],
     *,
     states: Sequence[ItemState] | None,
     after: str | None,
     start: Any,
-) -> list[Any]:
-    """``list_items`` on a SQL backend (*conn* a sqlite3 or psycopg connection, dict-like rows).
+) -> list[WorkItem]:
+    """``list_items`` on a SQL backend (*conn* a sqlite3 or psycopg connection, dict-like rows;
+    *items* reads a cursor's rows as items).
 
     One indexed page per state (``list_state``, or ``list_state_specs`` when *params* holds
     spec ids) after the cursor ``(due_at, id)``, merged by ``(due_at, id)`` and cut at
@@ -260,13 +261,18 @@ def list_page(
     query = queries["list_state" if params["spec_ids"] is None else "list_state_specs"]
     wanted = list(ItemState) if states is None else list(dict.fromkeys(states))
     pages = [
-        conn.execute(
-            query, {**params, "state": str(state), "after_due": after_due, "after_id": after_id}
-        ).fetchall()
+        items(
+            conn.execute(
+                query, {**params, "state": str(state), "after_due": after_due, "after_id": after_id}
+            )
+        )
         for state in wanted
     ]
-    merged = heapq.merge(*pages, key=lambda row: (row["due_at"], row["id"]))
+    merged = heapq.merge(*pages, key=_list_order)
     return list(itertools.islice(merged, params["limit"]))
+
+
+_list_order: Callable[[WorkItem], tuple[dt.datetime, str]] = operator.attrgetter("due_at", "id")
 
 
 def redact_dsn(dsn: str) -> str:

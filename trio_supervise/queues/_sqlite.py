@@ -51,18 +51,13 @@ import trio_util
 
 from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
-from ..job import (
-    MAX_ERRORS,
-    ItemState,
-    Lease,
-    WorkItem,
-)
+from ..job import MAX_ERRORS, Lease, WorkItem
+from ..job._model import BOOL, TIME
 from . import _sql
 from ._outbox import sqlite_savepoint
 from ._ports import Capability, declared
 from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue
-from ._sqlbase import stored_config as _config
-from ._sqlbase import stored_errors as _errors
+from .sql._rows import Codec
 
 __all__ = ["DEFAULT_SQLITE_PATH", "DEFAULT_WATCH_INTERVAL", "SQLiteQueue"]
 
@@ -166,10 +161,12 @@ def _from_us(value: int) -> dt.datetime:
 _MIN_US = -(2**63)
 """Before every stored time: the cursor of a first page."""
 
-
-_STATES = {str(state): state for state in ItemState}
-_new_object = object.__new__
-_FIELDS = tuple(field.name for field in attrs.fields(WorkItem))
+_CODEC = Codec(
+    # Times are integers (microseconds since the epoch), booleans 0 or 1: the same exact
+    # arithmetic as timedelta(microseconds=value), in half the time.
+    decode={TIME: "_EPOCH + _US * $value", BOOL: "True if $value else False"},
+    namespace={"_EPOCH": _EPOCH, "_US": _US},
+)
 
 
 def _next(conn: sqlite3.Connection | sqlite3.Cursor, counter: str) -> int:
@@ -178,72 +175,6 @@ def _next(conn: sqlite3.Connection | sqlite3.Cursor, counter: str) -> int:
     transaction (schema 0005)."""
     number: int = conn.execute(_Q[counter]).fetchone()[0]
     return number
-
-
-@functools.cache
-def _item_decoder(columns: tuple[str, ...]) -> Callable[[sqlite3.Row], WorkItem]:
-    """Rows with these *columns* (in this order) as :class:`WorkItem`s, read by position.
-
-    What :meth:`SQLQueue._item` does, in a quarter of the time: a name lookup in a
-    ``sqlite3.Row`` compares the name with every column before it, and ``WorkItem(...)`` runs
-    its ``utc`` converters on four datetimes that are UTC already (``_from_us`` makes them so).
-    Each field is set through its slot's setter, as :func:`~._protocol.new_trusted` does; every
-    value is the queue's own, stored by it. Columns that are not fields (``parent_version``)
-    are skipped.
-    """
-    at = {name: n for n, name in enumerate(columns)}
-    missing = [name for name in _FIELDS if name not in at]
-    if missing:
-        raise KeyError(f"an item row without the columns {missing}")
-    slot = {name: vars(WorkItem)[name].__set__ for name in _FIELDS}
-    plain = [(slot[name], at[name]) for name in _FIELDS if name not in _CONVERTED]
-    s_config, i_config = slot["config"], at["config"]
-    s_cancel, i_cancel = slot["cancel_requested"], at["cancel_requested"]
-    s_state, i_state = slot["state"], at["state"]
-    s_due, i_due = slot["due_at"], at["due_at"]
-    s_expires, i_expires = slot["lease_expires_at"], at["lease_expires_at"]
-    s_created, i_created = slot["created_at"], at["created_at"]
-    s_updated, i_updated = slot["updated_at"], at["updated_at"]
-    s_result, i_result = slot["result"], at["result"]
-    s_errors, i_errors = slot["errors"], at["errors"]
-    s_until, i_until = slot["unique_until"], at["unique_until"]
-    states, from_us, config, errors = _STATES, _from_us, _config, _errors
-
-    def decode(row: sqlite3.Row) -> WorkItem:
-        item: WorkItem = _new_object(WorkItem)
-        for set_, index in plain:
-            set_(item, row[index])
-        s_config(item, config(row[i_config]))
-        s_cancel(item, bool(row[i_cancel]))
-        state = row[i_state]
-        s_state(item, states[state] if state in states else ItemState(state))
-        s_due(item, from_us(row[i_due]))
-        s_expires(item, None if (expires := row[i_expires]) is None else from_us(expires))
-        s_created(item, from_us(row[i_created]))
-        s_updated(item, from_us(row[i_updated]))
-        s_result(item, None if (result := row[i_result]) is None else config(result))
-        s_errors(item, errors(row[i_errors]))
-        s_until(item, None if (until := row[i_until]) is None else from_us(until))
-        return item
-
-    return decode
-
-
-_CONVERTED = frozenset(
-    {
-        "config",
-        "cancel_requested",
-        "state",
-        "due_at",
-        "lease_expires_at",
-        "created_at",
-        "updated_at",
-        "result",
-        "errors",
-        "unique_until",
-    }
-)
-"""The fields :func:`_item_decoder` converts; every other field is the column as stored."""
 
 
 def _statements(script: str) -> list[str]:
@@ -654,12 +585,13 @@ class SQLiteQueue(SQLQueue):
     def _now(self) -> int:
         return _to_us(self._clock.now())
 
-    def _item(self, row: sqlite3.Row) -> WorkItem:
-        return _item_decoder(tuple(row.keys()))(row)
-
     _time = staticmethod(_to_us)
     _from_time = staticmethod(_from_us)
-    _from_config = staticmethod(_config)
+    _codec: ClassVar[Codec] = _CODEC
+
+    @staticmethod
+    def _columns(cur: sqlite3.Cursor) -> tuple[str, ...]:
+        return tuple(column[0] for column in cur.description)
 
     @staticmethod
     def _ids(values: Sequence[str]) -> str:
@@ -714,12 +646,13 @@ class SQLiteQueue(SQLQueue):
         cur.execute(_enqueue_rows_query(tuple(varying), keyed), params)
         return cur.rowcount, _from_us(now)
 
-    def _claim_in(self, conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
-        # The claim's lease version, from the database's counter (see next_version).
-        rows: list[Any] = conn.execute(
-            _Q["claim_due"], {**params, "version": _next(conn, "next_version")}
-        ).fetchall()
-        return rows
+    def _claim_in(self, conn: sqlite3.Connection, params: dict[str, Any]) -> list[WorkItem]:
+        # The claim's lease version, from the database's counter (see next_version). Rows as
+        # tuples: the cheapest to build and to unpack.
+        cur = conn.cursor()
+        cur.row_factory = None
+        cur.execute(_Q["claim_due"], {**params, "version": _next(conn, "next_version")})
+        return self._all(cur)
 
     def _renew_rows(
         self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int

@@ -274,8 +274,8 @@ WITH live AS MATERIALIZED (
     updated_at = coalesce(%(now)s::timestamptz, now())
     FROM head
     WHERE i.id = head.id AND head.concurrency_key IS NULL
-    -- The item's fields (see _item_decoder in _postgres.py; a field added to WorkItem is added
-    -- here and in claim_keyed), the JSON as its text: '{}' and '[]' are read without a parse.
+    -- The item's fields (read by their names, see sql/_rows.py; a field added to WorkItem is
+    -- added here and in claim_keyed), the JSON as its text, as every query's JSON arrives.
     RETURNING i.id, i.spec_id, i.tenant_id, i.subject_id, i.config::text AS config,
         i.cancel_requested, i.lease_version, i.state, i.due_at, i.error_count, i.last_error,
         i.lease_owner, i.lease_expires_at, i.idempotency_key, i.created_at, i.updated_at,
