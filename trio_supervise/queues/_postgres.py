@@ -62,8 +62,8 @@ from . import _sql
 from ._outbox import psycopg_savepoint
 from ._ports import Capability, declared
 from ._sql import redact_dsn, scrub_dsn
-from ._sqlbase import NEW_ROW_COLUMNS, PLAIN_VALUES, SettleEntry, SQLQueue, woken_by
-from .sql._rows import Codec, item_decoder
+from ._sqlbase import PLAIN_VALUES, SettleEntry, SQLQueue, woken_by
+from .sql._rows import NEW_ROW_COLUMNS, Codec, item_decoder
 
 if TYPE_CHECKING:
     import psycopg
@@ -76,23 +76,9 @@ logger = logging.getLogger("trio_supervise.queues")
 _Q = _sql.load_queries("postgres")
 _ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue_many"])
 _SETTLE_ALONE = _sql.with_query(_Q["settle_alone"], "settle_many", _Q["settle_many"])
-_ARRAYS = (
-    "ids",
-    "spec_ids",
-    "tenant_ids",
-    "subject_ids",
-    "configs",
-    "due_ats",
-    "keys",
-    "priorities",
-    "queues",
-    "timeouts",
-    "scopes",
-    "periods_us",
-    "concurrency_keys",
-    "concurrency_limits",
-)
+_ARRAYS = tuple(f"{column}_array" for column in NEW_ROW_COLUMNS)
 """The ``enqueue_many`` query's array parameters, one per :data:`NEW_ROW_COLUMNS`, in order."""
+_ID = NEW_ROW_COLUMNS.index("id")
 _SAVEPOINT = "SAVEPOINT trio_supervise_claim"
 _ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT trio_supervise_claim"
 """Before the claim of a pipelined settle-and-claim, rolled back to when the settlement's
@@ -140,6 +126,7 @@ _CODEC = Codec(
     # psycopg loads a timestamptz as a UTC datetime in the pool's UTC sessions (see
     # _configure): kept as it is; one in another zone is converted, as WorkItem would.
     decode={TIME: "$value if $value.tzinfo is _UTC else _utc($value)", BOOL: "$value"},
+    encode_time="_utc($value)",
     namespace={"_UTC": dt.UTC, "_utc": utc},
 )
 """How stored values become an item's: JSON arrives as its text (the queue's connections load
@@ -669,10 +656,10 @@ class PostgresQueue(SQLQueue):
         # statement returns the stored now() and sends the wake-ups itself: one round trip.
         arrays: dict[str, Any] = {"now": now, "channel": self.channel if notify else None}
         columns = zip(*rows, strict=True)
-        arrays[_ARRAYS[0]] = list(next(columns))
-        for name, array, column in zip(NEW_ROW_COLUMNS[1:], _ARRAYS[1:], columns, strict=True):
+        named = zip(NEW_ROW_COLUMNS, _ARRAYS, columns, strict=True)
+        for n, (name, array, column) in enumerate(named):
             first = column[0]
-            if column.count(first) == len(column):
+            if n != _ID and column.count(first) == len(column):  # the ids always go whole
                 arrays[name], arrays[array] = first, []
             else:
                 arrays[name], arrays[array] = None, list(column)

@@ -78,7 +78,7 @@ from ..job import (
 )
 from . import _sql
 from ._ports import EnqueueFront, SingleWrites, entry_signature
-from .sql._rows import Codec, item_decoder
+from .sql._rows import NEW_ROW_COLUMNS, Codec, item_decoder, row_encoder
 
 __all__ = [
     "NEW_ROW_COLUMNS",
@@ -152,25 +152,6 @@ class EnqueueBatch:
     """The "now" parameter the batch was prepared with."""
 
 
-NEW_ROW_COLUMNS = (
-    "id",
-    "spec_id",
-    "tenant_id",
-    "subject_id",
-    "config",
-    "due_at",
-    "idempotency_key",
-    "priority",
-    "queue",
-    "timeout",
-    "unique_scope",
-    "period_us",
-    "concurrency_key",
-    "concurrency_limit",
-)
-"""The values of one new item's row in an :class:`EnqueueBatch`, in order (plus the batch's
-``now``): what each backend's multi-row insert (:meth:`SQLQueue._insert_rows`) takes. Tuples,
-not a dict per entry: a bulk enqueue builds 10,000 of them per call."""
 _ID = NEW_ROW_COLUMNS.index("id")
 _KEY = NEW_ROW_COLUMNS.index("idempotency_key")
 
@@ -183,6 +164,25 @@ class _IdTaken(Exception):
         super().__init__(ids, error)
         self.ids = list(ids)
         self.error = error
+
+
+def _scopes(
+    known: dict[tuple[Any, bool], tuple[str, int | None]],
+) -> Callable[[NewItem], tuple[str, int | None]]:
+    """A batch's ``scope(entry)``: the entry's uniqueness scope as stored, its name and its
+    period in microseconds (see :func:`check_unique`), kept in *known*."""
+
+    def scope(entry: NewItem) -> tuple[str, int | None]:
+        key = entry.idempotency_key
+        unique = (entry.unique, key is None)
+        found = known.get(unique)
+        if found is None:
+            name, seconds = check_unique(entry.unique, key)
+            period = None if seconds is None else _sql.duration_us("unique", seconds)
+            found = known[unique] = (name, period)
+        return found
+
+    return scope
 
 
 _MAX_KEY_ROUNDS = 5
@@ -374,43 +374,9 @@ class SQLQueue(EnqueueFront, SingleWrites):
         checked = check_entries(entries)
         sent, repeats = plan_batch(checked)
         now = self._now()
-        rows = []
         ids = iter(new_item_ids(self._clock_now(), len(sent)))
-        to_time, dumps, duration_us = self._time, json.dumps, _sql.duration_us
-        scopes: dict[tuple[Any, bool], tuple[str, Any]] = {}
-        """(unique, keyed) -> (scope, period in microseconds): few distinct ones per batch."""
-        for index in sent:
-            entry = checked[index]
-            key = entry.idempotency_key
-            unique = (entry.unique, key is None)
-            known = scopes.get(unique)
-            if known is None:
-                scope, seconds = check_unique(entry.unique, key)
-                known = scopes[unique] = (
-                    scope,
-                    None if seconds is None else duration_us("unique", seconds),
-                )
-            timeout = entry.evaluation_timeout
-            config = entry.config
-            due_at = entry.due_at
-            rows.append(
-                (
-                    next(ids) if entry.item_id is None else entry.item_id,
-                    entry.spec_id,
-                    entry.tenant_id,
-                    entry.subject_id,
-                    "{}" if config is None else dumps(config),
-                    now if due_at is None else to_time(due_at),
-                    key,
-                    entry.priority,
-                    entry.queue,
-                    None if timeout is None else float(timeout),
-                    known[0],
-                    known[1],
-                    entry.concurrency_key,
-                    entry.concurrency_limit,
-                )
-            )
+        known: dict[tuple[Any, bool], tuple[str, int | None]] = {}
+        rows = row_encoder(self._codec)(checked, sent, now, ids, known, _scopes(known))
         return EnqueueBatch(checked, sent, repeats, rows, now)
 
     def _enqueue_rows(

@@ -52,12 +52,12 @@ import trio_util
 from .._clock import Clock, SystemClock, utc
 from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from ..job import MAX_ERRORS, Lease, WorkItem
-from ..job._model import BOOL, TIME
+from ..job._model import BOOL, SECONDS, TIME
 from . import _sql
 from ._outbox import sqlite_savepoint
 from ._ports import Capability, declared
-from ._sqlbase import NEW_ROW_COLUMNS, SettleEntry, SQLQueue
-from .sql._rows import Codec
+from ._sqlbase import SettleEntry, SQLQueue
+from .sql._rows import NEW_ROW_COLUMNS, NEW_ROW_KINDS, Codec
 
 __all__ = ["DEFAULT_SQLITE_PATH", "DEFAULT_WATCH_INTERVAL", "SQLiteQueue"]
 
@@ -74,7 +74,9 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
 _Q = _sql.load_queries("sqlite")
 _ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue"])
-_TIMEOUT = NEW_ROW_COLUMNS.index("timeout")
+_ID = NEW_ROW_COLUMNS.index("id")
+_SECONDS = [n for n, kind in enumerate(NEW_ROW_KINDS) if kind == SECONDS]
+"""The columns of a new row that hold a float (seconds)."""
 
 
 @functools.cache
@@ -165,7 +167,8 @@ _CODEC = Codec(
     # Times are integers (microseconds since the epoch), booleans 0 or 1: the same exact
     # arithmetic as timedelta(microseconds=value), in half the time.
     decode={TIME: "_EPOCH + _US * $value", BOOL: "True if $value else False"},
-    namespace={"_EPOCH": _EPOCH, "_US": _US},
+    encode_time="_to_us($value)",
+    namespace={"_EPOCH": _EPOCH, "_US": _US, "_to_us": _to_us},
 )
 
 
@@ -620,15 +623,17 @@ class SQLiteQueue(SQLQueue):
         columns = list(zip(*rows, strict=True))
         incarnation = _next(cur, "next_incarnation")
         params: dict[str, Any] = {"now": now, "incarnation": incarnation}
-        varying = [True]  # the id
-        for name, column in zip(NEW_ROW_COLUMNS[1:], columns[1:], strict=True):
-            same = column.count(column[0]) == len(column)
+        varying = []
+        for n, (name, column) in enumerate(zip(NEW_ROW_COLUMNS, columns, strict=True)):
+            same = n != _ID and column.count(column[0]) == len(column)  # the ids always vary
             if same:
                 params[name] = column[0]
             varying.append(not same)
-        timeouts = columns[_TIMEOUT]
-        if varying[_TIMEOUT] and not all(t is None or t.is_integer() for t in timeouts):
-            # A fractional timeout in the JSON would go through SQLite's text-to-float
+        if any(
+            varying[n] and not all(t is None or t.is_integer() for t in columns[n])
+            for n in _SECONDS
+        ):
+            # A fractional number in the JSON would go through SQLite's text-to-float
             # conversion, which is not correctly rounded on every build: bound as a double.
             cur.executemany(
                 _Q["enqueue"] if keyed else _ENQUEUE_UNKEYED,

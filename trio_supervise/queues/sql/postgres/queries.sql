@@ -36,11 +36,12 @@ SELECT pg_advisory_xact_lock(
 -- with a concurrency key (its key may be at its limit) or a pair too long for NOTIFY.
 -- The text arrays travel in psycopg's binary format: as text, quoting 10,000 strings takes
 -- four times as long.
--- A column with one value in every row (most of a batch: the same spec, no key, no
--- timeout, ...) comes as an empty array and that value as a scalar of the column's name:
--- unnest pads the shorter arrays with NULLs (ids is always whole) and coalesce fills them in;
--- a column sent whole comes with a NULL scalar. Each array costs about as much to send and
--- unpack as the ids.
+-- Each column comes as the array <column>_array (the columns are NEW_ROW_COLUMNS in
+-- sql/_rows.py, which NewItem's fields declare). A column with one value in every row (most of
+-- a batch: the same spec, no key, no timeout, ...) comes as an empty array and that value as a
+-- scalar of the column's name: unnest pads the shorter arrays with NULLs (id_array is always
+-- whole) and coalesce fills them in; a column sent whole comes with a NULL scalar. Each array
+-- costs about as much to send and unpack as the ids.
 WITH inserted AS (
     INSERT INTO trio_supervise_items AS i (
         id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
@@ -67,10 +68,12 @@ WITH inserted AS (
         -- One number of the sequence for the statement's rows (schema 0008).
         (SELECT nextval('trio_supervise_incarnations'))
     FROM unnest(
-        %(ids)b::text[], %(spec_ids)b::text[], %(tenant_ids)b::text[], %(subject_ids)b::text[],
-        %(configs)b::text[], %(due_ats)s::timestamptz[], %(keys)b::text[], %(priorities)s::int[],
-        %(queues)b::text[], %(timeouts)s::float8[], %(scopes)b::text[], %(periods_us)s::bigint[],
-        %(concurrency_keys)b::text[], %(concurrency_limits)s::int[]
+        %(id_array)b::text[], %(spec_id_array)b::text[], %(tenant_id_array)b::text[],
+        %(subject_id_array)b::text[], %(config_array)b::text[],
+        %(due_at_array)s::timestamptz[], %(idempotency_key_array)b::text[],
+        %(priority_array)s::int[], %(queue_array)b::text[], %(timeout_array)s::float8[],
+        %(unique_scope_array)b::text[], %(period_us_array)s::bigint[],
+        %(concurrency_key_array)b::text[], %(concurrency_limit_array)s::int[]
     ) AS n(
         id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
         timeout, unique_scope, period_us, concurrency_key, concurrency_limit

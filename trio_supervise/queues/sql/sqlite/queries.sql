@@ -38,7 +38,7 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- The same insert as one statement over json_each(:rows), two to three times as fast as
 -- executemany of enqueue, whose per-row cost is binding the parameters and stepping the
 -- statement from Python. A template: the queue fills in each column's placeholder
--- (NEW_ROW_COLUMNS in _sqlbase.py) with the parameter of the column's name when every row has
+-- (NEW_ROW_COLUMNS in sql/_rows.py) with the parameter of the column's name when every row has
 -- the same value there (most of a batch: one spec, no key, no timeout...), else with the
 -- row's value from the JSON; the fewer values the JSON holds per row, the faster (see
 -- _enqueue_rows_query in _sqlite.py). Scalars come out of json_extract as SQL values (text,
