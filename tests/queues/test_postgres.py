@@ -24,13 +24,11 @@ from trio_supervise.queues import (
     redact_dsn,
 )
 from trio_supervise.queues import _sql as _queries
-from trio_supervise.queues._postgres import (
-    _CODEC,
-    _due_hint,
-    _due_payload,
-    _int_array,
-    _text_array,
-)
+from trio_supervise.queues.sql._postgres import _CODEC
+from trio_supervise.queues.sql._postgres_arrays import int_array as _int_array
+from trio_supervise.queues.sql._postgres_arrays import text_array as _text_array
+from trio_supervise.queues.sql._postgres_listen import due_hint as _due_hint
+from trio_supervise.queues.sql._postgres_listen import due_payload as _due_payload
 from trio_supervise.queues.sql._rows import item_decoder as _item_decoder
 
 from .conftest import ManualClock, pg_schema, postgres_dsn
@@ -602,18 +600,18 @@ async def test_a_notification_no_waiter_serves_wakes_nobody() -> None:
             with trio.fail_after(10):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(wait)
-                    while not queue._waiters:  # noqa: ASYNC110 - a private set, no event
+                    while not queue._wakeups.waiters:  # noqa: ASYNC110 - a private set, no event
                         await trio.sleep(0.01)
                     generation = queue._changes.value
-                    queue._notified(("default", "spec"))
-                    queue._notified(("mail", "other"))
+                    queue._wakeups.notified(("default", "spec"))
+                    queue._wakeups.notified(("mail", "other"))
                     assert queue._changes.value == generation
-                    queue._notified(None)
+                    queue._wakeups.notified(None)
                     assert queue._changes.value == generation + 1
                     assert not returned.is_set()
-                    queue._notified(("mail", "spec"))
+                    queue._wakeups.notified(("mail", "spec"))
                     await returned.wait()
-            assert not queue._waiters
+            assert not queue._wakeups.waiters
 
 
 async def test_claim_is_served_by_the_claim_index() -> None:
@@ -1126,7 +1124,7 @@ async def test_permanent_faults_are_queue_failed() -> None:
     """A missing database and a read-only transaction are QueueFailed, not retried as transient."""
     import psycopg
 
-    from trio_supervise.queues._postgres import map_error
+    from trio_supervise.queues.sql._postgres_db import map_error
 
     dsn = postgres_dsn()
     missing = _with_dbname(dsn, "trio_supervise_no_such_db")

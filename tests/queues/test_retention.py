@@ -10,7 +10,7 @@ import trio
 
 from trio_supervise import ConfigError, ItemNotFound, ItemStateError
 from trio_supervise.queues import ItemState, SettleKind, Settlement, WorkQueue, _sql
-from trio_supervise.queues._sqlite import migrate_path
+from trio_supervise.queues.sql._sqlite_db import migrate_path
 
 from .conftest import ManualClock, pg_schema
 

@@ -317,13 +317,13 @@ def test_rows_read_by_position_are_the_items_read_by_name(tmp_path: Path, fresh:
     """The SQLite queue's positional row reader gives the WorkItem the shared by-name reader
     gives, every field set, on a fresh schema and on a migrated one (their columns are in
     different orders)."""
-    from trio_supervise.queues import _sqlite
+    from trio_supervise.queues.sql import _sqlite, _sqlite_db
 
     path = tmp_path / "q.db"
     conn = sqlite3.connect(path, isolation_level=None)
     conn.row_factory = sqlite3.Row
     try:
-        _sqlite.migrate_connection(conn, 0, where=str(path), fresh=fresh)
+        _sqlite_db.migrate_connection(conn, 0, where=str(path), fresh=fresh)
         conn.execute(
             "INSERT INTO trio_supervise_items (id, spec_id, tenant_id, subject_id, config, state,"
             " due_at, lease_owner, lease_expires_at, lease_version, cancel_requested,"

@@ -31,7 +31,7 @@ SELECT pg_advisory_xact_lock(
 -- one row: how many items it inserted and the now() it stored as their created_at (the queue
 -- knows the rest of what it wrote). Given a channel, it also sends, in the same statement
 -- (delivered at commit only), one notification per (queue, spec id) of the inserted items due
--- now: the pair as a JSON array, exactly as _due_payload in _postgres.py writes it (to_json
+-- now: the pair as a JSON array, exactly as due_payload in sql/_postgres_listen.py writes it (to_json
 -- escapes as Python's json.dumps(ensure_ascii=False) does), or the spec id alone for an item
 -- with a concurrency key (its key may be at its limit) or a pair too long for NOTIFY.
 -- The text arrays travel in psycopg's binary format: as text, quoting 10,000 strings takes
@@ -217,7 +217,7 @@ RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 -- unkeyed ones. Running rows whose lease has expired are rescued here too. The claim counts
 -- the attempt.
 --
--- Concurrency keys (see the protocol's module doc): the window (head) leaves out keyed rows
+-- Concurrency keys (see docs/queues.md, "Concurrency keys"): the window (head) leaves out keyed rows
 -- whose key is at its limit, so a head of blocked keyed rows never starves the rows behind it.
 -- This statement never leases a keyed row: its snapshot may predate another claimer's commit,
 -- so two claimers could each count zero running rows of a key and each take one. It reports
@@ -496,7 +496,7 @@ UPDATE trio_supervise_items AS i SET
     lease_expires_at = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
 -- The columns every entry fills come as array literals the client builds in one join each
--- (see _settle_params in _postgres.py); the others travel in binary, and an array whose values
+-- (see settle_params in sql/_postgres_arrays.py); the others travel in binary, and an array whose values
 -- are all NULL comes as NULL, which unnest pads with NULLs as it does a shorter array.
 FROM unnest(
     %(ids)s::text[], %(versions)s::bigint[], %(kinds)s::text[], %(delays_us)s::bigint[],

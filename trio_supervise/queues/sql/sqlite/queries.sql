@@ -41,7 +41,7 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- (NEW_ROW_COLUMNS in sql/_rows.py) with the parameter of the column's name when every row has
 -- the same value there (most of a batch: one spec, no key, no timeout...), else with the
 -- row's value from the JSON; the fewer values the JSON holds per row, the faster (see
--- _enqueue_rows_query in _sqlite.py). Scalars come out of json_extract as SQL values (text,
+-- _enqueue_rows_query in sql/_sqlite.py). Scalars come out of json_extract as SQL values (text,
 -- integer, real, NULL). WHERE true: an upsert's SELECT needs a WHERE (SQLite's parsing
 -- ambiguity).
 INSERT INTO trio_supervise_items (
@@ -149,7 +149,7 @@ RETURNING *, due_at <= :now AS due_now;
 -- in one statement inside BEGIN IMMEDIATE. Running rows whose lease has expired are rescued
 -- here too. The claim counts the attempt.
 --
--- Concurrency keys (see the protocol's module doc): a keyed row is claimable only while fewer
+-- Concurrency keys (see docs/queues.md, "Concurrency keys"): a keyed row is claimable only while fewer
 -- than its concurrency_limit running rows of its key hold a live lease (lease_expires_at >
 -- now; an expired one is being rescued, not run). The window leaves out rows whose key is at
 -- its limit, so blocked keyed rows at the head never starve the rows behind them; of the
@@ -232,7 +232,7 @@ RETURNING id;
 -- Every outcome of a batch in one statement, fenced on (id, version) and the running state:
 -- stepping one statement per outcome from Python costs twice what the writes do. A template:
 -- the queue fills in {rows}, one "(?, ?, ...)" of numbered parameters per outcome, in the
--- columns of s; ?1 is now, ?2 is max_errors (_execute_values in _sqlite.py). The batch never holds two outcomes for one
+-- columns of s; ?1 is now, ?2 is max_errors (_execute_values in sql/_sqlite.py). The batch never holds two outcomes for one
 -- (id, version): the queue drops repeats before sending. RETURNING may name only the updated
 -- table, so the queue finds each row's outcome by (id, lease_version).
 WITH s (id, version, kind, error, delay_us, at, config, result) AS (VALUES {rows})

@@ -1,33 +1,11 @@
 """The SQLite queue: the embedded default, one file and nothing to install.
 
-Two connections per queue, each used by one thread at a time: every blocking call goes through
-``trio.to_thread.run_sync`` with the connection's own ``CapacityLimiter(1)``. The *writer*
-serves claims, renewals and settlements; the *reader* serves status reads (``get``,
-``list_items``, ``counts``, ``next_due_at``), so however many status pages are open, a renewal
-never queues behind a read: in WAL mode readers and the writer do not block each other. SQLite
-lets one writer in at a time anyway, so more writer connections would only make this process's
-own calls queue on the file lock (and spin in the busy handler) instead of on the limiter; the
-limiter is fair and costs nothing. ``sqlite3`` connections may be used from different threads as
-long as it is one at a time (``check_same_thread=False``), which the limiters guarantee.
-(``:memory:`` has one connection for both, since a second one would be another database.)
-
-Every call first checks, with one ``stat``, that the path still names the file that was opened:
-a database deleted or replaced under a running worker raises :class:`QueueFailed` instead of
-"settling" into a file nobody will ever read.
-
-Several processes on one machine can share one file: the database is in WAL mode, waits up to
-``busy_timeout`` seconds for another process's write lock, and every write runs in a
-``BEGIN IMMEDIATE`` transaction, which takes the write lock up front, so a transaction never
-fails half-way on a lock upgrade. Times are stored as integer microseconds since the Unix
-epoch, so they sort and compare exactly and round-trip every ``datetime`` the clock returns.
-
-Wake-ups: writes in this process wake :meth:`SQLiteQueue.wait_for_work` at once. Commits by
-any other connection (another process's queue, the application's own connection after
-:meth:`SQLiteQueue.enqueue_on`) are seen within ``watch_interval``: while it waits,
-``wait_for_work`` reads ``PRAGMA data_version`` on the reader connection that often (one
-``stat`` and one pragma in a thread; it changes only when another connection commits, so a
-rolled-back transaction wakes nothing). ``watch_interval=None`` turns that off: such work is
-then found when the caller's poll interval ends.
+:class:`SQLiteQueue` is the SQL layer's ports on SQLite: one writer connection (claims,
+renewals, settlements, every write) and one read-only reader (status reads), each used by one
+thread at a time behind its own ``CapacityLimiter(1)``; writes under ``BEGIN IMMEDIATE``,
+batches as one ``VALUES`` statement per chunk; other connections' commits seen through
+``PRAGMA data_version`` while :meth:`SQLiteQueue.wait_for_work` waits. The file itself (opening,
+migrations, errors) is ``_sqlite_db.py``; what the queue promises is in ``docs/queues.md``.
 """
 
 from __future__ import annotations
@@ -40,27 +18,44 @@ import math
 import operator
 import os
 import sqlite3
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
 import attrs
 import trio
 import trio_util
 
-from .._clock import Clock, SystemClock, utc
-from .._errors import QueueError, QueueFailed, QueueUnavailable, SchemaError
-from ..job import MAX_ERRORS, Lease, WorkItem
-from ..job._model import BOOL, SECONDS, TIME
-from . import _sql
+from ..._clock import Clock, SystemClock
+from ..._errors import QueueError, QueueFailed
+from ...job import MAX_ERRORS, Lease, WorkItem
+from ...job._model import BOOL, SECONDS, TIME
+from .. import _sql
+from .._ports import Capability
 from ._outbox import sqlite_savepoint
-from ._ports import Capability, declared
-from ._sqlbase import SettleEntry, SQLQueue
-from .sql._rows import NEW_ROW_COLUMNS, NEW_ROW_KINDS, Codec
+from ._queue import SQLQueue
+from ._rows import NEW_ROW_COLUMNS, NEW_ROW_KINDS, Codec
+from ._settle import SettleEntry
+from ._sqlite_db import (
+    DATA_ERRORS,
+    EPOCH,
+    QUERIES,
+    US,
+    Transaction,
+    connect_file,
+    file_identity,
+    from_us,
+    map_error,
+    migrate_connection,
+    next_number,
+    open_file,
+    schema_version,
+    to_us,
+)
 
 __all__ = ["DEFAULT_SQLITE_PATH", "DEFAULT_WATCH_INTERVAL", "SQLiteQueue"]
 
+T = TypeVar("T")
+_Q = QUERIES
 DEFAULT_SQLITE_PATH = "trio_supervise.db"
 """The database file used when nothing is configured, relative to the working directory."""
 
@@ -70,9 +65,6 @@ waits: how soon another connection's commit wakes a runner. Each look is one thr
 half a millisecond of CPU when idle, so 0.5% of a core at this interval, however many
 waiters share the queue)."""
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_US = dt.timedelta(microseconds=1)
-_Q = _sql.load_queries("sqlite")
 _ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue"])
 _ID = NEW_ROW_COLUMNS.index("id")
 _SECONDS = [n for n, kind in enumerate(NEW_ROW_KINDS) if kind == SECONDS]
@@ -148,18 +140,6 @@ def _execute_values(
     return returned
 
 
-T = TypeVar("T")
-
-
-def _to_us(value: dt.datetime) -> int:
-    return (utc(value) - _EPOCH) // _US
-
-
-def _from_us(value: int) -> dt.datetime:
-    # The same exact integer arithmetic as timedelta(microseconds=value), in half the time.
-    return _EPOCH + _US * value
-
-
 _MIN_US = -(2**63)
 """Before every stored time: the cursor of a first page."""
 
@@ -167,191 +147,9 @@ _CODEC = Codec(
     # Times are integers (microseconds since the epoch), booleans 0 or 1: the same exact
     # arithmetic as timedelta(microseconds=value), in half the time.
     decode={TIME: "_EPOCH + _US * $value", BOOL: "True if $value else False"},
-    encode_time="_to_us($value)",
-    namespace={"_EPOCH": _EPOCH, "_US": _US, "_to_us": _to_us},
+    encode_time="to_us($value)",
+    namespace={"_EPOCH": EPOCH, "_US": US, "to_us": to_us},
 )
-
-
-def _next(conn: sqlite3.Connection | sqlite3.Cursor, counter: str) -> int:
-    """A number the database's *counter* (``next_version``: a claim's lease version;
-    ``next_incarnation``: an insert's incarnation) never gave before, inside a write
-    transaction (schema 0005)."""
-    number: int = conn.execute(_Q[counter]).fetchone()[0]
-    return number
-
-
-def _statements(script: str) -> list[str]:
-    """Split a script into complete statements (triggers and all), dropping comment lines."""
-    statements, buffer = [], ""
-    for line in script.splitlines(keepends=True):
-        if line.lstrip().startswith("--"):
-            continue
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            statements.append(buffer.strip())
-            buffer = ""
-    if buffer.strip():
-        raise ValueError(f"incomplete SQL statement at the end of a script: {buffer.strip()!r}")
-    return statements
-
-
-class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any exception."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._conn.execute("BEGIN IMMEDIATE")
-        return self._conn
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self._conn.execute("COMMIT")
-        elif self._conn.in_transaction:
-            self._conn.execute("ROLLBACK")
-
-
-def _schema_version(conn: sqlite3.Connection) -> int:
-    if not conn.execute(_Q["version_table_exists"]).fetchone()["present"]:
-        return 0
-    return int(conn.execute(_Q["schema_version"]).fetchone()["version"])
-
-
-def migrate_connection(
-    conn: sqlite3.Connection,
-    now_us: int,
-    *,
-    where: str,
-    fresh: bool = True,
-    upto: int | None = None,
-) -> int:
-    """Bring the schema on *conn* up to date in one ``BEGIN IMMEDIATE`` transaction.
-
-    An empty database gets ``schema.sql`` in one go (``fresh=False`` replays the migrations
-    instead); an older one gets the pending migrations in order, up to *upto* if given.
-    Concurrent migrators take turns on the write lock and see each other's work. Returns the
-    version reached.
-    """
-    latest = _sql.latest_version("sqlite")
-    upto = latest if upto is None else upto
-    with _Transaction(conn):
-        conn.execute(_Q["create_version_table"])
-        current = int(conn.execute(_Q["schema_version"]).fetchone()["version"])
-        if current > latest:
-            raise _sql.too_new(current, "sqlite", where)
-        if current == 0 and fresh and upto == latest:
-            for statement in _statements(_sql.schema_sql("sqlite")):
-                conn.execute(statement)
-            conn.execute(_Q["record_version"], {"version": latest, "now": now_us})
-            return latest
-        for migration in _sql.migrations("sqlite")[current:upto]:
-            for statement in _statements(migration.sql):
-                conn.execute(statement)
-            conn.execute(_Q["record_version"], {"version": migration.version, "now": now_us})
-        return max(current, upto)
-
-
-def _connect(path: str, busy_timeout: float, *, mode: str = "rwc") -> sqlite3.Connection:
-    """Open *path*: ``rwc`` creates it if missing, ``rw`` and ``ro`` never do.
-
-    ``rw`` on a file this process may not write (say, read-only) opens it read-only, so reads
-    work and writes fail as :class:`QueueFailed`.
-    """
-    if mode == "rwc" or path == ":memory:":
-        conn = sqlite3.connect(
-            path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
-        )
-    else:
-        if not os.path.exists(path):
-            raise QueueFailed(f"no database at {path}; run `trio-supervise migrate` to create it")
-        uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode="
-        try:
-            conn = sqlite3.connect(
-                uri + mode,
-                timeout=busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-                uri=True,
-            )
-        except sqlite3.OperationalError:
-            if mode != "rw":
-                raise
-            conn = sqlite3.connect(
-                uri + "ro",
-                timeout=busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-                uri=True,
-            )
-    with contextlib.ExitStack() as on_failure:
-        on_failure.callback(conn.close)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-        on_failure.pop_all()
-    return conn
-
-
-_TRANSIENT = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR", "SQLITE_PROTOCOL"}
-"""Result codes that may pass: another process's lock, a full disk, an I/O hiccup."""
-_PERMANENT = {"SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH", "SQLITE_NOTADB"}
-"""Result codes no retry fixes: read-only, permission denied, file gone or not a database."""
-_DATA_ERRORS = (sqlite3.IntegrityError, sqlite3.DataError, ValueError, OverflowError)
-"""What one unstorable value raises: the entry is at fault, not the database."""
-
-
-def _map_error(error: sqlite3.Error, where: str) -> QueueError:
-    """Transient faults become :class:`QueueUnavailable`, permanent ones :class:`QueueFailed`."""
-    text = str(error)
-    if "no such table" in text:
-        return SchemaError(
-            f"{where} has no queue schema ({text}); run `trio-supervise migrate` first"
-        )
-    name = getattr(error, "sqlite_errorname", "") or ""
-    base = "_".join(name.split("_")[:2])  # SQLITE_READONLY_DIRECTORY -> SQLITE_READONLY
-    if name == "SQLITE_READONLY_DBMOVED" or base in _PERMANENT:
-        return QueueFailed(f"SQLite queue at {where}: {text}")
-    if base in _TRANSIENT or (
-        isinstance(error, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
-    ):
-        return QueueUnavailable(f"SQLite queue at {where}: {text}")
-    return QueueError(f"SQLite queue at {where}: {text}")
-
-
-async def _open(fn: Callable[[], T], path: str, busy_timeout: float) -> T:
-    """Run *fn*, which opens (and perhaps migrates) the file at *path*, in a thread.
-
-    Where SQLite does not wait for another connection's lock, *fn* is tried again, with backoff,
-    until *busy_timeout* has passed: switching a fresh file to WAL while another connection
-    holds its write lock (several processes starting on one new file) returns ``SQLITE_BUSY``
-    at once instead of waiting, to avoid a deadlock. Other faults are mapped at once.
-    """
-    deadline = trio.current_time() + busy_timeout
-    delay = 0.005
-    while True:
-        try:
-            return await trio.to_thread.run_sync(fn)
-        except sqlite3.Error as error:
-            mapped = _map_error(error, path)
-            if not isinstance(mapped, QueueUnavailable) or trio.current_time() + delay > deadline:
-                raise mapped from error
-        await trio.sleep(delay)
-        delay = min(delay * 2, 0.25)
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """``(st_dev, st_ino)`` of the file at *path*; None for ``:memory:``."""
-    if path == ":memory:":
-        return None
-    info = os.stat(path)
-    return info.st_dev, info.st_ino
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -361,11 +159,6 @@ class SQLiteQueue(SQLQueue):
     _declared: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.SETTLE_AND_CLAIM, Capability.SERIAL_WRITES, Capability.TRANSACTIONAL_ENQUEUE}
     )
-
-    @property
-    def capabilities(self) -> frozenset[Capability]:
-        """What this store does beyond its ports (see :class:`Capability`)."""
-        return declared(type(self), self._declared)
 
     _path: str = attrs.field(alias="path")
     _conn: sqlite3.Connection = attrs.field(alias="conn")
@@ -435,29 +228,24 @@ class SQLiteQueue(SQLQueue):
                 f"got {watch_interval!r}"
             )
         clock = SystemClock() if clock is None else clock
-        now_us = _to_us(clock.now())
+        now_us = to_us(clock.now())
 
         def open_sync() -> tuple[sqlite3.Connection, sqlite3.Connection, tuple[int, int] | None]:
-            conn = _connect(path, busy_timeout, mode="rwc" if create else "rw")
+            conn = connect_file(path, busy_timeout, mode="rwc" if create else "rw")
             with contextlib.ExitStack() as on_failure:
                 on_failure.callback(conn.close)
-                found = _schema_version(conn)
-                latest = _sql.latest_version("sqlite")
-                if found > latest:
-                    raise _sql.too_new(found, "sqlite", path)
-                if found < latest:
-                    if not migrate:
-                        raise _sql.missing(found, "sqlite", path, f"sqlite:///{path}")
+                found = schema_version(conn)
+                if _sql.to_migrate(found, "sqlite", path, f"sqlite:///{path}", migrate=migrate):
                     migrate_connection(conn, now_us, where=path)
-                reader = conn
+                reader = conn  # ':memory:': a second connection would be another database
                 if path != ":memory:":
-                    reader = _connect(path, busy_timeout, mode="ro")
+                    reader = connect_file(path, busy_timeout, mode="ro")
                     on_failure.callback(reader.close)
-                identity = _identity(path)
+                identity = file_identity(path)
                 on_failure.pop_all()
             return conn, reader, identity
 
-        conn, reader, identity = await _open(open_sync, path, busy_timeout)
+        conn, reader, identity = await open_file(open_sync, path, busy_timeout)
         return cls(
             path=path,
             conn=conn,
@@ -468,31 +256,16 @@ class SQLiteQueue(SQLQueue):
         )
 
     @property
-    def clock(self) -> Clock:
-        return self._clock
-
-    @property
     def path(self) -> str:
         """The database file."""
         return self._path
-
-    async def __aenter__(self) -> SQLiteQueue:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- internals ---------------------------------------------------------------------------
 
     def _check_file(self) -> None:
         """Raise :class:`QueueFailed` if the path no longer names the file that was opened."""
         try:
-            found = _identity(self._where)
+            found = file_identity(self._where)
         except OSError as error:
             found = None
             reason = f"{error.strerror or error}"
@@ -519,7 +292,7 @@ class SQLiteQueue(SQLQueue):
         try:
             return await trio.to_thread.run_sync(checked, conn, limiter=limiter)
         except sqlite3.Error as error:
-            raise _map_error(error, self._path) from error
+            raise map_error(error, self._path) from error
 
     _call = _run
 
@@ -557,14 +330,11 @@ class SQLiteQueue(SQLQueue):
             with inner as conn:
                 yield conn
         except sqlite3.Error as error:
-            raise _map_error(error, self._path) from error
+            raise map_error(error, self._path) from error
 
-    # -- the dialect (see _sqlbase) ------------------------------------------------------
+    # -- the dialect's hooks (see _base.py and the ports) --------------------------------
 
-    _queries: ClassVar[Mapping[str, str]] = _Q
-
-    def _clock_now(self) -> dt.datetime:
-        return self._clock.now()
+    _queries: ClassVar[Mapping[str, str]] = QUERIES
 
     _backend: ClassVar[_sql.Backend] = "sqlite"
     _first_cursor: ClassVar[int] = _MIN_US
@@ -580,16 +350,16 @@ class SQLiteQueue(SQLQueue):
         finally:
             conn.execute("COMMIT")
 
-    def _transaction(self, conn: sqlite3.Connection) -> _Transaction:
-        return _Transaction(conn)
+    def _transaction(self, conn: sqlite3.Connection) -> Transaction:
+        return Transaction(conn)
 
     _write = _transaction
 
     def _now(self) -> int:
-        return _to_us(self._clock.now())
+        return to_us(self._clock.now())
 
-    _time = staticmethod(_to_us)
-    _from_time = staticmethod(_from_us)
+    _time = staticmethod(to_us)
+    _from_time = staticmethod(from_us)
     _codec: ClassVar[Codec] = _CODEC
 
     @staticmethod
@@ -604,7 +374,7 @@ class SQLiteQueue(SQLQueue):
         return isinstance(error, sqlite3.IntegrityError)
 
     def _data_errors(self) -> tuple[type[Exception], ...]:
-        return _DATA_ERRORS
+        return DATA_ERRORS
 
     def _cursor(self, conn: sqlite3.Connection) -> sqlite3.Cursor:
         cur = conn.cursor()
@@ -621,7 +391,7 @@ class SQLiteQueue(SQLQueue):
         notify: bool,
     ) -> tuple[int, dt.datetime]:
         columns = list(zip(*rows, strict=True))
-        incarnation = _next(cur, "next_incarnation")
+        incarnation = next_number(cur, "next_incarnation")
         params: dict[str, Any] = {"now": now, "incarnation": incarnation}
         varying = []
         for n, (name, column) in enumerate(zip(NEW_ROW_COLUMNS, columns, strict=True)):
@@ -642,21 +412,21 @@ class SQLiteQueue(SQLQueue):
                     for row in rows
                 ],
             )
-            return cur.rowcount, _from_us(now)
+            return cur.rowcount, from_us(now)
         # One statement reading one JSON array: SQLite's fastest multi-row form. The strings
         # go as UTF-8 (every text is checked free of NULs and lone surrogates).
         picked = [column for column, flag in zip(columns, varying, strict=True) if flag]
         values = picked[0] if len(picked) == 1 else list(zip(*picked, strict=True))
         params["rows"] = json.dumps(values, ensure_ascii=False)
         cur.execute(_enqueue_rows_query(tuple(varying), keyed), params)
-        return cur.rowcount, _from_us(now)
+        return cur.rowcount, from_us(now)
 
     def _claim_in(self, conn: sqlite3.Connection, params: dict[str, Any]) -> list[WorkItem]:
         # The claim's lease version, from the database's counter (see next_version). Rows as
         # tuples: the cheapest to build and to unpack.
         cur = conn.cursor()
         cur.row_factory = None
-        cur.execute(_Q["claim_due"], {**params, "version": _next(conn, "next_version")})
+        cur.execute(_Q["claim_due"], {**params, "version": next_number(conn, "next_version")})
         return self._all(cur)
 
     def _renew_rows(
@@ -738,18 +508,3 @@ class SQLiteQueue(SQLQueue):
                 await trio.to_thread.run_sync(self._reader.close)
         async with self._limiter:
             await trio.to_thread.run_sync(self._conn.close)
-
-
-async def migrate_path(path: str | os.PathLike[str], *, clock: Clock | None = None) -> int:
-    """Bring the schema of the SQLite file at *path* up to date; returns the version reached."""
-    path = os.fspath(path)
-    now_us = _to_us((SystemClock() if clock is None else clock).now())
-
-    def run() -> int:
-        conn = _connect(path, 5.0)
-        try:
-            return migrate_connection(conn, now_us, where=path)
-        finally:
-            conn.close()
-
-    return await _open(run, path, 5.0)
