@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -42,7 +42,7 @@ from ._supervisor import (
 )
 from ._workflow import AnyWorkflowDriver, ContextFactory, DriverRegistry
 from .queues import WorkQueue
-from .queues._factory import open_queue
+from .queues._factory import open_queue, parse_queue_url
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "Service", "ServiceHandle", "run_service"]
 
@@ -68,6 +68,22 @@ def _drivers(value: Iterable[AnyWorkflowDriver[Any]]) -> tuple[AnyWorkflowDriver
 
 def _workers(value: Iterable[ChildSpec | Supervisor]) -> tuple[ChildSpec | Supervisor, ...]:
     return tuple(value)
+
+
+def _open_queue(url: str, settings: Settings) -> contextlib.AbstractAsyncContextManager[WorkQueue]:
+    """The queue *url* names (:func:`open_queue`); a PostgreSQL one with the connections
+    ``settings.postgres`` asks for."""
+    if parse_queue_url(url)[0] != "postgres":
+        return open_queue(url)
+
+    @contextlib.asynccontextmanager
+    async def postgres() -> AsyncIterator[WorkQueue]:
+        from .queues import PostgresQueue
+
+        async with await PostgresQueue.connect(url, **attrs.asdict(settings.postgres)) as queue:
+            yield queue
+
+    return postgres()
 
 
 @attrs.frozen(kw_only=True)
@@ -246,7 +262,7 @@ class Service:
         async with contextlib.AsyncExitStack() as stack:
             queue = self.queue
             if queue is None:
-                queue = await stack.enter_async_context(open_queue(url))
+                queue = await stack.enter_async_context(_open_queue(url, settings))
             if settings.http.enabled:  # an address in use is a settings error: raised up front
                 sockets = bind_http(settings.http.host, settings.http.port)
                 stack.callback(_close_unused, sockets, self)

@@ -13,6 +13,8 @@ import trio
 from trio_supervise import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from trio_supervise.queues import (
     ItemState,
+    Lease,
+    LeaseStatus,
     NewItem,
     PostgresQueue,
     SettleKind,
@@ -445,22 +447,26 @@ async def test_an_enqueue_s_notification_is_written_as_the_payload_function_writ
 
 def _round_trips(queue: PostgresQueue, call: Any) -> int:
     """How often the server answered the queue's (one) connection during *call()*: its round
-    trips, read from libpq's trace of the messages."""
+    trips, read from libpq's trace of the messages (of the one connection of each of its
+    pools of writes: the callers' and the worker's)."""
     import os
     import tempfile
 
     import psycopg
 
+    pools = (queue._lanes.caller.pool, queue._lanes.worker.pool)
     fd, path = tempfile.mkstemp()
     try:
-        with queue._pool.connection() as conn:
-            conn.pgconn.trace(fd)
-            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        for pool in pools:
+            with pool.connection() as conn:
+                conn.pgconn.trace(fd)
+                conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
         try:
             call()
         finally:
-            with queue._pool.connection() as conn:
-                conn.pgconn.untrace()
+            for pool in pools:
+                with pool.connection() as conn:
+                    conn.pgconn.untrace()
         count, last = 0, ""
         with open(path) as trace:
             for line in trace:
@@ -535,7 +541,7 @@ async def test_a_failed_keyed_enqueue_leaves_its_connection_clean() -> None:
             )
 
             def status() -> object:
-                with queue._pool.connection() as pooled:
+                with queue._lanes.caller.pool.connection() as pooled:
                     return pooled.info.transaction_status
 
             assert await trio.to_thread.run_sync(status) == 0  # IDLE
@@ -843,6 +849,62 @@ def test_a_claim_s_columns_are_read_by_name_and_a_missing_one_is_refused() -> No
         _item_decoder(fields[:-1], _CODEC)
 
 
+async def test_callers_blocked_on_a_key_take_no_renewal_s_connection_and_hear_why() -> None:
+    """More callers than connections, each stuck behind an idempotency key an application's
+    open transaction holds: lease renewals still land at once (the worker port has connections
+    of its own), and every caller gets QueueUnavailable within connect_timeout, saying the pool
+    was busy or a lock was held, instead of waiting for as long as the transaction stays open."""
+    import psycopg
+
+    timeout = 1.0
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False, pool_size=2, connect_timeout=timeout
+        ) as queue:
+            app = await trio.to_thread.run_sync(lambda: psycopg.connect(dsn, autocommit=False))
+            await trio.to_thread.run_sync(
+                lambda: queue.enqueue_on(app, "noise", idempotency_key="hot")
+            )
+            await queue.enqueue("job", item_id="a")
+            [item] = await queue.claim_due(["job"], "w", 3, 1)
+            lease = Lease("a", item.lease_version, "w")
+            answers: list[tuple[str, float]] = []
+            renewals: list[float] = []
+
+            async def caller() -> None:
+                start = trio.current_time()
+                try:
+                    await queue.enqueue("noise", idempotency_key="hot")
+                    answer = "ok"
+                except QueueUnavailable as error:
+                    answer = str(error)
+                answers.append((answer, trio.current_time() - start))
+
+            async def release_the_key(after: float) -> None:  # bounds the test, fixed or not
+                await trio.sleep(after)
+                await trio.to_thread.run_sync(app.rollback)
+
+            try:
+                with trio.fail_after(30):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(release_the_key, 4 * timeout)
+                        for _ in range(6):  # three callers a connection
+                            nursery.start_soon(caller)
+                        for _ in range(5):
+                            await trio.sleep(timeout / 3)
+                            start = trio.current_time()
+                            statuses = await queue.renew_many([lease], 3)
+                            renewals.append(trio.current_time() - start)
+                            assert statuses == {"a": LeaseStatus.HELD}
+            finally:
+                await trio.to_thread.run_sync(app.close)
+    assert max(renewals) < timeout / 3
+    assert len(answers) == 6
+    assert all(answer != "ok" and seconds < timeout + 0.5 for answer, seconds in answers)
+    assert any("busy" in answer for answer, _ in answers)
+    assert any("lock" in answer for answer, _ in answers)
+
+
 async def test_the_pool_s_sessions_are_utc_and_claimed_times_too() -> None:
     """The queue's connections run in UTC, so psycopg loads every time as ``datetime.UTC``
     (which needs no conversion); a session in another zone still reads the same instants,
@@ -962,6 +1024,52 @@ async def test_arguments_are_checked() -> None:
         await PostgresQueue.connect("postgresql://x/y", pool_size=0)
     with pytest.raises(ValueError, match="schema"):
         await PostgresQueue.connect("postgresql://x/y", schema="a; DROP")
+
+
+async def test_the_lanes_sizes_and_timeout_are_checked_before_connecting() -> None:
+    """Each pool size must be an int of at least 1 and connect_timeout a positive number of
+    seconds, named when refused."""
+    with pytest.raises(ValueError, match="worker_pool_size must be at least 1, got 0"):
+        await PostgresQueue.connect("postgresql://x/y", worker_pool_size=0)
+    with pytest.raises(TypeError, match="read_pool_size must be an int, got bool"):
+        await PostgresQueue.connect("postgresql://x/y", read_pool_size=True)
+    with pytest.raises(ValueError, match="connect_timeout must be a positive number"):
+        await PostgresQueue.connect("postgresql://x/y", connect_timeout=float("nan"))
+
+
+async def test_a_service_sizes_its_postgres_lanes_from_its_settings() -> None:
+    """A service opening a PostgreSQL URL gives its queue the connections its settings'
+    postgres table asks for."""
+    from trio_supervise import HttpSettings, Service, ServiceHandle, Settings
+    from trio_supervise._settings import PostgresSettings
+    from trio_supervise._supervisor import ChildSpec
+
+    seen: dict[str, float] = {}
+
+    async def probe(*, service: ServiceHandle) -> None:
+        lanes = service.queue._lanes  # type: ignore[attr-defined]
+        seen.update(
+            worker=lanes.worker.limiter.total_tokens,
+            caller=lanes.caller.limiter.total_tokens,
+            read=lanes.read.limiter.total_tokens,
+            timeout=lanes.timeout,
+        )
+        service.shutdown.begin("seen")
+        await service.shutdown.wait()
+
+    with pg_schema() as (dsn, schema):
+        await migrate_schema(dsn, schema)
+        pools = PostgresSettings(
+            pool_size=3, worker_pool_size=5, read_pool_size=1, connect_timeout=2.5
+        )
+        service = Service(
+            workers=[ChildSpec("probe", probe)],
+            settings=Settings(http=HttpSettings(enabled=False), postgres=pools),
+            queue_url=f"{dsn}?options=-csearch_path%3D{schema}",
+        )
+        with trio.fail_after(20):
+            assert await service.run() == 0
+    assert seen == {"worker": 5, "caller": 3, "read": 1, "timeout": 2.5}
 
 
 # -- issue 12: unstorable rows, indexed status reads, fault classes ---------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypeVar
@@ -21,11 +22,25 @@ from .. import _sql
 from .._ports import Capability, declared
 from ._rows import Codec, item_decoder
 
-__all__ = ["Row", "SQLBase"]
+__all__ = ["Lane", "Row", "SQLBase"]
 
 T = TypeVar("T")
 Row = Any
 """A row as the driver returns it (a tuple, a ``sqlite3.Row``, a psycopg dict)."""
+
+
+class Lane(enum.Enum):
+    """Who a blocking call is for: each dialect maps lanes to its connections, so that a port's
+    calls never wait for capacity another port holds (see ``docs/queues.md``, "Lanes")."""
+
+    WORKER = "worker"
+    """The worker port's claims, renewals and settlements: capacity nothing else takes."""
+    WAIT = "wait"
+    """The worker port's look at what is due next (SQLite: the reader)."""
+    CALLER = "caller"
+    """Enqueues, an operator's actions, upkeep: waits bounded (PostgreSQL)."""
+    READ = "read"
+    """Status reads: connections of their own, waits bounded (PostgreSQL)."""
 
 
 class SQLBase:
@@ -72,9 +87,10 @@ class SQLBase:
     # -- hooks -------------------------------------------------------------------------------
 
     async def _run(
-        self, fn: Callable[[Any], T], *, read: bool = False, retry: bool = True
-    ) -> T:  # pragma: no cover - every backend defines it
-        """Run *fn* on a connection in a thread; map the driver's errors to ours."""
+        self, fn: Callable[[Any], T], *, lane: Lane = Lane.WORKER, retry: bool = True
+    ) -> T:  # pragma: no cover - every dialect defines it
+        """Run *fn* on a connection of *lane* in a thread; map the driver's errors to ours.
+        *retry*: *fn* may run again on a fresh connection if its connection was dead."""
         raise NotImplementedError
 
     def _transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:

@@ -14,6 +14,7 @@ from typing import Any
 from ..._clock import utc
 from ...job import Enqueued, ItemState, NewItem, check_name, check_prune
 from .. import _sql
+from ._base import Lane
 from ._producer import EnqueueCore
 
 __all__ = ["SQLMaintenance"]
@@ -47,7 +48,9 @@ class SQLMaintenance(EnqueueCore):
                 with self._write(conn):  # one short transaction per state and batch
                     return int(conn.execute(query, params).rowcount)
 
-            counts[state] = await (self._run(count, read=True) if dry_run else self._run(delete))
+            counts[state] = await (
+                self._run(count, lane=Lane.READ) if dry_run else self._run(delete, lane=Lane.CALLER)
+            )
         if not dry_run and any(counts.values()):
             self._changed()
         return counts
@@ -70,7 +73,7 @@ class SQLMaintenance(EnqueueCore):
                 return done[0]
 
         # Not retried on a dead connection: the commit may have landed (see _run).
-        enqueued = await self._run(run, retry=False)
+        enqueued = await self._run(run, lane=Lane.CALLER, retry=False)
         if enqueued is not None and enqueued.created:
             self._changed()
         return enqueued
@@ -78,5 +81,5 @@ class SQLMaintenance(EnqueueCore):
     async def last_fires(self, names: Sequence[str]) -> dict[str, dt.datetime]:
         params = {"names": self._ids(list(names))}
         query = self._queries["last_fires"]
-        rows = await self._run(lambda conn: conn.execute(query, params).fetchall(), read=True)
+        rows = await self._run(lambda conn: conn.execute(query, params).fetchall(), lane=Lane.READ)
         return {row["name"]: self._from_time(row["last_fire_at"]) for row in rows}

@@ -26,7 +26,7 @@ from ...job import (
     check_queue_name,
 )
 from .. import _sql
-from ._base import Row, SQLBase
+from ._base import Lane, Row, SQLBase
 
 __all__ = ["SQLOperator"]
 
@@ -85,7 +85,7 @@ class SQLOperator(SQLBase):
     async def get(self, item_id: str) -> WorkItem:
         query = self._queries["get"]
         item = await self._run(
-            lambda conn: self._one(conn.execute(query, {"id": item_id})), read=True
+            lambda conn: self._one(conn.execute(query, {"id": item_id})), lane=Lane.READ
         )
         if item is None:
             raise ItemNotFound(item_id)
@@ -111,17 +111,17 @@ class SQLOperator(SQLBase):
                     conn, queries, params, self._all, states=states, after=after, start=start
                 )
 
-        return await self._run(run, read=True)
+        return await self._run(run, lane=Lane.READ)
 
     async def counts(self) -> Mapping[tuple[str, ItemState], int]:
         query = self._queries["counts"]
-        rows = await self._run(lambda conn: conn.execute(query).fetchall(), read=True)
+        rows = await self._run(lambda conn: conn.execute(query).fetchall(), lane=Lane.READ)
         return {(row["spec_id"], ItemState(row["state"])): row["n"] for row in rows}
 
     async def list_children(self, parent_id: str, *, limit: int = 1000) -> list[WorkItem]:
         params = {"parent_id": parent_id, "limit": _sql.check_limit(limit)}
         query = self._queries["list_children"]
-        return await self._run(lambda conn: self._all(conn.execute(query, params)), read=True)
+        return await self._run(lambda conn: self._all(conn.execute(query, params)), lane=Lane.READ)
 
     async def list_queues(self) -> list[QueueInfo]:
         queries = self._queries
@@ -133,7 +133,7 @@ class SQLOperator(SQLBase):
                     conn.execute(queries["queue_counts"]).fetchall(),
                 )
 
-        paused_rows, count_rows = await self._run(run, read=True)
+        paused_rows, count_rows = await self._run(run, lane=Lane.READ)
         paused = {row["queue"]: self._from_time(row["paused_at"]) for row in paused_rows}
         counts: dict[str, dict[ItemState, int]] = {name: {} for name in paused}
         for row in count_rows:
@@ -172,7 +172,7 @@ class SQLOperator(SQLBase):
                     self._notify(conn, self._fan_in(conn, [item_id], now))
                 return item
 
-        item = await self._run(run)
+        item = await self._run(run, lane=Lane.CALLER)
         if item is None:
             raise ItemNotFound(item_id)
         self._changed()
@@ -194,7 +194,7 @@ class SQLOperator(SQLBase):
                 self._current(conn, item_id)
                 raise ItemStateError(f"item {item_id!r} is running; cancel it first")
 
-        item = await self._run(run)
+        item = await self._run(run, lane=Lane.CALLER)
         self._changed()
         return item
 
@@ -207,7 +207,9 @@ class SQLOperator(SQLBase):
             raise ItemStateError(_WAITED_FOR.format(item_id=item_id))
 
         item = await self._run(  # not retried: a lost commit would read as "not found"
-            lambda conn: self._act(conn, "delete_item", {"id": item_id}, refused), retry=False
+            lambda conn: self._act(conn, "delete_item", {"id": item_id}, refused),
+            lane=Lane.CALLER,
+            retry=False,
         )
         self._changed()
         return item
@@ -220,7 +222,9 @@ class SQLOperator(SQLBase):
                 f"item {item_id!r} is running; its config can change once it is not"
             )
 
-        return await self._run(lambda conn: self._act(conn, "edit_config", params, refused))
+        return await self._run(
+            lambda conn: self._act(conn, "edit_config", params, refused), lane=Lane.CALLER
+        )
 
     def _act(
         self,
@@ -245,7 +249,7 @@ class SQLOperator(SQLBase):
             with self._write(conn):
                 return conn.execute(query, params).fetchone() is not None
 
-        paused = await self._run(run)
+        paused = await self._run(run, lane=Lane.CALLER)
         self._changed()
         return paused
 
@@ -260,6 +264,6 @@ class SQLOperator(SQLBase):
                     self._notify(conn, [queue])
                 return resumed
 
-        resumed = await self._run(run)
+        resumed = await self._run(run, lane=Lane.CALLER)
         self._changed()
         return resumed

@@ -28,14 +28,13 @@ from ...job._model import BOOL, TIME
 from .. import _sql
 from .._ports import Capability
 from .._sql import redact_dsn
+from ._base import Lane
 from ._outbox import psycopg_savepoint
 from ._postgres_arrays import settle_params
 from ._postgres_db import (
     QUERIES,
     Row,
     check_schema_name,
-    configure,
-    connect_kwargs,
     data_errors,
     mapped_errors,
     migrate_connection,
@@ -45,13 +44,20 @@ from ._postgres_db import (
     text_json,
 )
 from ._postgres_listen import CHANNEL, Wakeups
+from ._postgres_pool import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_READ_POOL_SIZE,
+    DEFAULT_WORKER_POOL_SIZE,
+    Lanes,
+    check_pool_options,
+)
 from ._queue import SQLQueue
 from ._rows import NEW_ROW_COLUMNS, Codec, item_decoder
 from ._settle import SettleEntry, woken_by
 
 if TYPE_CHECKING:
     import psycopg
-    from psycopg_pool import ConnectionPool
 
 __all__ = ["PostgresQueue"]
 
@@ -90,14 +96,11 @@ class PostgresQueue(SQLQueue):
     """The :class:`WorkQueue` protocol on PostgreSQL. Open it with :meth:`connect`."""
 
     _dsn: str = attrs.field(alias="dsn", repr=redact_dsn)
-    _pool: ConnectionPool[Any] = attrs.field(alias="pool", repr=False)
+    _lanes: Lanes = attrs.field(alias="lanes", repr=False)
     _db_clock: bool = attrs.field(alias="db_clock")
     _clock: Clock = attrs.field(alias="clock")
     _schema: str | None = attrs.field(alias="schema")
     _listen: bool = attrs.field(alias="listen")
-    _limiter: trio.CapacityLimiter = attrs.field(alias="limiter")
-    _read_pool: ConnectionPool[Any] = attrs.field(alias="read_pool", repr=False)
-    _read_limiter: trio.CapacityLimiter = attrs.field(alias="read_limiter")
     _changes: trio_util.AsyncValue[int] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
@@ -122,9 +125,10 @@ class PostgresQueue(SQLQueue):
         clock: Clock | None = None,
         schema: str | None = None,
         migrate: bool = False,
-        pool_size: int = 10,
-        read_pool_size: int = 2,
-        connect_timeout: float = 10.0,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        worker_pool_size: int = DEFAULT_WORKER_POOL_SIZE,
+        read_pool_size: int = DEFAULT_READ_POOL_SIZE,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         listen: bool = True,
     ) -> PostgresQueue:
         """Connect to the queue in the database at *dsn* (a libpq URL or key/value string).
@@ -134,66 +138,49 @@ class PostgresQueue(SQLQueue):
         :param schema: keep the tables in this PostgreSQL schema (default: the ``search_path``).
         :param migrate: bring a missing or older schema up to date; otherwise such a schema
             raises :class:`SchemaError`. A newer schema than this release knows always does.
-        :param pool_size: connections in the pool, and blocking calls in flight at once.
+        :param pool_size: connections for the callers' writes (enqueues, an operator's
+            actions, upkeep), and their calls in flight at once.
+        :param worker_pool_size: connections for the worker port alone (claims, renewals,
+            settlements), so no caller ever takes one a renewal needs; opened as needed.
         :param read_pool_size: connections kept for status reads (``get``, ``list_items``,
-            ``counts``, ``next_due_at``) apart from the pool, so reads never take a connection
-            a renewal or settlement needs.
-        :param connect_timeout: seconds to wait for a connection.
+            ``counts``, ``list_queues``), so reads never take a connection a write needs.
+        :param connect_timeout: the longest a caller (not the worker port) waits: for a
+            connection, then for any lock its statements need; past it, the call raises
+            :class:`QueueUnavailable` saying which. Also the timeout of opening a connection.
         :param listen: wake :meth:`wait_for_work` on ``NOTIFY`` (otherwise it polls).
         """
-        if pool_size < 1:
-            raise ValueError(f"pool_size must be at least 1, got {pool_size}")
-        if read_pool_size < 1:
-            raise ValueError(f"read_pool_size must be at least 1, got {read_pool_size}")
-        if not (connect_timeout > 0) or connect_timeout == float("inf"):
-            raise ValueError(f"connect_timeout must be a positive number, got {connect_timeout!r}")
+        check_pool_options(
+            pool_size=pool_size,
+            worker_pool_size=worker_pool_size,
+            read_pool_size=read_pool_size,
+            connect_timeout=connect_timeout,
+        )
         check_schema_name(schema)
 
-        def open_sync() -> tuple[ConnectionPool[Any], ConnectionPool[Any]]:
-            from psycopg_pool import ConnectionPool
-
+        def open_sync() -> Lanes:
             where = redact_dsn(dsn) if schema is None else f"{redact_dsn(dsn)} (schema {schema})"
             with open_connection(dsn, schema=schema, connect_timeout=connect_timeout) as conn:
                 found = schema_version(conn)
                 if _sql.to_migrate(found, "postgres", where, redact_dsn(dsn), migrate=migrate):
                     migrate_connection(conn, where=where, schema=schema)
-            from psycopg.rows import dict_row
-
-            def new_pool(name: str, size: int) -> ConnectionPool[Any]:
-                return ConnectionPool(
-                    dsn,
-                    kwargs={"row_factory": dict_row, **connect_kwargs(schema, connect_timeout)},
-                    configure=configure,
-                    min_size=1,
-                    max_size=size,
-                    open=False,
-                    name=name,
-                    timeout=connect_timeout,
-                )
-
-            pool, read_pool = (
-                new_pool("trio_supervise", pool_size),
-                new_pool("trio_supervise-read", read_pool_size),
+            return Lanes.open(
+                dsn,
+                schema=schema,
+                pool_size=pool_size,
+                worker_pool_size=worker_pool_size,
+                read_pool_size=read_pool_size,
+                connect_timeout=connect_timeout,
             )
-            with contextlib.ExitStack() as on_failure:
-                for each in (pool, read_pool):
-                    on_failure.callback(each.close)
-                    each.open(wait=True, timeout=connect_timeout)
-                on_failure.pop_all()
-            return pool, read_pool
 
         with mapped_errors(dsn):
-            pool, read_pool = await trio.to_thread.run_sync(open_sync)
+            lanes = await trio.to_thread.run_sync(open_sync)
         return cls(
             dsn=dsn,
-            pool=pool,
+            lanes=lanes,
             db_clock=clock is None,
             clock=SystemClock() if clock is None else clock,
             schema=schema,
             listen=listen,
-            limiter=trio.CapacityLimiter(pool_size),
-            read_pool=read_pool,
-            read_limiter=trio.CapacityLimiter(read_pool_size),
         )
 
     @property
@@ -210,43 +197,13 @@ class PostgresQueue(SQLQueue):
         self,
         fn: Callable[[psycopg.Connection[Row]], T],
         *,
+        lane: Lane = Lane.WORKER,
         retry: bool = True,
-        read: bool = False,
     ) -> T:
-        """Run *fn* on a pooled connection in a thread (from the read pool, with *read*).
-
-        When the connection turns out to be dead (the server restarted, or an administrator
-        terminated it while it sat in the pool), the pool's other idle connections are likely
-        dead too: they are checked and replaced, and *fn* runs once more on a fresh connection,
-        waited for at most ``_RECONNECT_WAIT`` seconds (a server that is down is reported as
-        :class:`QueueUnavailable` soon, so the runner backs off and its health shows why).
-        Only for calls that may safely run twice (*retry*): reads, and writes that are fenced or
-        idempotent. A connection that dies mid-call leaves its transaction rolled back, unless
-        the commit itself was lost in flight, which is why ``enqueue`` and ``mark_error`` pass
-        ``retry=False``.
-        """
+        """Run *fn* on a connection of *lane* in a thread (see :meth:`Lanes.run`)."""
         if self._closed:
             raise QueueError(f"the PostgreSQL queue at {redact_dsn(self._dsn)} is closed")
-
-        pool, limiter = (
-            (self._read_pool, self._read_limiter) if read else (self._pool, self._limiter)
-        )
-
-        def call() -> T:
-            import psycopg
-
-            with pool.connection() as conn:
-                try:
-                    return fn(conn)
-                except psycopg.OperationalError:
-                    if not (retry and conn.broken):
-                        raise
-            pool.check()
-            with pool.connection(timeout=_RECONNECT_WAIT) as conn:
-                return fn(conn)
-
-        with mapped_errors(self._dsn):
-            return await trio.to_thread.run_sync(call, limiter=limiter)
+        return await self._lanes.run(fn, lane, retry)
 
     @contextlib.contextmanager
     def _outbox(self, conn: Any) -> Iterator[psycopg.Connection[Row]]:
@@ -491,7 +448,8 @@ class PostgresQueue(SQLQueue):
         """Apply pending migrations through this queue's pool; returns the version reached."""
         where = redact_dsn(self._dsn)
         return await self._run(
-            lambda conn: migrate_connection(conn, where=where, schema=self._schema)
+            lambda conn: migrate_connection(conn, where=where, schema=self._schema),
+            lane=Lane.CALLER,
         )
 
     async def aclose(self) -> None:
@@ -500,13 +458,11 @@ class PostgresQueue(SQLQueue):
             return
         self._closed = True
         listener = self._wakeups.close()
-        pools = (self._pool, self._read_pool)
 
         def close() -> None:
             if listener is not None:
                 listener.close()
-            for pool in pools:
-                pool.close()
+            self._lanes.close()
 
         await trio.to_thread.run_sync(close)
 

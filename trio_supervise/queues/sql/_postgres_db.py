@@ -47,6 +47,8 @@ _Q = QUERIES
 Row = dict[str, Any]
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "53300"}
+_LOCK_NOT_AVAILABLE = "55P03"
+"""A statement's ``lock_timeout`` passed (a caller's: see ``_postgres_pool.py``)."""
 _PERMANENT_STATES = {"28000", "28P01", "42501", "25006", "3D000", "3F000"}
 """Authentication, privilege, read-only transaction, missing database or schema."""
 _PERMANENT_TEXT = ("authentication failed", "permission denied", "does not exist")
@@ -77,14 +79,17 @@ def text_json(adapters: Any) -> None:
     adapters.register_loader("jsonb", TextLoader)
 
 
-def configure(conn: psycopg.Connection[Any]) -> None:
+def configure(conn: psycopg.Connection[Any], *, lock_timeout: str | None = None) -> None:
     """Set up a new pool connection: its session in UTC, so psycopg loads every ``timestamptz``
     as a UTC datetime (``datetime.UTC``) that needs no conversion, whatever the server's
     ``TimeZone``, and ``jsonb`` loaded as its text (:func:`text_json`). No query of the queue
-    depends on the session's time zone otherwise. A plain
-    ``SET`` rather than a startup option, so connection poolers (PgBouncer) that refuse
-    ``options`` still work (PgBouncer keeps ``TimeZone`` per client)."""
+    depends on the session's time zone otherwise. Plain ``SET``\\ s rather than startup
+    options, so connection poolers (PgBouncer) that refuse ``options`` still work (PgBouncer
+    keeps them per client). With *lock_timeout* (``"10000ms"``), a statement waits no longer
+    for a lock (a caller's connections: see ``_postgres_pool.py``)."""
     conn.execute("SET TimeZone TO 'UTC'")
+    if lock_timeout is not None:
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", [lock_timeout])
     text_json(conn.adapters)
 
 
@@ -108,6 +113,11 @@ def map_error(error: Exception, dsn: str) -> QueueError:
         and any(words in str(error) for words in _PERMANENT_TEXT)
     ):
         return QueueFailed(f"PostgreSQL queue at {where}: {text}")
+    if sqlstate == _LOCK_NOT_AVAILABLE:
+        return QueueUnavailable(
+            "the PostgreSQL queue is busy: another transaction held a lock this call needs "
+            f"for longer than the call may wait (connect_timeout), at {where}: {text}"
+        )
     if isinstance(
         error, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed | psycopg.InterfaceError
     ):

@@ -34,7 +34,7 @@ from ...job import (
 )
 from .. import _sql
 from .._ports import EnqueueFront, entry_signature
-from ._base import SQLBase
+from ._base import Lane, SQLBase
 from ._rows import NEW_ROW_COLUMNS, row_encoder
 
 __all__ = ["EnqueueBatch", "EnqueueCore", "SQLProducer"]
@@ -328,7 +328,7 @@ class SQLProducer(EnqueueCore, EnqueueFront):
             return done
 
         # Not retried on a dead connection: the commit may have landed (see _run).
-        done = await self._run(run, retry=False)
+        done = await self._run(run, lane=Lane.CALLER, retry=False)
         if any(each.created for each in done):
             self._changed()
         return done
@@ -336,7 +336,7 @@ class SQLProducer(EnqueueCore, EnqueueFront):
     async def get_by_key(self, idempotency_key: str) -> WorkItem:
         query = self._queries["get_by_key"]
         item = await self._run(
-            lambda conn: self._one(conn.execute(query, {"key": idempotency_key})), read=True
+            lambda conn: self._one(conn.execute(query, {"key": idempotency_key})), lane=Lane.READ
         )
         if item is None:
             raise ItemNotFound(idempotency_key, "idempotency key")

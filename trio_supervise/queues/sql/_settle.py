@@ -29,7 +29,7 @@ from ...job import (
     unstorable_outcome,
 )
 from .. import _sql
-from ._base import Row
+from ._base import Lane, Row
 from ._producer import EnqueueCore
 
 __all__ = ["PLAIN_VALUES", "SettleBatch", "SettleEntry", "woken_by"]
@@ -296,6 +296,6 @@ class SettleBatch(EnqueueCore):
             return []
         now = self._now()
         applied = await self._run(
-            lambda conn: self._settle_sync(conn, entries, now, children, why=why)
+            lambda conn: self._settle_sync(conn, entries, now, children, why=why), lane=Lane.WORKER
         )
         return self._settle_results(settlements, first, sent, applied)

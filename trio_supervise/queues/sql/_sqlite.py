@@ -31,6 +31,7 @@ from ...job import MAX_ERRORS, Lease, WorkItem
 from ...job._model import BOOL, SECONDS, TIME
 from .. import _sql
 from .._ports import Capability
+from ._base import Lane
 from ._outbox import sqlite_savepoint
 from ._queue import SQLQueue
 from ._rows import NEW_ROW_COLUMNS, NEW_ROW_KINDS, Codec
@@ -278,12 +279,20 @@ class SQLiteQueue(SQLQueue):
             )
 
     async def _run(
-        self, fn: Callable[[sqlite3.Connection], T], *, read: bool = False, retry: bool = True
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        lane: Lane = Lane.WORKER,
+        retry: bool = True,
     ) -> T:
-        """Run *fn* on the writer connection (or, with *read*, the reader) in its thread."""
+        """Run *fn* in its connection's thread: the writer's, or for reads (status reads and the
+        worker's look at what is due) the reader's."""
         if self._closed:
             raise QueueError(f"the SQLite queue at {self._path} is closed")
-        conn, limiter = (self._reader, self._read_limiter) if read else (self._conn, self._limiter)
+        if lane is Lane.READ or lane is Lane.WAIT:
+            conn, limiter = self._reader, self._read_limiter
+        else:
+            conn, limiter = self._conn, self._limiter
 
         def checked(conn: sqlite3.Connection) -> T:
             self._check_file()
@@ -312,7 +321,7 @@ class SQLiteQueue(SQLQueue):
                 return
             at, version = self._version
             if trio.current_time() - at >= interval / 2:
-                version = await self._run(self._change_mark, read=True)
+                version = await self._run(self._change_mark, lane=Lane.WAIT)
                 self._version = (trio.current_time(), version)
             if version != mark:
                 return

@@ -28,7 +28,7 @@ from ...job import (
 )
 from .. import _sql
 from .._ports import SingleWrites
-from ._base import Row
+from ._base import Lane, Row
 from ._settle import SettleBatch, SettleEntry
 
 __all__ = ["SQLWorker"]
@@ -91,7 +91,9 @@ class SQLWorker(SettleBatch, SingleWrites):
         if limit == 0 or not spec_ids:
             await trio.lowlevel.checkpoint()
             return []
-        return self._claimed_items(await self._run(lambda conn: self._claim_rows(conn, params)))
+        return self._claimed_items(
+            await self._run(lambda conn: self._claim_rows(conn, params), lane=Lane.WORKER)
+        )
 
     def _claim_params(
         self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int, queue: str
@@ -136,7 +138,7 @@ class SQLWorker(SettleBatch, SingleWrites):
                     for row in self._renew_rows(conn, leases, lease_us, now)
                 }
 
-        held = await self._run(run)
+        held = await self._run(run, lane=Lane.WORKER)
         statuses = {}
         for each in leases:
             cancel = held.get((each.item_id, each.version, each.worker_id))
@@ -165,7 +167,7 @@ class SQLWorker(SettleBatch, SingleWrites):
                 if conn.execute(query, params).fetchone() is None:
                     raise LeaseLost(item_id, lease_version, self._why(conn, item_id))
 
-        await self._run(run, retry=False)
+        await self._run(run, lane=Lane.WORKER, retry=False)
 
     async def _settle_one(self, settlement: Settlement) -> None:
         [applied] = await self._settle([settlement], why=True)
@@ -211,7 +213,7 @@ class SQLWorker(SettleBatch, SingleWrites):
             applied = self._settle_sync(conn, entries, now, children, why=False)
             return applied, self._claim_after(conn, params)
 
-        applied, rows = await self._run(run)
+        applied, rows = await self._run(run, lane=Lane.WORKER)
         return self._settle_results(settlements, first, sent, applied), self._claimed_items(rows)
 
     def _settle_and_claim_in(
@@ -259,7 +261,7 @@ class SQLWorker(SettleBatch, SingleWrites):
             row = conn.execute(query, params).fetchone()
             return row["at"], row["wait"], seen
 
-        return await self._run(run, read=True)
+        return await self._run(run, lane=Lane.WAIT)
 
     async def next_due_at(
         self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
