@@ -1072,6 +1072,25 @@ async def test_a_service_sizes_its_postgres_lanes_from_its_settings() -> None:
     assert seen == {"worker": 5, "caller": 3, "read": 1, "timeout": 2.5}
 
 
+async def test_cancelling_a_finished_or_flagged_item_writes_nothing() -> None:
+    """request_cancel on a finished item, or on a running one already flagged, returns it as it
+    is and writes no new version of its row (its xmin stays)."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False
+        ) as queue:
+            await queue.enqueue("spec", item_id="done")
+            await queue.enqueue("spec", item_id="flagged")
+            done, _ = await queue.claim_due(["spec"], "w", 30, 2)
+            await queue.complete("done", done.lease_version)
+            await queue.request_cancel("flagged")
+            query = "SELECT id, xmin::text FROM trio_supervise_items ORDER BY id"
+            before = await trio.to_thread.run_sync(_sql, dsn, schema, query)
+            for item_id in ("done", "flagged"):
+                assert await queue.request_cancel(item_id) == await queue.get(item_id)
+            assert await trio.to_thread.run_sync(_sql, dsn, schema, query) == before
+
+
 # -- issue 12: unstorable rows, indexed status reads, fault classes ---------------------------
 
 

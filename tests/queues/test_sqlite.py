@@ -352,3 +352,18 @@ def test_rows_read_by_position_are_the_items_read_by_name(tmp_path: Path, fresh:
         assert (full.state, full.cancel_requested) == (ItemState.RUNNING, True)
     finally:
         conn.close()
+
+
+async def test_cancelling_a_finished_or_flagged_item_writes_nothing(tmp_path: Path) -> None:
+    """request_cancel on a finished item, or on a running one already flagged, returns it as it
+    is and changes no row (the writer connection counts no change)."""
+    async with await SQLiteQueue.connect(tmp_path / "q.db", clock=ManualClock()) as queue:
+        await queue.enqueue("spec", item_id="done")
+        await queue.enqueue("spec", item_id="flagged")
+        done, _ = await queue.claim_due(["spec"], "w", 30, 2)
+        await queue.complete("done", done.lease_version)
+        await queue.request_cancel("flagged")
+        changes = queue._conn.total_changes
+        for item_id in ("done", "flagged"):
+            assert await queue.request_cancel(item_id) == await queue.get(item_id)
+        assert queue._conn.total_changes == changes

@@ -147,35 +147,32 @@ class SQLOperator(SQLBase):
 
     # -- actions -----------------------------------------------------------------------------
 
-    def _current(self, conn: Any, item_id: str) -> Row:
-        """The row of *item_id* as it stands, to say why an action changed nothing
-        (:class:`ItemNotFound` if there is none)."""
-        row = conn.execute(self._queries["get"], {"id": item_id}).fetchone()
-        if row is None:
+    def _current(self, conn: Any, item_id: str) -> WorkItem:
+        """*item_id* as it stands, when an action changed nothing (:class:`ItemNotFound` if
+        there is none)."""
+        item = self._one(conn.execute(self._queries["get"], {"id": item_id}))
+        if item is None:
             raise ItemNotFound(item_id)
-        return row
+        return item
 
     async def request_cancel(self, item_id: str) -> WorkItem:
         now = self._now()
         params = {"id": item_id, "now": now}
         query = self._queries["request_cancel"]
 
-        def run(conn: Any) -> WorkItem | None:
+        def run(conn: Any) -> tuple[WorkItem, bool]:
             with self._transaction(conn):
                 item = self._one(conn.execute(query, params))
-                if (
-                    item is not None
-                    and item.parent_id is not None
-                    and item.state is ItemState.CANCELLED
-                ):
+                if item is None:  # finished, or flagged already: nothing to write
+                    return self._current(conn, item_id), False
+                if item.parent_id is not None and item.state is ItemState.CANCELLED:
                     # A waited-for child cancelled while queued: its parent's fan-in counts it.
                     self._notify(conn, self._fan_in(conn, [item_id], now))
-                return item
+                return item, True
 
-        item = await self._run(run, lane=Lane.CALLER)
-        if item is None:
-            raise ItemNotFound(item_id)
-        self._changed()
+        item, written = await self._run(run, lane=Lane.CALLER)
+        if written:
+            self._changed()
         return item
 
     async def retry(self, item_id: str, *, at: dt.datetime | None = None) -> WorkItem:
@@ -199,10 +196,10 @@ class SQLOperator(SQLBase):
         return item
 
     async def delete(self, item_id: str) -> WorkItem:
-        def refused(current: Row) -> NoReturn:
-            if current["state"] == "running":
+        def refused(current: WorkItem) -> NoReturn:
+            if current.state is ItemState.RUNNING:
                 raise ItemStateError(f"item {item_id!r} is running; cancel it first")
-            if current["waiting_children"]:
+            if current.waiting_children:
                 raise ItemStateError(f"item {item_id!r} is waiting for its children")
             raise ItemStateError(_WAITED_FOR.format(item_id=item_id))
 
@@ -217,7 +214,7 @@ class SQLOperator(SQLBase):
     async def edit_config(self, item_id: str, config: JSONValue) -> WorkItem:
         params = {"id": item_id, "config": json.dumps(check_config(config)), "now": self._now()}
 
-        def refused(current: Row) -> NoReturn:
+        def refused(current: WorkItem) -> NoReturn:
             raise ItemStateError(
                 f"item {item_id!r} is running; its config can change once it is not"
             )
@@ -231,10 +228,10 @@ class SQLOperator(SQLBase):
         conn: Any,
         name: str,
         params: Mapping[str, Any],
-        refused: Callable[[Row], NoReturn],
+        refused: Callable[[WorkItem], NoReturn],
     ) -> WorkItem:
         """Run the one-item write *name*: the item as written; when it changed nothing,
-        *refused* says why, from the item's row as it stands."""
+        *refused* says why, from the item as it stands."""
         with self._write(conn):
             item = self._one(conn.execute(self._queries[name], params))
             if item is None:

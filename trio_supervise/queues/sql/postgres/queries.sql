@@ -183,18 +183,15 @@ GROUP BY spec_id, state
 HAVING sum(n) > 0;
 
 -- name: request_cancel
--- Queued: cancelled at once. Running: flagged for its owner. Otherwise: unchanged.
--- A parent cancelled while it waits for children waits no more.
+-- Queued: cancelled at once (a parent cancelled while it waits for children waits no more).
+-- Running: flagged for its owner. Anything else (finished, or flagged already) is not written:
+-- no row comes back, and the queue reads the item as it is.
 UPDATE trio_supervise_items SET
     state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
-    cancel_requested = cancel_requested OR state IN ('queued', 'running'),
+    cancel_requested = true,
     waiting_children = CASE WHEN state = 'queued' THEN 0 ELSE waiting_children END,
-    updated_at = CASE
-        WHEN state = 'queued' OR (state = 'running' AND NOT cancel_requested)
-        THEN coalesce(%(now)s::timestamptz, now())
-        ELSE updated_at
-    END
-WHERE id = %(id)s
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND (state = 'queued' OR (state = 'running' AND NOT cancel_requested))
 RETURNING *;
 
 -- name: retry
