@@ -1,10 +1,11 @@
 """The base of the SQL layer: the dialect's hooks that every port uses, and reading rows.
 
 :class:`SQLBase` declares what each dialect (:class:`SQLiteQueue`, :class:`PostgresQueue`)
-supplies: how a blocking call reaches a connection (:meth:`SQLBase._run`), transactions and
-snapshots, "now" and how values travel, the cursor's columns. The ports (``_producer.py``,
-``_worker.py``, ``_operator.py``, ``_maintenance.py``) are mixins over it; each declares the
-further hooks only it needs. Rows become items through the decoders ``_rows.py`` generates.
+supplies: how a blocking call reaches a connection of its :class:`Lane` (:meth:`SQLBase._run`),
+transactions and snapshots, "now" and how values travel, the cursor's columns. The ports
+(``_producer.py``, ``_worker.py``, ``_operator.py``, ``_maintenance.py``) are mixins over it;
+each declares the further hooks only it needs. Rows become items through the decoders
+``_rows.py`` generates.
 """
 
 from __future__ import annotations

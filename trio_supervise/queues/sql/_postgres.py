@@ -1,12 +1,12 @@
 """The PostgreSQL queue: many worker processes on many machines share one database.
 
 :class:`PostgresQueue` is the SQL layer's ports on PostgreSQL: blocking psycopg calls in threads,
-on pooled connections; a claim as one ``FOR UPDATE SKIP LOCKED`` statement (keyed rows on a
-second path under advisory locks: ``claim_keyed`` in ``queries.sql``); a runner's plain
-settlement batch as one autocommit statement (``settle_alone``), any other in a transaction
-with its children and fan-in; "now" from the database's clock unless a clock is injected.
-Connections, migrations and errors are ``_postgres_db.py``, wake-ups ``_postgres_listen.py``;
-what the queue promises is in ``docs/queues.md``.
+on connections pooled by lane (``_postgres_pool.py``); a claim as one ``FOR UPDATE SKIP LOCKED``
+statement (keyed rows on a second path under advisory locks: ``claim_keyed`` in
+``queries.sql``); a runner's plain settlement batch as one autocommit statement
+(``settle_alone``), any other in a transaction with its children and fan-in; "now" from the
+database's clock unless a clock is injected. Connections, migrations and errors are
+``_postgres_db.py``, wake-ups ``_postgres_listen.py``; the contract is in ``docs/queues.md``.
 """
 
 from __future__ import annotations
@@ -72,10 +72,6 @@ _ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT trio_supervise_claim"
 """Before the claim of a pipelined settle-and-claim, rolled back to when the settlement's
 fan-in must run before the claim (see :meth:`PostgresQueue._settle_and_claim_in`)."""
 T = TypeVar("T")
-_RECONNECT_WAIT = 2.0
-"""Seconds a call whose connection died waits for a fresh one before reporting the outage."""
-
-
 _MIN_TIME = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
 """Before every stored time: the cursor of a first page."""
 
