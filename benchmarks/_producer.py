@@ -15,7 +15,7 @@ import sys
 
 import trio
 
-from trio_supervise.queues._postgres import PostgresQueue
+from trio_supervise.queues import PostgresQueue
 
 from ._common import now
 

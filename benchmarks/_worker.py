@@ -13,7 +13,7 @@ import sys
 import trio
 
 import trio_supervise as ts
-from trio_supervise.queues._postgres import PostgresQueue
+from trio_supervise.queues import PostgresQueue
 
 from ._common import NoopDriver, no_context, now
 

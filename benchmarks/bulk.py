@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 import trio_supervise as ts
-from trio_supervise.queues._sqlite import SQLiteQueue
+from trio_supervise.queues import SQLiteQueue
 
 from ._common import Config, Result, best_of, rate, wall
 
@@ -212,7 +212,7 @@ def postgres_floor_rate(dsn: str, schema: str, count: int) -> float:
 
 
 def postgres_rate(dsn: str, schema: str, count: int) -> tuple[float, str]:
-    from trio_supervise.queues._postgres import PostgresQueue
+    from trio_supervise.queues import PostgresQueue
 
     from .postgres import _connect
 

@@ -23,7 +23,8 @@ from collections.abc import Iterator, Sequence
 import trio
 
 import trio_supervise as ts
-from trio_supervise.queues._postgres import PostgresQueue, migrate_dsn
+from trio_supervise.queues import PostgresQueue
+from trio_supervise.queues.sql._postgres_db import migrate_dsn
 
 from ._common import (
     Config,

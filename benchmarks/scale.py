@@ -25,7 +25,7 @@ from typing import Any
 import trio
 
 import trio_supervise as ts
-from trio_supervise.queues._sqlite import SQLiteQueue
+from trio_supervise.queues import SQLiteQueue
 
 from ._common import Config, Result, now
 from ._runs import noop_rate
@@ -227,7 +227,7 @@ def fill_postgres(dsn: str, schema: str, due: int, finished: int = 0, future: in
 
 def _postgres_run(dsn: str, schema: str, due: int) -> tuple[float, float]:
     """(drain rate of *due* items, scrape + page seconds before the drain)."""
-    from trio_supervise.queues._postgres import PostgresQueue
+    from trio_supervise.queues import PostgresQueue
 
     async def main() -> tuple[float, float]:
         queue = await PostgresQueue.connect(dsn, schema=schema)

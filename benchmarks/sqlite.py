@@ -15,7 +15,7 @@ import time
 
 import trio
 
-from trio_supervise.queues._sqlite import SQLiteQueue
+from trio_supervise.queues import SQLiteQueue
 
 from ._common import Config, Result, best_of, rate, wall
 from ._runs import noop_rate

@@ -313,6 +313,29 @@ def test_one_field_of_a_nested_table_keeps_the_other_defaults() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
+        ({"TRIO_SUPERVISE_POSTGRES__POOL_SIZE": "0"}, "postgres.pool_size: must be at least 1"),
+        (
+            {"TRIO_SUPERVISE_POSTGRES__WORKER_POOL_SIZE": "-1"},
+            "postgres.worker_pool_size: must be at least 1, got -1",
+        ),
+        (
+            {"TRIO_SUPERVISE_POSTGRES__CONNECT_TIMEOUT": "0"},
+            "postgres.connect_timeout: must be positive",
+        ),
+    ],
+)
+def test_postgres_pool_settings_are_checked_as_they_load(env: dict[str, str], message: str) -> None:
+    """The PostgreSQL queue's pool sizes and timeout are refused by name as the settings load,
+    not when the service first connects."""
+    with pytest.raises(SettingsError, match=message):
+        load_settings(env=env)
+    worker = load_settings(env={"TRIO_SUPERVISE_POSTGRES__WORKER_POOL_SIZE": "6"}).postgres
+    assert (worker.worker_pool_size, worker.pool_size) == (6, Settings().postgres.pool_size)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
         ({"TRIO_SUPERVISE_RUNNER__LEASE": "1"}, "runner.lease: must be >= 3 seconds, got 1.0"),
         ({"TRIO_SUPERVISE_RUNNER__CONCURRENCY": "0"}, "runner.concurrency: must be >= 1, got 0"),
         ({"TRIO_SUPERVISE_RUNNER__POLL_INTERVAL": "0"}, "runner.poll_interval: must be positive"),

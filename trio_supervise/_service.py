@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -40,7 +40,7 @@ from .maintenance import (
     resolve_schedules,
 )
 from .queues import WorkQueue
-from .queues._factory import open_queue
+from .queues._factory import open_queue, parse_queue_url
 from .run import (
     AnyWorkflowDriver,
     ContextFactory,
@@ -93,6 +93,22 @@ def _schedule_tuple(value: Iterable[Schedule]) -> tuple[Schedule, ...]:
 
 def _task_tuple(value: Iterable[MaintenanceTask]) -> tuple[MaintenanceTask, ...]:
     return tuple(value)
+
+
+def _open_queue(url: str, settings: Settings) -> contextlib.AbstractAsyncContextManager[WorkQueue]:
+    """The queue *url* names (:func:`open_queue`); a PostgreSQL one with the connections
+    ``settings.postgres`` asks for."""
+    if parse_queue_url(url)[0] != "postgres":
+        return open_queue(url)
+
+    @contextlib.asynccontextmanager
+    async def postgres() -> AsyncIterator[WorkQueue]:
+        from .queues import PostgresQueue
+
+        async with await PostgresQueue.connect(url, **attrs.asdict(settings.postgres)) as queue:
+            yield queue
+
+    return postgres()
 
 
 @attrs.frozen(kw_only=True)
@@ -298,7 +314,7 @@ class Service:
         async with contextlib.AsyncExitStack() as stack:
             queue = self.queue
             if queue is None:
-                queue = await stack.enter_async_context(open_queue(url))
+                queue = await stack.enter_async_context(_open_queue(url, settings))
             if settings.http.enabled:  # an address in use is a settings error: raised up front
                 sockets = bind_http(settings.http.host, settings.http.port)
                 stack.callback(_close_unused, sockets, self)

@@ -45,6 +45,12 @@ from .console import check_password_hash, check_token, is_loopback
 from .maintenance import Period, RetentionSettings, structure_period
 from .queues._factory import DEFAULT_DATABASE_URL
 from .queues._sql import redact_dsn
+from .queues.sql._postgres_pool import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_READ_POOL_SIZE,
+    DEFAULT_WORKER_POOL_SIZE,
+)
 from .run import RunnerSettings
 
 __all__ = [
@@ -55,6 +61,7 @@ __all__ = [
     "MAX_SECONDS",
     "LogLevel",
     "LogSettings",
+    "PostgresSettings",
     "Settings",
     "check_host",
     "default_worker_id",
@@ -189,6 +196,28 @@ class HttpSettings:
         return self.token is not None or self.password_hash is not None
 
 
+def _at_least_one(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be at least 1, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class PostgresSettings:
+    """The PostgreSQL queue's connections, when ``database_url`` names PostgreSQL: a lane of
+    connections each for callers' writes, the worker port and status reads (see
+    :meth:`PostgresQueue.connect <trio_supervise.queues.PostgresQueue.connect>`)."""
+
+    pool_size: int = attrs.field(default=DEFAULT_POOL_SIZE, validator=_at_least_one)
+    """Connections for the callers' writes: enqueues, an operator's actions, upkeep."""
+    worker_pool_size: int = attrs.field(default=DEFAULT_WORKER_POOL_SIZE, validator=_at_least_one)
+    """Connections for the worker port alone: claims, renewals, settlements."""
+    read_pool_size: int = attrs.field(default=DEFAULT_READ_POOL_SIZE, validator=_at_least_one)
+    """Connections for status reads (the status page, ``/metrics``, the CLI's reads)."""
+    connect_timeout: float = attrs.field(default=DEFAULT_CONNECT_TIMEOUT, validator=_positive)
+    """The longest a caller waits, for a connection and then for locks, before it gets
+    :class:`QueueUnavailable`."""
+
+
 @attrs.frozen(kw_only=True)
 class LogSettings:
     """How the service logs (the level is ``log_level``, beside this table)."""
@@ -228,6 +257,8 @@ class Settings:
     """How the workflow runner claims and evaluates items (``worker_id`` defaults to host-pid)."""
     retention: RetentionSettings = attrs.field(factory=RetentionSettings)
     """How long finished items are kept, and how the service's pruner deletes them."""
+    postgres: PostgresSettings = attrs.field(factory=PostgresSettings)
+    """The PostgreSQL queue's connections (when ``database_url`` names PostgreSQL)."""
 
     def redacted(self) -> dict[str, Any]:
         """The settings as plain data, with secrets masked (DSN passwords, secret fields)."""

@@ -46,7 +46,7 @@ HOUR = 3600.0
 PG_DEFAULTS = {
     name: parameter.default
     for name, parameter in inspect.signature(ts.queues.PostgresQueue.connect).parameters.items()
-    if name in ("pool_size", "read_pool_size", "connect_timeout")
+    if name in ("pool_size", "worker_pool_size", "read_pool_size", "connect_timeout")
 }
 """The pool settings a worker's PostgreSQL queue gets (the service opens it with these)."""
 

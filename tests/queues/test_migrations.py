@@ -16,11 +16,10 @@ from trio_supervise.queues import (
     PostgresQueue,
     SQLiteQueue,
     WorkQueue,
-    _postgres,
     _sql,
-    _sqlite,
     migrate,
 )
+from trio_supervise.queues.sql import _postgres, _postgres_db, _sqlite_db
 
 from .conftest import ManualClock, pg_schema
 
@@ -110,7 +109,7 @@ def _sqlite_migrate(path: Path, *, fresh: bool, upto: int | None = None) -> int:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.row_factory = sqlite3.Row
     try:
-        return _sqlite.migrate_connection(conn, 0, where=str(path), fresh=fresh, upto=upto)
+        return _sqlite_db.migrate_connection(conn, 0, where=str(path), fresh=fresh, upto=upto)
     finally:
         conn.close()
 
@@ -162,7 +161,7 @@ async def test_sqlite_concurrent_migrators(tmp_path: Path) -> None:
     path = tmp_path / "q.db"
     async with trio.open_nursery() as nursery:
         for _ in range(4):
-            nursery.start_soon(_sqlite.migrate_path, path)
+            nursery.start_soon(_sqlite_db.migrate_path, path)
     assert _sqlite_shape(path)["versions"] == [(_sql.latest_version("sqlite"),)]
 
 
@@ -181,7 +180,7 @@ async def test_many_openers_of_a_fresh_sqlite_file(tmp_path: Path, round_: int) 
     async with trio.open_nursery() as nursery:
         for _ in range(6):
             nursery.start_soon(open_queue)
-            nursery.start_soon(_sqlite.migrate_path, path)
+            nursery.start_soon(_sqlite_db.migrate_path, path)
     assert opened == [0] * 6
     assert _sqlite_shape(path)["versions"] == [(_sql.latest_version("sqlite"),)]
 
@@ -226,8 +225,8 @@ def _pg_shape(dsn: str, schema: str) -> dict[str, Any]:
 
 
 def _pg_migrate(dsn: str, schema: str, *, fresh: bool) -> int:
-    with _postgres.open_connection(dsn, schema=schema) as conn:
-        return _postgres.migrate_connection(conn, where=schema, schema=schema, fresh=fresh)
+    with _postgres_db.open_connection(dsn, schema=schema) as conn:
+        return _postgres_db.migrate_connection(conn, where=schema, schema=schema, fresh=fresh)
 
 
 @pytest.mark.postgres
@@ -255,7 +254,7 @@ async def test_postgres_migrate_is_idempotent_and_concurrent_safe() -> None:
         results: list[int] = []
 
         async def one() -> None:
-            results.append(await _postgres.migrate_dsn(dsn, schema=schema))
+            results.append(await _postgres_db.migrate_dsn(dsn, schema=schema))
 
         async with trio.open_nursery() as nursery:
             for _ in range(4):
@@ -263,7 +262,7 @@ async def test_postgres_migrate_is_idempotent_and_concurrent_safe() -> None:
         assert results == [latest] * 4
         before = _pg_shape(dsn, schema)
         assert before["versions"] == [(latest,)]
-        assert await _postgres.migrate_dsn(dsn, schema=schema) == latest
+        assert await _postgres_db.migrate_dsn(dsn, schema=schema) == latest
         assert _pg_shape(dsn, schema) == before
 
 
@@ -273,7 +272,7 @@ async def test_postgres_newer_schema_is_refused() -> None:
     import psycopg
 
     with pg_schema() as (dsn, schema):
-        await _postgres.migrate_dsn(dsn, schema=schema)
+        await _postgres_db.migrate_dsn(dsn, schema=schema)
         newer = _sql.latest_version("postgres") + 1
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
@@ -284,7 +283,7 @@ async def test_postgres_newer_schema_is_refused() -> None:
             with pytest.raises(SchemaError, match=f"version {newer}, newer"):
                 await PostgresQueue.connect(dsn, schema=schema, migrate=allow)
         with pytest.raises(SchemaError, match="newer"):
-            await _postgres.migrate_dsn(dsn, schema=schema)
+            await _postgres_db.migrate_dsn(dsn, schema=schema)
 
 
 # -- upgrading a version-1 database that holds work ------------------------------------------
@@ -355,8 +354,10 @@ async def test_postgres_older_version_with_items_migrates_losing_nothing(version
     import psycopg
 
     with pg_schema() as (dsn, schema):
-        with _postgres.open_connection(dsn, schema=schema) as conn:
-            reached = _postgres.migrate_connection(conn, where=schema, schema=schema, upto=version)
+        with _postgres_db.open_connection(dsn, schema=schema) as conn:
+            reached = _postgres_db.migrate_connection(
+                conn, where=schema, schema=schema, upto=version
+            )
             assert reached == version
         with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
             for item_id, state, due, expires, errors in V1_ROWS:
@@ -449,8 +450,8 @@ async def test_postgres_version_7_with_children_migrates_keeping_lineage() -> No
     import psycopg
 
     with pg_schema() as (dsn, schema):
-        with _postgres.open_connection(dsn, schema=schema) as conn:
-            assert _postgres.migrate_connection(conn, where=schema, schema=schema, upto=7) == 7
+        with _postgres_db.open_connection(dsn, schema=schema) as conn:
+            assert _postgres_db.migrate_connection(conn, where=schema, schema=schema, upto=7) == 7
         with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
             for row in _incarnation_rows():
                 conn.execute(

@@ -13,6 +13,8 @@ import trio
 from trio_supervise import QueueError, QueueFailed, QueueUnavailable, SchemaError
 from trio_supervise.queues import (
     ItemState,
+    Lease,
+    LeaseStatus,
     NewItem,
     PostgresQueue,
     SettleKind,
@@ -24,13 +26,12 @@ from trio_supervise.queues import (
     redact_dsn,
 )
 from trio_supervise.queues import _sql as _queries
-from trio_supervise.queues._postgres import (
-    _due_hint,
-    _due_payload,
-    _int_array,
-    _item_decoder,
-    _text_array,
-)
+from trio_supervise.queues.sql._postgres import _CODEC
+from trio_supervise.queues.sql._postgres_arrays import int_array as _int_array
+from trio_supervise.queues.sql._postgres_arrays import text_array as _text_array
+from trio_supervise.queues.sql._postgres_listen import due_hint as _due_hint
+from trio_supervise.queues.sql._postgres_listen import due_payload as _due_payload
+from trio_supervise.queues.sql._rows import item_decoder as _item_decoder
 
 from .conftest import ManualClock, pg_schema, postgres_dsn
 
@@ -446,22 +447,26 @@ async def test_an_enqueue_s_notification_is_written_as_the_payload_function_writ
 
 def _round_trips(queue: PostgresQueue, call: Any) -> int:
     """How often the server answered the queue's (one) connection during *call()*: its round
-    trips, read from libpq's trace of the messages."""
+    trips, read from libpq's trace of the messages (of the one connection of each of its
+    pools of writes: the callers' and the worker's)."""
     import os
     import tempfile
 
     import psycopg
 
+    pools = (queue._lanes.caller.pool, queue._lanes.worker.pool)
     fd, path = tempfile.mkstemp()
     try:
-        with queue._pool.connection() as conn:
-            conn.pgconn.trace(fd)
-            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        for pool in pools:
+            with pool.connection() as conn:
+                conn.pgconn.trace(fd)
+                conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
         try:
             call()
         finally:
-            with queue._pool.connection() as conn:
-                conn.pgconn.untrace()
+            for pool in pools:
+                with pool.connection() as conn:
+                    conn.pgconn.untrace()
         count, last = 0, ""
         with open(path) as trace:
             for line in trace:
@@ -536,7 +541,7 @@ async def test_a_failed_keyed_enqueue_leaves_its_connection_clean() -> None:
             )
 
             def status() -> object:
-                with queue._pool.connection() as pooled:
+                with queue._lanes.caller.pool.connection() as pooled:
                     return pooled.info.transaction_status
 
             assert await trio.to_thread.run_sync(status) == 0  # IDLE
@@ -601,18 +606,18 @@ async def test_a_notification_no_waiter_serves_wakes_nobody() -> None:
             with trio.fail_after(10):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(wait)
-                    while not queue._waiters:  # noqa: ASYNC110 - a private set, no event
+                    while not queue._wakeups.waiters:  # noqa: ASYNC110 - a private set, no event
                         await trio.sleep(0.01)
                     generation = queue._changes.value
-                    queue._notified(("default", "spec"))
-                    queue._notified(("mail", "other"))
+                    queue._wakeups.notified(("default", "spec"))
+                    queue._wakeups.notified(("mail", "other"))
                     assert queue._changes.value == generation
-                    queue._notified(None)
+                    queue._wakeups.notified(None)
                     assert queue._changes.value == generation + 1
                     assert not returned.is_set()
-                    queue._notified(("mail", "spec"))
+                    queue._wakeups.notified(("mail", "spec"))
                     await returned.wait()
-            assert not queue._waiters
+            assert not queue._wakeups.waiters
 
 
 async def test_claim_is_served_by_the_claim_index() -> None:
@@ -821,16 +826,83 @@ def _sql_params(dsn: str, schema: str, query: str, params: tuple[Any, ...]) -> l
         return conn.execute(query, params).fetchall()
 
 
-def test_a_claim_s_columns_in_another_order_are_refused() -> None:
-    """The claims' rows are read by position: columns that are not WorkItem's fields first, in
-    its order, are refused (naming them) instead of read into the wrong fields."""
+def test_a_claim_s_columns_are_read_by_name_and_a_missing_one_is_refused() -> None:
+    """The claims' rows are read by the names of their columns (from the cursor): in another
+    order they give the same item, and a row without one of WorkItem's fields is refused,
+    naming it, instead of read into the wrong fields."""
     fields = tuple(field.name for field in attrs.fields(WorkItem))
-    _item_decoder((*fields, "keyed"))  # the claims' own lists
+    at = dt.datetime(2001, 2, 3, tzinfo=dt.UTC)
+    values: dict[str, Any] = {name: f"{name}-value" for name in fields}
+    values.update(
+        config='{"n": 1}', result='"done"', errors="[]", state="running", cancel_requested=True
+    )
+    values.update(dict.fromkeys(("due_at", "created_at", "updated_at"), at))
+    values.update(lease_expires_at=None, unique_until=at)
+    columns = (*fields, "keyed")  # the claims' own lists
+    item = _item_decoder(columns, _CODEC)([*values.values(), 0])
+    assert (item.config, item.result, item.state) == ({"n": 1}, "done", ItemState.RUNNING)
+    assert type(item) is WorkItem
+    assert (item.unique_until, item.lease_expires_at) == (at, None)
     swapped = (fields[1], fields[0], *fields[2:])
-    with pytest.raises(RuntimeError, match="WorkItem's fields first, in order"):
-        _item_decoder(swapped)
-    with pytest.raises(RuntimeError, match="in order"):
-        _item_decoder(fields[:-1])
+    assert _item_decoder(swapped, _CODEC)([values[name] for name in swapped]) == item
+    with pytest.raises(RuntimeError, match="without the columns \\['concurrency_limit'\\]"):
+        _item_decoder(fields[:-1], _CODEC)
+
+
+async def test_callers_blocked_on_a_key_take_no_renewal_s_connection_and_hear_why() -> None:
+    """More callers than connections, each stuck behind an idempotency key an application's
+    open transaction holds: lease renewals still land at once (the worker port has connections
+    of its own), and every caller gets QueueUnavailable within connect_timeout, saying the pool
+    was busy or a lock was held, instead of waiting for as long as the transaction stays open."""
+    import psycopg
+
+    timeout = 1.0
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False, pool_size=2, connect_timeout=timeout
+        ) as queue:
+            app = await trio.to_thread.run_sync(lambda: psycopg.connect(dsn, autocommit=False))
+            await trio.to_thread.run_sync(
+                lambda: queue.enqueue_on(app, "noise", idempotency_key="hot")
+            )
+            await queue.enqueue("job", item_id="a")
+            [item] = await queue.claim_due(["job"], "w", 3, 1)
+            lease = Lease("a", item.lease_version, "w")
+            answers: list[tuple[str, float]] = []
+            renewals: list[float] = []
+
+            async def caller() -> None:
+                start = trio.current_time()
+                try:
+                    await queue.enqueue("noise", idempotency_key="hot")
+                    answer = "ok"
+                except QueueUnavailable as error:
+                    answer = str(error)
+                answers.append((answer, trio.current_time() - start))
+
+            async def release_the_key(after: float) -> None:  # bounds the test, fixed or not
+                await trio.sleep(after)
+                await trio.to_thread.run_sync(app.rollback)
+
+            try:
+                with trio.fail_after(30):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(release_the_key, 4 * timeout)
+                        for _ in range(6):  # three callers a connection
+                            nursery.start_soon(caller)
+                        for _ in range(5):
+                            await trio.sleep(timeout / 3)
+                            start = trio.current_time()
+                            statuses = await queue.renew_many([lease], 3)
+                            renewals.append(trio.current_time() - start)
+                            assert statuses == {"a": LeaseStatus.HELD}
+            finally:
+                await trio.to_thread.run_sync(app.close)
+    assert max(renewals) < timeout / 3
+    assert len(answers) == 6
+    assert all(answer != "ok" and seconds < timeout + 0.5 for answer, seconds in answers)
+    assert any("busy" in answer for answer, _ in answers)
+    assert any("lock" in answer for answer, _ in answers)
 
 
 async def test_the_pool_s_sessions_are_utc_and_claimed_times_too() -> None:
@@ -952,6 +1024,70 @@ async def test_arguments_are_checked() -> None:
         await PostgresQueue.connect("postgresql://x/y", pool_size=0)
     with pytest.raises(ValueError, match="schema"):
         await PostgresQueue.connect("postgresql://x/y", schema="a; DROP")
+
+
+async def test_the_lanes_sizes_and_timeout_are_checked_before_connecting() -> None:
+    """Each pool size must be an int of at least 1 and connect_timeout a positive number of
+    seconds, named when refused."""
+    with pytest.raises(ValueError, match="worker_pool_size must be at least 1, got 0"):
+        await PostgresQueue.connect("postgresql://x/y", worker_pool_size=0)
+    with pytest.raises(TypeError, match="read_pool_size must be an int, got bool"):
+        await PostgresQueue.connect("postgresql://x/y", read_pool_size=True)
+    with pytest.raises(ValueError, match="connect_timeout must be a positive number"):
+        await PostgresQueue.connect("postgresql://x/y", connect_timeout=float("nan"))
+
+
+async def test_a_service_sizes_its_postgres_lanes_from_its_settings() -> None:
+    """A service opening a PostgreSQL URL gives its queue the connections its settings'
+    postgres table asks for."""
+    from trio_supervise import ChildSpec, HttpSettings, Service, ServiceHandle, Settings
+    from trio_supervise._settings import PostgresSettings
+
+    seen: dict[str, float] = {}
+
+    async def probe(*, service: ServiceHandle) -> None:
+        lanes = service.queue._lanes  # type: ignore[attr-defined]
+        seen.update(
+            worker=lanes.worker.limiter.total_tokens,
+            caller=lanes.caller.limiter.total_tokens,
+            read=lanes.read.limiter.total_tokens,
+            timeout=lanes.timeout,
+        )
+        service.shutdown.begin("seen")
+        await service.shutdown.wait()
+
+    with pg_schema() as (dsn, schema):
+        await migrate_schema(dsn, schema)
+        pools = PostgresSettings(
+            pool_size=3, worker_pool_size=5, read_pool_size=1, connect_timeout=2.5
+        )
+        service = Service(
+            workers=[ChildSpec("probe", probe)],
+            settings=Settings(http=HttpSettings(enabled=False), postgres=pools),
+            queue_url=f"{dsn}?options=-csearch_path%3D{schema}",
+        )
+        with trio.fail_after(20):
+            assert await service.run() == 0
+    assert seen == {"worker": 5, "caller": 3, "read": 1, "timeout": 2.5}
+
+
+async def test_cancelling_a_finished_or_flagged_item_writes_nothing() -> None:
+    """request_cancel on a finished item, or on a running one already flagged, returns it as it
+    is and writes no new version of its row (its xmin stays)."""
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, listen=False
+        ) as queue:
+            await queue.enqueue("spec", item_id="done")
+            await queue.enqueue("spec", item_id="flagged")
+            done, _ = await queue.claim_due(["spec"], "w", 30, 2)
+            await queue.complete("done", done.lease_version)
+            await queue.request_cancel("flagged")
+            query = "SELECT id, xmin::text FROM trio_supervise_items ORDER BY id"
+            before = await trio.to_thread.run_sync(_sql, dsn, schema, query)
+            for item_id in ("done", "flagged"):
+                assert await queue.request_cancel(item_id) == await queue.get(item_id)
+            assert await trio.to_thread.run_sync(_sql, dsn, schema, query) == before
 
 
 # -- issue 12: unstorable rows, indexed status reads, fault classes ---------------------------
@@ -1114,7 +1250,7 @@ async def test_permanent_faults_are_queue_failed() -> None:
     """A missing database and a read-only transaction are QueueFailed, not retried as transient."""
     import psycopg
 
-    from trio_supervise.queues._postgres import map_error
+    from trio_supervise.queues.sql._postgres_db import map_error
 
     dsn = postgres_dsn()
     missing = _with_dbname(dsn, "trio_supervise_no_such_db")

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from trio_supervise.queues import ItemState, SettleKind, Settlement, _sql
-from trio_supervise.queues._sqlite import migrate_path
+from trio_supervise.queues.sql._sqlite_db import migrate_path
 
 from .conftest import pg_schema
 

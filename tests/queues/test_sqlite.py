@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import sqlite3
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 
 from trio_supervise import QueueFailed, QueueUnavailable, SchemaError
@@ -15,6 +18,7 @@ from trio_supervise.queues import (
     SettleKind,
     Settlement,
     SQLiteQueue,
+    WorkItem,
     _sql,
     migrate,
     open_queue,
@@ -278,19 +282,48 @@ async def test_changing_directory_is_not_a_deleted_database(
         assert (await queue.get("x")).id == "x"
 
 
+def _item_by_name(row: sqlite3.Row) -> WorkItem:
+    """*row* read field by field, by column name, through WorkItem's own converters."""
+    import json
+
+    from trio_supervise.job import ErrorEntry, stored_kind
+
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+    def read(kind: str | None, value: Any) -> Any:
+        if value is None or kind is None:
+            return value
+        if kind in ("json", "errors"):
+            value = json.loads(value)
+        if kind == "errors":
+            return tuple(
+                ErrorEntry(**{**each, "at": epoch + dt.timedelta(microseconds=each["at"])})
+                for each in value
+            )
+        if kind == "time":
+            return epoch + dt.timedelta(microseconds=value)
+        return {"bool": bool, "state": ItemState, "json": lambda v: v}[kind](value)
+
+    return WorkItem(
+        **{
+            field.name: read(stored_kind(field), row[field.name])
+            for field in attrs.fields(WorkItem)
+        }
+    )
+
+
 @pytest.mark.parametrize("fresh", [True, False], ids=["schema", "migrations"])
 def test_rows_read_by_position_are_the_items_read_by_name(tmp_path: Path, fresh: bool) -> None:
     """The SQLite queue's positional row reader gives the WorkItem the shared by-name reader
     gives, every field set, on a fresh schema and on a migrated one (their columns are in
     different orders)."""
-    from trio_supervise.queues import _sqlite
-    from trio_supervise.queues._sqlbase import SQLQueue
+    from trio_supervise.queues.sql import _sqlite, _sqlite_db
 
     path = tmp_path / "q.db"
     conn = sqlite3.connect(path, isolation_level=None)
     conn.row_factory = sqlite3.Row
     try:
-        _sqlite.migrate_connection(conn, 0, where=str(path), fresh=fresh)
+        _sqlite_db.migrate_connection(conn, 0, where=str(path), fresh=fresh)
         conn.execute(
             "INSERT INTO trio_supervise_items (id, spec_id, tenant_id, subject_id, config, state,"
             " due_at, lease_owner, lease_expires_at, lease_version, cancel_requested,"
@@ -310,12 +343,27 @@ def test_rows_read_by_position_are_the_items_read_by_name(tmp_path: Path, fresh:
         queue = _sqlite.SQLiteQueue(
             path=str(path), conn=conn, reader=conn, clock=ManualClock(), identity=None
         )
-        for row in conn.execute("SELECT * FROM trio_supervise_items ORDER BY id"):
-            assert queue._item(row) == SQLQueue._item(queue, row)
-        full = queue._item(
-            conn.execute("SELECT * FROM trio_supervise_items WHERE id = 'full'").fetchone()
-        )
+        cur = conn.execute("SELECT * FROM trio_supervise_items ORDER BY id")
+        for row in cur.fetchall():
+            assert queue._decode(cur, row) == _item_by_name(row)
+        cur = conn.execute("SELECT * FROM trio_supervise_items WHERE id = 'full'")
+        full = queue._decode(cur, cur.fetchone())
         assert (full.errors[0].error, full.result) == ("boom", {"r": None})
         assert (full.state, full.cancel_requested) == (ItemState.RUNNING, True)
     finally:
         conn.close()
+
+
+async def test_cancelling_a_finished_or_flagged_item_writes_nothing(tmp_path: Path) -> None:
+    """request_cancel on a finished item, or on a running one already flagged, returns it as it
+    is and changes no row (the writer connection counts no change)."""
+    async with await SQLiteQueue.connect(tmp_path / "q.db", clock=ManualClock()) as queue:
+        await queue.enqueue("spec", item_id="done")
+        await queue.enqueue("spec", item_id="flagged")
+        done, _ = await queue.claim_due(["spec"], "w", 30, 2)
+        await queue.complete("done", done.lease_version)
+        await queue.request_cancel("flagged")
+        changes = queue._conn.total_changes
+        for item_id in ("done", "flagged"):
+            assert await queue.request_cancel(item_id) == await queue.get(item_id)
+        assert queue._conn.total_changes == changes

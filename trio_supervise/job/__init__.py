@@ -67,6 +67,7 @@ from ._model import append_error as append_error
 from ._model import build_item as build_item
 from ._model import copy_item as copy_item
 from ._model import replace_item as replace_item
+from ._model import stored_columns as stored_columns
 from ._model import stored_kind as stored_kind
 from ._outcomes import Continue as Continue
 from ._outcomes import Discard as Discard

@@ -1,8 +1,9 @@
 """The item model, declared once: a work item, an entry that creates one, and the records around
 them. Every fast path the stores use to build, copy or change items is generated from these
 declarations (:mod:`._fields`), and each field says how a store keeps it (``metadata["stored"]``,
-read by the SQL row decoders), so a new field is a change here, to its check, its SQL column and
-a migration.
+and for :class:`NewItem` the columns it is written to: the SQL layer generates its row decoders
+and encoders from them), so a new field is a change here, to its check, its SQL column and a
+migration.
 
 The semantics of each field (what a store promises about it) are in ``docs/queues.md``.
 """
@@ -39,6 +40,7 @@ __all__ = [
     "build_item",
     "copy_item",
     "replace_item",
+    "stored_columns",
     "stored_kind",
 ]
 
@@ -90,7 +92,9 @@ def append_error(errors: tuple[ErrorEntry, ...], entry: ErrorEntry) -> tuple[Err
     return (*errors, entry)[-MAX_ERRORS:]
 
 
-# How a store keeps a field (WorkItem's metadata["stored"]); a field without one is stored as is.
+# How a store keeps a field (metadata["stored"]); a field without one is stored as is. WorkItem's
+# fields are read back by these; NewItem's are written by them, to the columns its
+# metadata["columns"] names (default: the column of the field's name).
 JSON = "json"
 """A JSON value (a config, a result), stored as JSON text."""
 ERRORS = "errors"
@@ -101,16 +105,28 @@ BOOL = "bool"
 """A boolean (SQLite: 0 or 1)."""
 STATE = "state"
 """An :class:`ItemState`, stored as its text."""
+NEW_ID = "new-id"
+"""A new item's id, or None for one the store makes up."""
+SECONDS = "seconds"
+"""A number of seconds, or None (a float column)."""
+UNIQUE = "unique"
+"""A :data:`UniqueScope`: stored as the scope's name and its period in microseconds."""
 
 
-def _stored(kind: str) -> dict[str, str]:
-    return {"stored": kind}
+def _stored(kind: str, *columns: str) -> dict[str, Any]:
+    return {"stored": kind, "columns": columns} if columns else {"stored": kind}
 
 
 def stored_kind(field: attrs.Attribute[Any]) -> str | None:
     """How a store keeps *field* (one of the kinds above), or None: as is."""
     kind: str | None = field.metadata.get("stored")
     return kind
+
+
+def stored_columns(field: attrs.Attribute[Any]) -> tuple[str, ...]:
+    """The columns a store writes *field* to: its ``metadata["columns"]``, else its name."""
+    columns: tuple[str, ...] = field.metadata.get("columns", (field.name,))
+    return columns
 
 
 @attrs.frozen(kw_only=True)
@@ -216,19 +232,23 @@ class NewItem:
     """
 
     spec_id: str
-    config: JSONValue = None
+    config: JSONValue = attrs.field(default=None, metadata=_stored(JSON))
     """``None`` means ``{}``; an attrs instance is unstructured by the shared converter."""
     tenant_id: str = ""
     subject_id: str = ""
-    due_at: dt.datetime | None = None
+    due_at: dt.datetime | None = attrs.field(default=None, metadata=_stored(TIME))
     """Default: now."""
-    item_id: str | None = None
+    item_id: str | None = attrs.field(default=None, metadata=_stored(NEW_ID, "id"))
     """Default: a random one."""
     idempotency_key: str | None = None
     priority: int = 0
     queue: str = DEFAULT_QUEUE
-    evaluation_timeout: float | None = None
-    unique: UniqueScope = "forever"
+    evaluation_timeout: float | None = attrs.field(
+        default=None, metadata=_stored(SECONDS, "timeout")
+    )
+    unique: UniqueScope = attrs.field(
+        default="forever", metadata=_stored(UNIQUE, "unique_scope", "period_us")
+    )
     """How long *idempotency_key* holds once this item is created (see :data:`UniqueScope`)."""
     concurrency_key: str | None = None
     """The fleet-wide key whose running items are limited, or None."""

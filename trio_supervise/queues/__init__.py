@@ -34,12 +34,12 @@ from ._ports import ProducerStore as ProducerStore
 from ._ports import SeedWrites as SeedWrites
 from ._ports import WorkerStore as WorkerStore
 from ._ports import WorkQueue as WorkQueue
-from ._postgres import PostgresQueue as PostgresQueue
 from ._sql import redact_dsn as redact_dsn
-from ._sqlite import DEFAULT_SQLITE_PATH as DEFAULT_SQLITE_PATH
-from ._sqlite import SQLiteQueue as SQLiteQueue
 from .memory import MemoryQueue as MemoryQueue
 from .memory import QueueEvent as QueueEvent
+from .sql._postgres import PostgresQueue as PostgresQueue
+from .sql._sqlite import DEFAULT_SQLITE_PATH as DEFAULT_SQLITE_PATH
+from .sql._sqlite import SQLiteQueue as SQLiteQueue
 
 __all__ = [
     "Capability",

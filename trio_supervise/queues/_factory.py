@@ -83,13 +83,13 @@ async def open_queue(
     if backend == "memory":
         queue = MemoryQueue() if clock is None else MemoryQueue(clock=clock)
     elif backend == "sqlite":
-        from ._sqlite import SQLiteQueue
+        from .sql._sqlite import SQLiteQueue
 
         queue = await SQLiteQueue.connect(
             target, clock=clock, migrate=True if migrate is None else migrate, create=create
         )
     else:
-        from ._postgres import PostgresQueue
+        from .sql._postgres import PostgresQueue
 
         queue = await PostgresQueue.connect(target, clock=clock, migrate=bool(migrate))
     try:
@@ -107,7 +107,7 @@ async def migrate(target: str | WorkQueue) -> int:
     """
     import trio
 
-    from . import _postgres, _sqlite
+    from .sql import _postgres, _postgres_db, _sqlite, _sqlite_db
 
     if isinstance(target, str):
         backend, where = parse_queue_url(target)
@@ -123,5 +123,5 @@ async def migrate(target: str | WorkQueue) -> int:
         await trio.lowlevel.checkpoint()
         return 0
     if backend == "sqlite":
-        return await _sqlite.migrate_path(where)
-    return await _postgres.migrate_dsn(where)
+        return await _sqlite_db.migrate_path(where)
+    return await _postgres_db.migrate_dsn(where)

@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import heapq
-import itertools
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from importlib import resources
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 
-from .._errors import ItemNotFound, SchemaError
-from ..job import (
-    ItemState,
-)
+from .._errors import SchemaError
 
 __all__ = [
     "Backend",
@@ -156,6 +151,18 @@ def missing(found: int, backend: Backend, where: str, url: str) -> SchemaError:
     )
 
 
+def to_migrate(found: int, backend: Backend, where: str, url: str, *, migrate: bool) -> bool:
+    """Whether a database whose schema is at version *found* is to be migrated as it opens:
+    a newer one raises :func:`too_new`, and an older (or missing) one :func:`missing` unless
+    *migrate*."""
+    latest = latest_version(backend)
+    if found > latest:
+        raise too_new(found, backend, where)
+    if found < latest and not migrate:
+        raise missing(found, backend, where, url)
+    return found < latest
+
+
 def duration_us(name: str, value: float, *, positive: bool = False) -> int:
     """Check a duration in seconds and return it in whole microseconds, rounded as timedelta."""
     value = float(value)
@@ -233,40 +240,6 @@ def dsn_secrets(dsn: str) -> tuple[str, ...]:
         piece for secret in found for piece in _PIECES.split(secret) if len(piece) >= _MIN_PIECE
     }
     return tuple(sorted((s for s in found if len(s) >= _MIN_SECRET), key=len, reverse=True))
-
-
-def list_page(
-    conn: Any,
-    queries: Mapping[str, str],
-    params: Mapping[str, Any],
-    *,
-    states: Sequence[ItemState] | None,
-    after: str | None,
-    start: Any,
-) -> list[Any]:
-    """``list_items`` on a SQL backend (*conn* a sqlite3 or psycopg connection, dict-like rows).
-
-    One indexed page per state (``list_state``, or ``list_state_specs`` when *params* holds
-    spec ids) after the cursor ``(due_at, id)``, merged by ``(due_at, id)`` and cut at
-    ``params["limit"]``. The cursor is the row of the item *after* (:class:`ItemNotFound` if
-    there is none), or *start*, a time before every stored one.
-    """
-    after_due, after_id = start, ""
-    if after is not None:
-        cursor = conn.execute(queries["get"], {"id": after}).fetchone()
-        if cursor is None:
-            raise ItemNotFound(after)
-        after_due, after_id = cursor["due_at"], cursor["id"]
-    query = queries["list_state" if params["spec_ids"] is None else "list_state_specs"]
-    wanted = list(ItemState) if states is None else list(dict.fromkeys(states))
-    pages = [
-        conn.execute(
-            query, {**params, "state": str(state), "after_due": after_due, "after_id": after_id}
-        ).fetchall()
-        for state in wanted
-    ]
-    merged = heapq.merge(*pages, key=lambda row: (row["due_at"], row["id"]))
-    return list(itertools.islice(merged, params["limit"]))
 
 
 def redact_dsn(dsn: str) -> str:

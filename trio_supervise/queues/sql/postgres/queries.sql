@@ -31,16 +31,17 @@ SELECT pg_advisory_xact_lock(
 -- one row: how many items it inserted and the now() it stored as their created_at (the queue
 -- knows the rest of what it wrote). Given a channel, it also sends, in the same statement
 -- (delivered at commit only), one notification per (queue, spec id) of the inserted items due
--- now: the pair as a JSON array, exactly as _due_payload in _postgres.py writes it (to_json
+-- now: the pair as a JSON array, exactly as due_payload in sql/_postgres_listen.py writes it (to_json
 -- escapes as Python's json.dumps(ensure_ascii=False) does), or the spec id alone for an item
 -- with a concurrency key (its key may be at its limit) or a pair too long for NOTIFY.
 -- The text arrays travel in psycopg's binary format: as text, quoting 10,000 strings takes
 -- four times as long.
--- A column with one value in every row (most of a batch: the same spec, no key, no
--- timeout, ...) comes as an empty array and that value as a scalar of the column's name:
--- unnest pads the shorter arrays with NULLs (ids is always whole) and coalesce fills them in;
--- a column sent whole comes with a NULL scalar. Each array costs about as much to send and
--- unpack as the ids.
+-- Each column comes as the array <column>_array (the columns are NEW_ROW_COLUMNS in
+-- sql/_rows.py, which NewItem's fields declare). A column with one value in every row (most of
+-- a batch: the same spec, no key, no timeout, ...) comes as an empty array and that value as a
+-- scalar of the column's name: unnest pads the shorter arrays with NULLs (id_array is always
+-- whole) and coalesce fills them in; a column sent whole comes with a NULL scalar. Each array
+-- costs about as much to send and unpack as the ids.
 WITH inserted AS (
     INSERT INTO trio_supervise_items AS i (
         id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
@@ -67,10 +68,12 @@ WITH inserted AS (
         -- One number of the sequence for the statement's rows (schema 0008).
         (SELECT nextval('trio_supervise_incarnations'))
     FROM unnest(
-        %(ids)b::text[], %(spec_ids)b::text[], %(tenant_ids)b::text[], %(subject_ids)b::text[],
-        %(configs)b::text[], %(due_ats)s::timestamptz[], %(keys)b::text[], %(priorities)s::int[],
-        %(queues)b::text[], %(timeouts)s::float8[], %(scopes)b::text[], %(periods_us)s::bigint[],
-        %(concurrency_keys)b::text[], %(concurrency_limits)s::int[]
+        %(id_array)b::text[], %(spec_id_array)b::text[], %(tenant_id_array)b::text[],
+        %(subject_id_array)b::text[], %(config_array)b::text[],
+        %(due_at_array)s::timestamptz[], %(idempotency_key_array)b::text[],
+        %(priority_array)s::int[], %(queue_array)b::text[], %(timeout_array)s::float8[],
+        %(unique_scope_array)b::text[], %(period_us_array)s::bigint[],
+        %(concurrency_key_array)b::text[], %(concurrency_limit_array)s::int[]
     ) AS n(
         id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
         timeout, unique_scope, period_us, concurrency_key, concurrency_limit
@@ -180,18 +183,15 @@ GROUP BY spec_id, state
 HAVING sum(n) > 0;
 
 -- name: request_cancel
--- Queued: cancelled at once. Running: flagged for its owner. Otherwise: unchanged.
--- A parent cancelled while it waits for children waits no more.
+-- Queued: cancelled at once (a parent cancelled while it waits for children waits no more).
+-- Running: flagged for its owner. Anything else (finished, or flagged already) is not written:
+-- no row comes back, and the queue reads the item as it is.
 UPDATE trio_supervise_items SET
     state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
-    cancel_requested = cancel_requested OR state IN ('queued', 'running'),
+    cancel_requested = true,
     waiting_children = CASE WHEN state = 'queued' THEN 0 ELSE waiting_children END,
-    updated_at = CASE
-        WHEN state = 'queued' OR (state = 'running' AND NOT cancel_requested)
-        THEN coalesce(%(now)s::timestamptz, now())
-        ELSE updated_at
-    END
-WHERE id = %(id)s
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND (state = 'queued' OR (state = 'running' AND NOT cancel_requested))
 RETURNING *;
 
 -- name: retry
@@ -214,7 +214,7 @@ RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 -- unkeyed ones. Running rows whose lease has expired are rescued here too. The claim counts
 -- the attempt.
 --
--- Concurrency keys (see the protocol's module doc): the window (head) leaves out keyed rows
+-- Concurrency keys (see docs/queues.md, "Concurrency keys"): the window (head) leaves out keyed rows
 -- whose key is at its limit, so a head of blocked keyed rows never starves the rows behind it.
 -- This statement never leases a keyed row: its snapshot may predate another claimer's commit,
 -- so two claimers could each count zero running rows of a key and each take one. It reports
@@ -274,8 +274,8 @@ WITH live AS MATERIALIZED (
     updated_at = coalesce(%(now)s::timestamptz, now())
     FROM head
     WHERE i.id = head.id AND head.concurrency_key IS NULL
-    -- The item's fields (see _item_decoder in _postgres.py; a field added to WorkItem is added
-    -- here and in claim_keyed), the JSON as its text: '{}' and '[]' are read without a parse.
+    -- The item's fields (read by their names, see sql/_rows.py; a field added to WorkItem is
+    -- added here and in claim_keyed), the JSON as its text, as every query's JSON arrives.
     RETURNING i.id, i.spec_id, i.tenant_id, i.subject_id, i.config::text AS config,
         i.cancel_requested, i.lease_version, i.state, i.due_at, i.error_count, i.last_error,
         i.lease_owner, i.lease_expires_at, i.idempotency_key, i.created_at, i.updated_at,
@@ -493,7 +493,7 @@ UPDATE trio_supervise_items AS i SET
     lease_expires_at = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
 -- The columns every entry fills come as array literals the client builds in one join each
--- (see _settle_params in _postgres.py); the others travel in binary, and an array whose values
+-- (see settle_params in sql/_postgres_arrays.py); the others travel in binary, and an array whose values
 -- are all NULL comes as NULL, which unnest pads with NULLs as it does a shorter array.
 FROM unnest(
     %(ids)s::text[], %(versions)s::bigint[], %(kinds)s::text[], %(delays_us)s::bigint[],

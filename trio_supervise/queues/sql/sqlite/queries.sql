@@ -38,10 +38,10 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- The same insert as one statement over json_each(:rows), two to three times as fast as
 -- executemany of enqueue, whose per-row cost is binding the parameters and stepping the
 -- statement from Python. A template: the queue fills in each column's placeholder
--- (NEW_ROW_COLUMNS in _sqlbase.py) with the parameter of the column's name when every row has
+-- (NEW_ROW_COLUMNS in sql/_rows.py) with the parameter of the column's name when every row has
 -- the same value there (most of a batch: one spec, no key, no timeout...), else with the
 -- row's value from the JSON; the fewer values the JSON holds per row, the faster (see
--- _enqueue_rows_query in _sqlite.py). Scalars come out of json_extract as SQL values (text,
+-- _enqueue_rows_query in sql/_sqlite.py). Scalars come out of json_extract as SQL values (text,
 -- integer, real, NULL). WHERE true: an upsert's SELECT needs a WHERE (SQLite's parsing
 -- ambiguity).
 INSERT INTO trio_supervise_items (
@@ -117,17 +117,15 @@ GROUP BY spec_id, state
 HAVING sum(n) > 0;
 
 -- name: request_cancel
--- Queued: cancelled at once. Running: flagged for its owner. Otherwise: unchanged.
--- A parent cancelled while it waits for children waits no more.
+-- Queued: cancelled at once (a parent cancelled while it waits for children waits no more).
+-- Running: flagged for its owner. Anything else (finished, or flagged already) is not written:
+-- no row comes back, and the queue reads the item as it is.
 UPDATE trio_supervise_items SET
     state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
-    cancel_requested = cancel_requested OR state IN ('queued', 'running'),
+    cancel_requested = 1,
     waiting_children = CASE WHEN state = 'queued' THEN 0 ELSE waiting_children END,
-    updated_at = CASE
-        WHEN state = 'queued' OR (state = 'running' AND NOT cancel_requested) THEN :now
-        ELSE updated_at
-    END
-WHERE id = :id
+    updated_at = :now
+WHERE id = :id AND (state = 'queued' OR (state = 'running' AND NOT cancel_requested))
 RETURNING *;
 
 -- name: retry
@@ -149,7 +147,7 @@ RETURNING *, due_at <= :now AS due_now;
 -- in one statement inside BEGIN IMMEDIATE. Running rows whose lease has expired are rescued
 -- here too. The claim counts the attempt.
 --
--- Concurrency keys (see the protocol's module doc): a keyed row is claimable only while fewer
+-- Concurrency keys (see docs/queues.md, "Concurrency keys"): a keyed row is claimable only while fewer
 -- than its concurrency_limit running rows of its key hold a live lease (lease_expires_at >
 -- now; an expired one is being rescued, not run). The window leaves out rows whose key is at
 -- its limit, so blocked keyed rows at the head never starve the rows behind them; of the
@@ -232,7 +230,7 @@ RETURNING id;
 -- Every outcome of a batch in one statement, fenced on (id, version) and the running state:
 -- stepping one statement per outcome from Python costs twice what the writes do. A template:
 -- the queue fills in {rows}, one "(?, ?, ...)" of numbered parameters per outcome, in the
--- columns of s; ?1 is now, ?2 is max_errors (_execute_values in _sqlite.py). The batch never holds two outcomes for one
+-- columns of s; ?1 is now, ?2 is max_errors (_execute_values in sql/_sqlite.py). The batch never holds two outcomes for one
 -- (id, version): the queue drops repeats before sending. RETURNING may name only the updated
 -- table, so the queue finds each row's outcome by (id, lease_version).
 WITH s (id, version, kind, error, delay_us, at, config, result) AS (VALUES {rows})

@@ -1,6 +1,6 @@
 """Enqueue on the application's own open transaction (the outbox pattern).
 
-:meth:`SQLQueue.enqueue_on` runs the queue's enqueue statements on a connection the
+:meth:`SQLProducer.enqueue_on` runs the queue's enqueue statements on a connection the
 application holds, inside the transaction the application has open, so the business write and
 the item commit or roll back together. The functions here prepare such a connection and put
 the call in a savepoint; they never commit or roll back the application's transaction.
@@ -32,7 +32,7 @@ import sqlite3
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._errors import SchemaError
+from ..._errors import SchemaError
 
 if TYPE_CHECKING:
     import psycopg

@@ -1,0 +1,519 @@
+"""The SQLite queue: the embedded default, one file and nothing to install.
+
+:class:`SQLiteQueue` is the SQL layer's ports on SQLite: one writer connection (claims,
+renewals, settlements, every write) and one read-only reader (status reads), each used by one
+thread at a time behind its own ``CapacityLimiter(1)``; writes under ``BEGIN IMMEDIATE``,
+batches as one ``VALUES`` statement per chunk; other connections' commits seen through
+``PRAGMA data_version`` while :meth:`SQLiteQueue.wait_for_work` waits. The file itself (opening,
+migrations, errors) is ``_sqlite_db.py``; what the queue promises is in ``docs/queues.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import json
+import math
+import operator
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import attrs
+import trio
+import trio_util
+
+from ..._clock import Clock, SystemClock
+from ..._errors import QueueError, QueueFailed
+from ...job import MAX_ERRORS, Lease, WorkItem
+from ...job._model import BOOL, SECONDS, TIME
+from .. import _sql
+from .._ports import Capability
+from ._base import Lane
+from ._outbox import sqlite_savepoint
+from ._queue import SQLQueue
+from ._rows import NEW_ROW_COLUMNS, NEW_ROW_KINDS, Codec
+from ._settle import SettleEntry
+from ._sqlite_db import (
+    DATA_ERRORS,
+    EPOCH,
+    QUERIES,
+    US,
+    Transaction,
+    connect_file,
+    file_identity,
+    from_us,
+    map_error,
+    migrate_connection,
+    next_number,
+    open_file,
+    schema_version,
+    to_us,
+)
+
+__all__ = ["DEFAULT_SQLITE_PATH", "DEFAULT_WATCH_INTERVAL", "SQLiteQueue"]
+
+T = TypeVar("T")
+_Q = QUERIES
+DEFAULT_SQLITE_PATH = "trio_supervise.db"
+"""The database file used when nothing is configured, relative to the working directory."""
+
+DEFAULT_WATCH_INTERVAL = 0.1
+"""Seconds between two looks at ``PRAGMA data_version`` while :meth:`SQLiteQueue.wait_for_work`
+waits: how soon another connection's commit wakes a runner. Each look is one thread hop (about
+half a millisecond of CPU when idle, so 0.5% of a core at this interval, however many
+waiters share the queue)."""
+
+_ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue"])
+_ID = NEW_ROW_COLUMNS.index("id")
+_SECONDS = [n for n, kind in enumerate(NEW_ROW_KINDS) if kind == SECONDS]
+"""The columns of a new row that hold a float (seconds)."""
+
+
+@functools.cache
+def _enqueue_rows_query(varying: tuple[bool, ...], keyed: bool) -> str:
+    """The ``enqueue_rows`` template filled in: the columns *varying* (one flag per
+    :data:`NEW_ROW_COLUMNS`, the id's always set) come from each JSON row (the row itself when
+    only the id varies), the others from the parameter of the column's name."""
+    positions = [n for n, flag in enumerate(varying) if flag]
+    values: dict[str, str] = {}
+    for n, name in enumerate(NEW_ROW_COLUMNS):
+        if not varying[n]:
+            values[name] = f":{name}"
+        elif len(positions) == 1:
+            values[name] = "r.value"
+        else:
+            values[name] = f"json_extract(r.value, '$[{positions.index(n)}]')"
+    query = _Q["enqueue_rows"].format_map(values)
+    return query if keyed else _sql.without_conflict_clause(query)
+
+
+_MAX_PARAMETERS = 999
+"""The smallest ``SQLITE_MAX_VARIABLE_NUMBER`` a build may have (32766 since SQLite 3.32)."""
+_PADDING = [None] * _MAX_PARAMETERS
+_ORD = operator.itemgetter("ord")
+
+
+@functools.cache
+def _values_query(name: str, width: int, size: int) -> str:
+    """The template query *name* for *size* rows of *width* values: its ``{rows}`` filled in
+    with ``(?3, ?4, ...), ...``, numbered after the query's own ``?1`` and ``?2``."""
+    rows = ", ".join(
+        "(" + ", ".join(f"?{3 + n * width + k}" for k in range(width)) + ")" for n in range(size)
+    )
+    return _Q[name].replace("{rows}", rows)
+
+
+def _values_chunk(width: int) -> int:
+    """Rows per statement: the largest power of two whose parameters fit in any build."""
+    return 1 << ((_MAX_PARAMETERS - 2) // width).bit_length() - 1
+
+
+def _execute_values(
+    conn: sqlite3.Connection,
+    name: str,
+    head: tuple[Any, Any],
+    rows: Sequence[Sequence[Any]],
+) -> list[sqlite3.Row]:
+    """Run the template query *name* (see :func:`_values_query`) over *rows*, with *head* as
+    ``?1`` and ``?2``; the rows it returns.
+
+    One statement per chunk of rows, not one per row: stepping a statement from Python costs
+    more than the write it makes. A chunk is padded with rows of NULLs (a NULL id matches
+    nothing) to a power of two, so a few statement texts serve every batch size, each prepared
+    once and then taken from the connection's statement cache.
+    """
+    returned: list[sqlite3.Row] = []
+    if not rows:
+        return returned
+    width = len(rows[0])
+    chunk = _values_chunk(width)
+    for start in range(0, len(rows), chunk):
+        part = rows[start : start + chunk]
+        size = 1 << (len(part) - 1).bit_length()
+        params = list(head)
+        for row in part:
+            params += row
+        params += _PADDING[: (size - len(part)) * width]
+        returned += conn.execute(_values_query(name, width, size), params).fetchall()
+    return returned
+
+
+_MIN_US = -(2**63)
+"""Before every stored time: the cursor of a first page."""
+
+_CODEC = Codec(
+    # Times are integers (microseconds since the epoch), booleans 0 or 1: the same exact
+    # arithmetic as timedelta(microseconds=value), in half the time.
+    decode={TIME: "_EPOCH + _US * $value", BOOL: "True if $value else False"},
+    encode_time="to_us($value)",
+    namespace={"_EPOCH": EPOCH, "_US": US, "to_us": to_us},
+)
+
+
+@attrs.define(eq=False, kw_only=True)
+class SQLiteQueue(SQLQueue):
+    """The :class:`WorkQueue` protocol on one SQLite file. Open it with :meth:`connect`."""
+
+    _declared: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.SETTLE_AND_CLAIM, Capability.SERIAL_WRITES, Capability.TRANSACTIONAL_ENQUEUE}
+    )
+
+    _path: str = attrs.field(alias="path")
+    _conn: sqlite3.Connection = attrs.field(alias="conn")
+    _reader: sqlite3.Connection = attrs.field(alias="reader")
+    _clock: Clock = attrs.field(alias="clock")
+    _identity: tuple[int, int] | None = attrs.field(alias="identity")
+    _watch_interval: float | None = attrs.field(alias="watch_interval", default=None)
+    _where: str = attrs.field(init=False)
+    """The absolute path, as opened: a later ``chdir`` must not look like a deleted file."""
+
+    @_where.default
+    def _absolute(self) -> str:
+        return self._path if self._path == ":memory:" else os.path.abspath(self._path)
+
+    _limiter: trio.CapacityLimiter = attrs.field(
+        init=False, factory=lambda: trio.CapacityLimiter(1)
+    )
+    _read_limiter: trio.CapacityLimiter = attrs.field(init=False)
+
+    @_read_limiter.default
+    def _one_limiter(self) -> trio.CapacityLimiter:
+        return self._limiter if self._reader is self._conn else trio.CapacityLimiter(1)
+
+    _changes: trio_util.AsyncValue[int] = attrs.field(
+        init=False, factory=lambda: trio_util.AsyncValue(0)
+    )
+    _closed: bool = attrs.field(init=False, default=False)
+    _version: tuple[float, int | None] = attrs.field(init=False, default=(-math.inf, None))
+    """The last ``PRAGMA data_version`` the waiters read, and when (Trio's clock): waiters
+    share one look per half interval."""
+
+    @classmethod
+    async def connect(
+        cls,
+        path: str | os.PathLike[str] = DEFAULT_SQLITE_PATH,
+        *,
+        clock: Clock | None = None,
+        migrate: bool = True,
+        busy_timeout: float = 5.0,
+        create: bool = True,
+        watch_interval: float | None = DEFAULT_WATCH_INTERVAL,
+    ) -> SQLiteQueue:
+        """Open (creating if need be) the queue in the file at *path*.
+
+        :param clock: where "now" comes from (default: :class:`SystemClock`).
+        :param migrate: bring a missing or older schema up to date (the default, since the file
+            belongs to this application); with ``False`` such a schema raises
+            :class:`SchemaError`. A schema newer than this release knows always raises it.
+        :param busy_timeout: seconds to wait for another process's write lock.
+        :param create: with ``False`` a missing file raises :class:`QueueFailed` ("no database
+            at PATH; run `trio-supervise migrate` to create it") instead of being created, for
+            commands that only read.
+        :param watch_interval: while :meth:`wait_for_work` waits, look this often (seconds)
+            for commits by other connections (other processes, :meth:`enqueue_on`); None: only
+            this queue's own writes and due times wake it.
+        """
+        path = os.fspath(path)
+        if not path:
+            raise ValueError("path must be a non-empty file name (or ':memory:')")
+        if not (busy_timeout >= 0) or busy_timeout == float("inf"):
+            raise ValueError(f"busy_timeout must be a finite number >= 0, got {busy_timeout!r}")
+        if watch_interval is not None and (
+            not (watch_interval > 0) or watch_interval == float("inf")
+        ):
+            raise ValueError(
+                "watch_interval must be a positive number of seconds or None, "
+                f"got {watch_interval!r}"
+            )
+        clock = SystemClock() if clock is None else clock
+        now_us = to_us(clock.now())
+
+        def open_sync() -> tuple[sqlite3.Connection, sqlite3.Connection, tuple[int, int] | None]:
+            conn = connect_file(path, busy_timeout, mode="rwc" if create else "rw")
+            with contextlib.ExitStack() as on_failure:
+                on_failure.callback(conn.close)
+                found = schema_version(conn)
+                if _sql.to_migrate(found, "sqlite", path, f"sqlite:///{path}", migrate=migrate):
+                    migrate_connection(conn, now_us, where=path)
+                reader = conn  # ':memory:': a second connection would be another database
+                if path != ":memory:":
+                    reader = connect_file(path, busy_timeout, mode="ro")
+                    on_failure.callback(reader.close)
+                identity = file_identity(path)
+                on_failure.pop_all()
+            return conn, reader, identity
+
+        conn, reader, identity = await open_file(open_sync, path, busy_timeout)
+        return cls(
+            path=path,
+            conn=conn,
+            reader=reader,
+            clock=clock,
+            identity=identity,
+            watch_interval=None if path == ":memory:" else watch_interval,
+        )
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_file(self) -> None:
+        """Raise :class:`QueueFailed` if the path no longer names the file that was opened."""
+        try:
+            found = file_identity(self._where)
+        except OSError as error:
+            found = None
+            reason = f"{error.strerror or error}"
+        else:
+            reason = "replaced by another file"
+        if found != self._identity:
+            raise QueueFailed(
+                f"the SQLite database at {self._path} is gone ({reason}) while the queue had it "
+                "open: nothing written since is stored anywhere"
+            )
+
+    async def _run(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        lane: Lane = Lane.WORKER,
+        retry: bool = True,
+    ) -> T:
+        """Run *fn* in its connection's thread: the writer's, or for reads (status reads and the
+        worker's look at what is due) the reader's."""
+        if self._closed:
+            raise QueueError(f"the SQLite queue at {self._path} is closed")
+        if lane is Lane.READ or lane is Lane.WAIT:
+            conn, limiter = self._reader, self._read_limiter
+        else:
+            conn, limiter = self._conn, self._limiter
+
+        def checked(conn: sqlite3.Connection) -> T:
+            self._check_file()
+            return fn(conn)
+
+        try:
+            return await trio.to_thread.run_sync(checked, conn, limiter=limiter)
+        except sqlite3.Error as error:
+            raise map_error(error, self._path) from error
+
+    _call = _run
+
+    def _change_mark(self, conn: sqlite3.Connection) -> int | None:
+        if self._watch_interval is None:
+            return None
+        return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+    async def _wait_changed(self, generation: int, mark: Any) -> None:
+        if mark is None:
+            await super()._wait_changed(generation, mark)
+            return
+        interval = self._watch_interval or 0
+        while True:
+            with trio.move_on_after(interval):
+                await super()._wait_changed(generation, mark)
+                return
+            at, version = self._version
+            if trio.current_time() - at >= interval / 2:
+                version = await self._run(self._change_mark, lane=Lane.WAIT)
+                self._version = (trio.current_time(), version)
+            if version != mark:
+                return
+
+    def _outbox(self, conn: Any) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return self._mapped(sqlite_savepoint(conn, identity=self._identity, where=self._where))
+
+    @contextlib.contextmanager
+    def _mapped(
+        self, inner: contextlib.AbstractContextManager[sqlite3.Connection]
+    ) -> Iterator[sqlite3.Connection]:
+        if self._closed:
+            raise QueueError(f"the SQLite queue at {self._path} is closed")
+        try:
+            with inner as conn:
+                yield conn
+        except sqlite3.Error as error:
+            raise map_error(error, self._path) from error
+
+    # -- the dialect's hooks (see _base.py and the ports) --------------------------------
+
+    _queries: ClassVar[Mapping[str, str]] = QUERIES
+
+    _backend: ClassVar[_sql.Backend] = "sqlite"
+    _first_cursor: ClassVar[int] = _MIN_US
+    _no_limit: ClassVar[int] = -1
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+        # A deferred transaction: in WAL mode its first read fixes the snapshot it reads.
+        conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            conn.execute("COMMIT")
+
+    def _transaction(self, conn: sqlite3.Connection) -> Transaction:
+        return Transaction(conn)
+
+    _write = _transaction
+
+    def _now(self) -> int:
+        return to_us(self._clock.now())
+
+    _time = staticmethod(to_us)
+    _from_time = staticmethod(from_us)
+    _codec: ClassVar[Codec] = _CODEC
+
+    @staticmethod
+    def _columns(cur: sqlite3.Cursor) -> tuple[str, ...]:
+        return tuple(column[0] for column in cur.description)
+
+    @staticmethod
+    def _ids(values: Sequence[str]) -> str:
+        return json.dumps(list(values))
+
+    def _is_duplicate(self, error: Exception) -> bool:
+        return isinstance(error, sqlite3.IntegrityError)
+
+    def _data_errors(self) -> tuple[type[Exception], ...]:
+        return DATA_ERRORS
+
+    def _cursor(self, conn: sqlite3.Connection) -> sqlite3.Cursor:
+        cur = conn.cursor()
+        cur.row_factory = sqlite3.Row
+        return cur
+
+    def _insert_rows(
+        self,
+        cur: sqlite3.Cursor,
+        rows: Sequence[tuple[Any, ...]],
+        now: int,
+        *,
+        keyed: bool,
+        notify: bool,
+    ) -> tuple[int, dt.datetime]:
+        columns = list(zip(*rows, strict=True))
+        incarnation = next_number(cur, "next_incarnation")
+        params: dict[str, Any] = {"now": now, "incarnation": incarnation}
+        varying = []
+        for n, (name, column) in enumerate(zip(NEW_ROW_COLUMNS, columns, strict=True)):
+            same = n != _ID and column.count(column[0]) == len(column)  # the ids always vary
+            if same:
+                params[name] = column[0]
+            varying.append(not same)
+        if any(
+            varying[n] and not all(t is None or t.is_integer() for t in columns[n])
+            for n in _SECONDS
+        ):
+            # A fractional number in the JSON would go through SQLite's text-to-float
+            # conversion, which is not correctly rounded on every build: bound as a double.
+            cur.executemany(
+                _Q["enqueue"] if keyed else _ENQUEUE_UNKEYED,
+                [
+                    dict(zip(NEW_ROW_COLUMNS, row, strict=True), now=now, incarnation=incarnation)
+                    for row in rows
+                ],
+            )
+            return cur.rowcount, from_us(now)
+        # One statement reading one JSON array: SQLite's fastest multi-row form. The strings
+        # go as UTF-8 (every text is checked free of NULs and lone surrogates).
+        picked = [column for column, flag in zip(columns, varying, strict=True) if flag]
+        values = picked[0] if len(picked) == 1 else list(zip(*picked, strict=True))
+        params["rows"] = json.dumps(values, ensure_ascii=False)
+        cur.execute(_enqueue_rows_query(tuple(varying), keyed), params)
+        return cur.rowcount, from_us(now)
+
+    def _claim_in(self, conn: sqlite3.Connection, params: dict[str, Any]) -> list[WorkItem]:
+        # The claim's lease version, from the database's counter (see next_version). Rows as
+        # tuples: the cheapest to build and to unpack.
+        cur = conn.cursor()
+        cur.row_factory = None
+        cur.execute(_Q["claim_due"], {**params, "version": next_number(conn, "next_version")})
+        return self._all(cur)
+
+    def _renew_rows(
+        self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int
+    ) -> Iterable[sqlite3.Row]:
+        return _execute_values(
+            conn,
+            "renew_many",
+            (now, lease_us),
+            [(each.item_id, each.version, each.worker_id) for each in leases],
+        )
+
+    def _settle_rows(
+        self, conn: sqlite3.Connection, entries: Sequence[SettleEntry], now: int
+    ) -> list[Any]:
+        ords = {}
+        values = []
+        for position, (_, s, converted) in enumerate(entries, start=1):
+            ords[s.item_id, s.lease_version] = position
+            values.append(
+                (
+                    s.item_id,
+                    s.lease_version,
+                    s.kind.value,
+                    s.error,
+                    converted["delay_us"],
+                    converted["at"],
+                    converted["config"],
+                    converted["result"],
+                )
+            )
+        rows = [
+            {
+                "ord": ords[id_, version],
+                "spec_id": spec_id,
+                "state": state,
+                "parent_id": parent_id,
+                "concurrency_key": key,
+                "due_now": due_now,
+            }
+            for id_, version, spec_id, state, parent_id, key, due_now in _execute_values(
+                conn, "settle_many", (now, MAX_ERRORS), values
+            )
+        ]
+        rows.sort(key=_ORD)  # batch order, as one statement per outcome returned them
+        return rows
+
+    def _set_parents(self, conn: sqlite3.Connection, children: Sequence[dict[str, Any]]) -> None:
+        conn.executemany(_Q["set_parent"], children)
+
+    def _fan_in(self, conn: sqlite3.Connection, item_ids: Sequence[str], now: int) -> list[str]:
+        # Inside BEGIN IMMEDIATE: this connection alone writes, so read-then-update is atomic.
+        due = []
+        for item_id in item_ids:
+            waited = conn.execute(_Q["waited_parent"], {"id": item_id}).fetchone()
+            if waited is None:
+                continue
+            conn.execute(_Q["counted"], {"id": item_id})
+            row = conn.execute(
+                _Q["count_down"],
+                {
+                    "parent_id": waited["parent_id"],
+                    "parent_version": waited["parent_version"],
+                    "now": now,
+                },
+            ).fetchone()
+            if row is not None and row["due_now"]:
+                due.append(row["spec_id"])
+        return due
+
+    async def aclose(self) -> None:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        # The reader first: the writer, closing last, checkpoints the WAL and removes it.
+        if self._reader is not self._conn:
+            async with self._read_limiter:
+                await trio.to_thread.run_sync(self._reader.close)
+        async with self._limiter:
+            await trio.to_thread.run_sync(self._conn.close)
