@@ -293,6 +293,9 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         http=http,
         runner=runner_settings,
         retention=retention,
+        postgres=ts.PostgresSettings(
+            pool_size=4, worker_pool_size=4, read_pool_size=2, connect_timeout=10.0
+        ),
     )
     schedule = ts.Schedule(
         name="nightly",

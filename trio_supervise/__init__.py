@@ -32,6 +32,7 @@ from ._service import Service as Service
 from ._service import ServiceHandle as ServiceHandle
 from ._service import run_service as run_service
 from ._settings import HttpSettings as HttpSettings
+from ._settings import PostgresSettings as PostgresSettings
 from ._settings import LogLevel as LogLevel
 from ._settings import LogSettings as LogSettings
 from ._settings import Settings as Settings
@@ -126,6 +127,7 @@ __all__ = [
     "EvaluationTimedOut",
     "ErrorRecord",
     "HttpSettings",
+    "PostgresSettings",
     "Intensity",
     "ItemNotFound",
     "ItemState",

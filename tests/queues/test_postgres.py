@@ -1267,3 +1267,62 @@ def _with_dbname(dsn: str, dbname: str) -> str:
     from psycopg.conninfo import make_conninfo
 
     return make_conninfo(dsn, dbname=dbname)
+
+
+def test_no_query_returns_star() -> None:
+    """Every statement of either dialect names the item's columns: none returns ``*`` (a CTE's
+    own ``*`` over its named columns aside), so no prepared statement changes its result's
+    shape when a later migration adds a column."""
+    import re
+
+    for backend in ("postgres", "sqlite"):
+        for name, query in _queries.load_queries(backend).items():
+            outer = re.sub(r"FROM queued UNION ALL SELECT \* FROM expired|head\.\*", "", query)
+            assert not re.search(r"RETURNING \*|SELECT \* FROM trio_supervise_items", outer), name
+            assert "{item_columns" not in query, name
+
+
+async def test_a_column_added_by_a_later_migration_leaves_running_workers_working() -> None:
+    """A queue whose connections have prepared every statement it uses (psycopg prepares a
+    statement on its sixth run) keeps working after another release's migration adds a
+    column to the items table: no "cached plan must not change result type" (0A000), which
+    made old workers' fan-ins fail during the R9 rolling upgrade."""
+    import psycopg
+    from psycopg import sql as pgsql
+
+    async def round_of_everything(queue: PostgresQueue, n: int) -> None:
+        await queue.enqueue("parent", item_id=f"p{n}", idempotency_key=f"k{n}")
+        assert (await queue.get(f"p{n}")).id == f"p{n}"
+        assert (await queue.get_by_key(f"k{n}")).id == f"p{n}"
+        assert await queue.list_items(limit=5)
+        [parent] = await queue.claim_due(["parent"], "w", 30, 1)
+        child = NewItem(spec_id="child", item_id=f"c{n}", idempotency_key=f"ck{n}")
+        settled = Settlement(
+            item_id=parent.id,
+            lease_version=parent.lease_version,
+            kind=SettleKind.CONTINUE,
+            children=[child],
+            wait_for_children=True,
+        )
+        assert await queue.settle_many([settled]) == [True]
+        assert [c.id for c in await queue.list_children(parent.id)] == [f"c{n}"]
+        assert (await queue.request_cancel(f"c{n}")).state is ItemState.CANCELLED
+        await queue.retry(f"c{n}")
+        await queue.edit_config(f"c{n}", {"n": n})
+        assert (await queue.request_cancel(f"c{n}")).state is ItemState.CANCELLED
+        await queue.delete(f"c{n}")
+
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(
+            dsn, schema=schema, migrate=True, pool_size=1, worker_pool_size=1, read_pool_size=1
+        ) as queue:
+            for n in range(7):
+                await round_of_everything(queue, n)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    pgsql.SQL("ALTER TABLE {}.trio_supervise_items ADD COLUMN later int").format(
+                        pgsql.Identifier(schema)
+                    )
+                )
+            for n in range(7, 10):
+                await round_of_everything(queue, n)

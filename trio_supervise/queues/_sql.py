@@ -24,6 +24,7 @@ from typing import Literal
 import attrs
 
 from .._errors import SchemaError
+from ..job import WorkItem
 
 __all__ = [
     "Backend",
@@ -66,6 +67,7 @@ _COMMENT_LINE = re.compile(r"^[ \t]*--.*\n", re.MULTILINE)
 def load_queries(backend: Backend) -> Mapping[str, str]:
     """The backend's named queries, ``{name: sql}``, without their comment lines.
 
+    Each ``{item_columns}`` becomes the item's columns by name (see :func:`_item_columns`).
     The comments are for readers of the ``.sql`` file; the driver is better off without them:
     psycopg caches the parse of a query's placeholders only for a query shorter than 4096
     characters (``MAX_CACHED_STATEMENT_LENGTH``), and with its comments the claim is longer,
@@ -77,8 +79,24 @@ def load_queries(backend: Backend) -> Mapping[str, str]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise RuntimeError(f"query {name!r} is defined twice in {backend}/queries.sql")
-        queries[name] = _COMMENT_LINE.sub("", body.strip() + "\n").strip()
+        query = _COMMENT_LINE.sub("", body.strip() + "\n").strip()
+        queries[name] = _ITEM_COLUMNS.sub(_item_columns, query)
     return queries
+
+
+_ITEM_COLUMNS = re.compile(r"\{item_columns(?::(\w+))?\}")
+
+
+def _item_columns(match: re.Match[str]) -> str:
+    """``{item_columns}`` (or ``{item_columns:alias}``): the item's columns, named.
+
+    Never ``*``: a worker's prepared statement returning ``*`` fails once a later release's
+    migration adds a column ("cached plan must not change result type"), so workers of the
+    release before could not run beside the new schema during a rolling upgrade. Named, the
+    result keeps its shape, and the added column is simply not read.
+    """
+    prefix = f"{match.group(1)}." if match.group(1) else ""
+    return ", ".join(prefix + field.name for field in attrs.fields(WorkItem))
 
 
 # PostgreSQL's names the partial index's predicate (the key's unique index holds keyed items

@@ -110,20 +110,20 @@ WHERE idempotency_key = ANY(%(keys)s::text[])
   );
 
 -- name: holders
-SELECT * FROM trio_supervise_items WHERE idempotency_key = ANY(%(keys)s::text[]);
+SELECT {item_columns} FROM trio_supervise_items WHERE idempotency_key = ANY(%(keys)s::text[]);
 
 -- name: existing_ids
 SELECT id FROM trio_supervise_items WHERE id = ANY(%(ids)s::text[]);
 
 -- name: get_by_key
 -- The key's holder, else the newest item that held it.
-SELECT * FROM trio_supervise_items
+SELECT {item_columns} FROM trio_supervise_items
 WHERE idempotency_key = %(key)s OR released_key = %(key)s
 ORDER BY idempotency_key IS NULL, created_at DESC, id DESC
 LIMIT 1;
 
 -- name: get
-SELECT * FROM trio_supervise_items WHERE id = %(id)s;
+SELECT {item_columns} FROM trio_supervise_items WHERE id = %(id)s;
 
 -- name: list_state
 -- One page of one state, after the cursor (due_at, id). list_items runs one per state and
@@ -132,7 +132,7 @@ SELECT * FROM trio_supervise_items WHERE id = %(id)s;
 -- rows (the leases in flight) from the lease index, sorted. Each arm spells out its state test,
 -- so that even a generic plan of this prepared statement uses those indexes.
 (
-    SELECT * FROM trio_supervise_items
+    SELECT {item_columns} FROM trio_supervise_items
     WHERE state = %(state)s AND state <> 'running'
       AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
     ORDER BY due_at, id
@@ -140,7 +140,7 @@ SELECT * FROM trio_supervise_items WHERE id = %(id)s;
 )
 UNION ALL
 (
-    SELECT * FROM trio_supervise_items
+    SELECT {item_columns} FROM trio_supervise_items
     WHERE state = %(state)s AND state = 'running'
       AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
     ORDER BY due_at, id
@@ -152,7 +152,7 @@ LIMIT %(limit)s;
 -- name: list_state_specs
 -- list_state of some specs only.
 (
-    SELECT * FROM trio_supervise_items
+    SELECT {item_columns} FROM trio_supervise_items
     WHERE state = %(state)s AND state <> 'running'
       AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
       AND spec_id = ANY(%(spec_ids)s::text[])
@@ -161,7 +161,7 @@ LIMIT %(limit)s;
 )
 UNION ALL
 (
-    SELECT * FROM trio_supervise_items
+    SELECT {item_columns} FROM trio_supervise_items
     WHERE state = %(state)s AND state = 'running'
       AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
       AND spec_id = ANY(%(spec_ids)s::text[])
@@ -192,7 +192,7 @@ UPDATE trio_supervise_items SET
     waiting_children = CASE WHEN state = 'queued' THEN 0 ELSE waiting_children END,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s AND (state = 'queued' OR (state = 'running' AND NOT cancel_requested))
-RETURNING *;
+RETURNING {item_columns};
 
 -- name: retry
 UPDATE trio_supervise_items SET
@@ -206,7 +206,7 @@ UPDATE trio_supervise_items SET
     waiting_children = 0,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s AND state <> 'running'
-RETURNING *, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
+RETURNING {item_columns}, due_at <= coalesce(%(now)s::timestamptz, now()) AS due_now;
 
 -- name: claim_due
 -- One statement, in autocommit: lock one queue's first claimable rows in (priority, due_at, id)
@@ -573,7 +573,7 @@ RETURNING p.spec_id, p.waiting_children = 0 AS due_now;
 -- The children of the parent's current incarnation (those of an earlier item with its id are
 -- not its own). A child that records no incarnation was written by a worker of an older
 -- release during a rolling upgrade: it is listed as before (by the parent's id alone).
-SELECT * FROM trio_supervise_items WHERE parent_id = %(parent_id)s
+SELECT {item_columns} FROM trio_supervise_items WHERE parent_id = %(parent_id)s
   AND (parent_incarnation IS NULL OR parent_incarnation = (
       SELECT p.incarnation FROM trio_supervise_items AS p WHERE p.id = %(parent_id)s
   ))
@@ -702,14 +702,14 @@ WHERE id = %(id)s AND state <> 'running' AND waiting_children = 0 AND (
           AND p.state = 'queued' AND p.waiting_children > 0
     )
 )
-RETURNING *;
+RETURNING {item_columns};
 
 -- name: edit_config
 UPDATE trio_supervise_items SET
     config = %(config)s::jsonb,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s AND state <> 'running'
-RETURNING *;
+RETURNING {item_columns};
 
 -- Schedules (schema 0008): each one's last enqueued fire, fleet-wide.
 

@@ -79,7 +79,7 @@ WHERE idempotency_key IN (SELECT value FROM json_each(:keys))
   );
 
 -- name: holders
-SELECT * FROM trio_supervise_items
+SELECT {item_columns} FROM trio_supervise_items
 WHERE idempotency_key IN (SELECT value FROM json_each(:keys));
 
 -- name: existing_ids
@@ -87,24 +87,24 @@ SELECT id FROM trio_supervise_items WHERE id IN (SELECT value FROM json_each(:id
 
 -- name: get_by_key
 -- The key's holder, else the newest item that held it.
-SELECT * FROM trio_supervise_items
+SELECT {item_columns} FROM trio_supervise_items
 WHERE idempotency_key = :key OR released_key = :key
 ORDER BY idempotency_key IS NULL, created_at DESC, id DESC
 LIMIT 1;
 
 -- name: get
-SELECT * FROM trio_supervise_items WHERE id = :id;
+SELECT {item_columns} FROM trio_supervise_items WHERE id = :id;
 
 -- name: list_state
 -- One page of one state, after the cursor (due_at, id): a range of the state index, so it
 -- costs the rows shown. list_items runs one per state and merges them.
-SELECT * FROM trio_supervise_items
+SELECT {item_columns} FROM trio_supervise_items
 WHERE state = :state AND (due_at, id) > (:after_due, :after_id)
 ORDER BY due_at, id
 LIMIT :limit;
 
 -- name: list_state_specs
-SELECT * FROM trio_supervise_items
+SELECT {item_columns} FROM trio_supervise_items
 WHERE state = :state AND (due_at, id) > (:after_due, :after_id)
   AND spec_id IN (SELECT value FROM json_each(:spec_ids))
 ORDER BY due_at, id
@@ -126,7 +126,7 @@ UPDATE trio_supervise_items SET
     waiting_children = CASE WHEN state = 'queued' THEN 0 ELSE waiting_children END,
     updated_at = :now
 WHERE id = :id AND (state = 'queued' OR (state = 'running' AND NOT cancel_requested))
-RETURNING *;
+RETURNING {item_columns};
 
 -- name: retry
 UPDATE trio_supervise_items SET
@@ -140,7 +140,7 @@ UPDATE trio_supervise_items SET
     waiting_children = 0,
     updated_at = :now
 WHERE id = :id AND state <> 'running'
-RETURNING *, due_at <= :now AS due_now;
+RETURNING {item_columns}, due_at <= :now AS due_now;
 
 -- name: claim_due
 -- One queue's claimable rows in (priority, due_at, id) order (none while it is paused), leased
@@ -192,7 +192,7 @@ WHERE id IN (
           AND (e.priority, e.due_at, e.id) < (w.priority, w.due_at, w.id)
     ) < w.concurrency_limit
 )
-RETURNING *;
+RETURNING {item_columns};
 
 -- name: renew_many
 -- Fenced on (id, version, owner) and the running state; rows that come back are renewed. A
@@ -318,7 +318,7 @@ RETURNING spec_id, waiting_children = 0 AS due_now;
 -- The children of the parent's current incarnation (those of an earlier item with its id are
 -- not its own). A child that records no incarnation was written by a worker of an older
 -- release during a rolling upgrade: it is listed as before (by the parent's id alone).
-SELECT * FROM trio_supervise_items WHERE parent_id = :parent_id
+SELECT {item_columns} FROM trio_supervise_items WHERE parent_id = :parent_id
   AND (parent_incarnation IS NULL OR parent_incarnation = (
       SELECT p.incarnation FROM trio_supervise_items AS p WHERE p.id = :parent_id
   ))
@@ -404,12 +404,12 @@ WHERE id = :id AND state <> 'running' AND waiting_children = 0 AND (
           AND p.state = 'queued' AND p.waiting_children > 0
     )
 )
-RETURNING *;
+RETURNING {item_columns};
 
 -- name: edit_config
 UPDATE trio_supervise_items SET config = :config, updated_at = :now
 WHERE id = :id AND state <> 'running'
-RETURNING *;
+RETURNING {item_columns};
 
 -- Schedules (schema 0005): each one's last enqueued fire, fleet-wide.
 
