@@ -32,9 +32,9 @@ from ._service import Service as Service
 from ._service import ServiceHandle as ServiceHandle
 from ._service import run_service as run_service
 from ._settings import HttpSettings as HttpSettings
-from ._settings import PostgresSettings as PostgresSettings
 from ._settings import LogLevel as LogLevel
 from ._settings import LogSettings as LogSettings
+from ._settings import PostgresSettings as PostgresSettings
 from ._settings import Settings as Settings
 from ._settings import load_settings as load_settings
 from ._version import __version__ as __version__
