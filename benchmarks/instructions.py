@@ -74,7 +74,12 @@ def _counted() -> Iterator[None]:
 
 
 def child(workload: str, size: int) -> None:
-    """Run *workload* at *size* with its timed window marked (in the process valgrind runs)."""
+    """Run *workload* at *size* with its timed window marked (in the process valgrind runs).
+
+    As without the ``otel`` extra, whatever is installed: ``opentelemetry`` cannot be imported
+    here (the baseline counts a runner with no tracer), so nobody uninstalls it to measure.
+    """
+    sys.modules["opentelemetry"] = None  # type: ignore[assignment]
     from . import _runs, memory
 
     _runs.timed_window = _counted

@@ -406,6 +406,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         unique="unfinished",
         concurrency_key="t",
         concurrency_limit=2,
+        tags=["garden", "daily"],
     )
     item = ts.WorkItem(
         id="x",
@@ -437,6 +438,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         released_key=None,
         concurrency_key=None,
         concurrency_limit=None,
+        tags=("garden",),
     )
     ts.Enqueued(item=item, created=True)
     ts.QueueInfo(name="garden", paused=True, paused_at=when, counts={ts.ItemState.QUEUED: 1})

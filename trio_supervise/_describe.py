@@ -63,6 +63,7 @@ def item_fields(item: WorkItem) -> list[tuple[str, str]]:
         ("subject", item.subject_id),
         ("queue", item.queue),
         ("priority", str(item.priority)),
+        ("tags", ", ".join(item.tags)),
         (
             "concurrency",
             f"{item.concurrency_key} (limit {item.concurrency_limit})"

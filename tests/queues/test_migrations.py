@@ -41,7 +41,7 @@ def test_sql_files_are_consistent(backend: _sql.Backend) -> None:
 def test_queries_are_loaded_without_their_comment_lines(backend: _sql.Backend) -> None:
     """The queries as loaded hold no line that is only a comment; the rest is kept as written."""
     raw = _sql._sql_dir(backend).joinpath("queries.sql").read_text(encoding="utf-8")
-    raw = _sql._ITEM_COLUMNS.sub(_sql._item_columns, raw)  # {item_columns}, named
+    raw = _sql._ITEM_COLUMNS.sub(lambda m: _sql.item_columns(backend, m.group(1)), raw)
     for name, query in _sql.load_queries(backend).items():
         lines = query.splitlines()
         assert not [line for line in lines if line.lstrip().startswith("--")], name

@@ -834,7 +834,12 @@ def test_a_claim_s_columns_are_read_by_name_and_a_missing_one_is_refused() -> No
     at = dt.datetime(2001, 2, 3, tzinfo=dt.UTC)
     values: dict[str, Any] = {name: f"{name}-value" for name in fields}
     values.update(
-        config='{"n": 1}', result='"done"', errors="[]", state="running", cancel_requested=True
+        config='{"n": 1}',
+        result='"done"',
+        errors="[]",
+        tags='["a"]',
+        state="running",
+        cancel_requested=True,
     )
     values.update(dict.fromkeys(("due_at", "created_at", "updated_at"), at))
     values.update(lease_expires_at=None, unique_until=at)
@@ -845,7 +850,7 @@ def test_a_claim_s_columns_are_read_by_name_and_a_missing_one_is_refused() -> No
     assert (item.unique_until, item.lease_expires_at) == (at, None)
     swapped = (fields[1], fields[0], *fields[2:])
     assert _item_decoder(swapped, _CODEC)([values[name] for name in swapped]) == item
-    with pytest.raises(RuntimeError, match="without the columns \\['concurrency_limit'\\]"):
+    with pytest.raises(RuntimeError, match=f"without the columns \\['{fields[-1]}'\\]"):
         _item_decoder(fields[:-1], _CODEC)
 
 
@@ -1149,6 +1154,7 @@ async def test_status_reads_are_served_by_indexes() -> None:
                 .replace("%(after_id)s", "''")
                 .replace("%(limit)s", "50")
                 .replace("%(spec_ids)s::text[]", extra)
+                .replace("%(tags)s", "NULL")
             )
             plan = await trio.to_thread.run_sync(
                 _sql, dsn, schema, f"EXPLAIN (ANALYZE, TIMING off) {query}"
@@ -1166,6 +1172,7 @@ _READ_PARAMS = {
     "spec_ids": "'{s1,s2}'::text[]",
     "queues": "NULL::text[]",
     "now": "NULL::timestamptz",
+    "tags": "NULL::jsonb",
 }
 
 

@@ -154,7 +154,7 @@ async def test_status_reads_are_served_by_indexes(tmp_path: Path) -> None:
             [(f"i{n}", f"s{n % 3}", "completed" if n % 10 else "queued", n) for n in range(5000)],
         )
         conn.execute("ANALYZE")
-    params = {"state": "completed", "after_due": 0, "after_id": "", "limit": 50}
+    params = {"state": "completed", "after_due": 0, "after_id": "", "limit": 50, "tags": None}
     listing = _plan(path, _sql.load_queries("sqlite")["list_state"], params)
     assert "trio_supervise_items_state_due_idx" in listing
     assert "TEMP B-TREE" not in listing
@@ -302,6 +302,8 @@ def _item_by_name(row: sqlite3.Row) -> WorkItem:
             )
         if kind == "time":
             return epoch + dt.timedelta(microseconds=value)
+        if kind == "tags":
+            return tuple(json.loads(value))
         return {"bool": bool, "state": ItemState, "json": lambda v: v}[kind](value)
 
     return WorkItem(

@@ -79,6 +79,13 @@ def register(commands: Subparsers) -> None:
     )
     listing.add_argument("--spec", action="append", help="only items of this spec (repeatable)")
     listing.add_argument(
+        "--tag",
+        action="append",
+        dest="tags",
+        metavar="TAG",
+        help="only items carrying this tag (repeatable: every one of them)",
+    )
+    listing.add_argument(
         "--limit", type=limit, default=50, help=f"at most N, 1..{MAX_COUNT} (default 50)"
     )
     listing.add_argument(
@@ -111,7 +118,8 @@ def register(commands: Subparsers) -> None:
         "and that item is reported ('exists: ...'; exit 0). --from-file PATH (or - for stdin) "
         "adds one item per line, each a JSON object with enqueue's fields (spec_id, config, "
         "tenant_id, subject_id, due_at, item_id, idempotency_key, priority, queue, "
-        "evaluation_timeout, unique), in one transaction: a bad line is reported with its line "
+        "evaluation_timeout, unique, concurrency_key, concurrency_limit, tags), in one "
+        "transaction: a bad line is reported with its line "
         "number and field (exit 2) and nothing is written. Without --queue, --service "
         "MODULE:ATTR puts the item in the queue the spec's driver declares (else 'default'); "
         "an item that lands in a queue nothing known serves is warned about on stderr.",
@@ -134,6 +142,13 @@ def register(commands: Subparsers) -> None:
     enqueue.add_argument("--subject", default="", help="subject id")
     enqueue.add_argument("--due", help="ISO 8601 datetime with a timezone, or +SECONDS")
     enqueue.add_argument("--key", help="idempotency key")
+    enqueue.add_argument(
+        "--tag",
+        action="append",
+        dest="tags",
+        metavar="TAG",
+        help="a label to find the item by (repeatable)",
+    )
     enqueue.add_argument(
         "--priority",
         type=_priority,
@@ -194,7 +209,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if args.parent is not None and args.after is not None:
         raise UserError("--after pages the whole queue; with --parent, use --limit")
 
-    async def body(queue: WorkQueue) -> tuple[list[WorkItem], int]:
+    async def body(queue: WorkQueue) -> tuple[list[WorkItem], int | None]:
         if args.parent is not None:
             await queue.get(args.parent)  # an unknown parent is an error, not "no items"
             children = [
@@ -202,11 +217,14 @@ def _cmd_list(args: argparse.Namespace) -> int:
                 for child in await queue.list_children(args.parent, limit=MAX_COUNT)
                 if (states is None or child.state in states)
                 and (args.spec is None or child.spec_id in args.spec)
+                and all(tag in child.tags for tag in args.tags or ())
             ]
             return children[: args.limit], len(children)
         items = await queue.list_items(
-            states=states, spec_ids=args.spec, limit=args.limit, after=args.after
+            states=states, spec_ids=args.spec, limit=args.limit, after=args.after, tags=args.tags
         )
+        if args.tags:
+            return items, None  # counts are kept per spec and state, not per tag
         counts = await queue.counts()
         total = sum(
             n
@@ -219,10 +237,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([item_json(item) for item in items], indent=2, sort_keys=True))
         return 0
+    in_all = "" if total is None else f" ({total:,} in all)"
     if not items:
-        print(
-            "no items" if args.after is None else f"no items after {args.after} ({total:,} in all)"
-        )
+        print("no items" if args.after is None else f"no items after {args.after}{in_all}")
         return 0
     rows = [
         [
@@ -235,6 +252,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
             str(item.error_count),
             short(item.tenant_id, 16),
             short(item.subject_id, 16),
+            short(", ".join(item.tags), 24),
             short(first_line(item.last_error), 40),  # its summary, not its traceback
         ]
         for item in items
@@ -251,6 +269,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
             "errors",
             "tenant",
             "subject",
+            "tags",
             "last error",
         ],
         sys.stdout,
@@ -262,7 +281,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         if len(items) == args.limit and args.parent is None
         else ""
     )
-    print(f"{len(items):,} of {total:,}{' after ' + args.after if args.after else ''}{more}")
+    of = "" if total is None else f" of {total:,}"
+    print(f"{len(items):,}{of}{' after ' + args.after if args.after else ''}{more}")
     return 0
 
 
@@ -353,6 +373,7 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
             concurrency_key=args.concurrency_key,
             concurrency_limit=args.concurrency_limit,
             unique=args.unique,
+            tags=args.tags or (),
         )
         known = await known_queues(queue, settings, service)
         [done] = await queue.enqueue_many([entry])
@@ -395,6 +416,7 @@ _FILE_FIELDS = {
     "unique": object,
     "concurrency_key": str,
     "concurrency_limit": int,
+    "tags": list,
 }
 """The fields a line of --from-file may hold, and the JSON type each must have."""
 
@@ -414,6 +436,7 @@ def _enqueue_from_file(args: argparse.Namespace) -> int:
         "--unique": None if args.unique == "forever" else args.unique,
         "--concurrency-key": args.concurrency_key,
         "--concurrency-limit": args.concurrency_limit,
+        "--tag": args.tags,
     }
     given = [name for name, value in per_item.items() if value is not None]
     if given:
@@ -525,7 +548,7 @@ def _entry_of(line: str, now: dt.datetime) -> NewItem:
     return NewItem(**fields)
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number"}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from ._checks import MAX_DELAY as MAX_DELAY
 from ._checks import MAX_ID_LENGTH as MAX_ID_LENGTH
 from ._checks import MAX_NAME_LENGTH as MAX_NAME_LENGTH
 from ._checks import MAX_PRIORITY as MAX_PRIORITY
+from ._checks import MAX_TAGS as MAX_TAGS
 from ._checks import MAX_TIMEOUT as MAX_TIMEOUT
 from ._checks import MIN_PRIORITY as MIN_PRIORITY
 from ._checks import SCOPE_FOREVER as SCOPE_FOREVER
@@ -28,6 +29,7 @@ from ._checks import check_new_item as check_new_item
 from ._checks import check_priority as check_priority
 from ._checks import check_prune as check_prune
 from ._checks import check_queue_name as check_queue_name
+from ._checks import check_tags as check_tags
 from ._checks import check_timeout as check_timeout
 from ._checks import check_unique as check_unique
 from ._checks import created_item as created_item

@@ -133,6 +133,24 @@ def check_name(value: object, what: str) -> str:
     return value
 
 
+MAX_TAGS = 16
+"""The most tags an item carries."""
+
+
+def check_tags(tags: object) -> tuple[str, ...]:
+    """*tags* as the tuple to store: each a name (:func:`check_name`), a repeated one kept once
+    (first place), at most :data:`MAX_TAGS`. A bare string is refused, not split into
+    letters."""
+    if type(tags) is tuple and not tags:
+        return tags
+    if isinstance(tags, str | bytes) or not isinstance(tags, Sequence):
+        raise ValueError(f"tags must be a list of strings, got {shown_value(tags)}")
+    unique = tuple(dict.fromkeys(check_name(tag, "each tag") for tag in tags))
+    if len(unique) > MAX_TAGS:
+        raise ValueError(f"tags must be at most {MAX_TAGS} distinct strings, got {len(unique)}")
+    return unique
+
+
 def check_priority(priority: object) -> int:
     """Refuse a priority that is not an integer from MIN_PRIORITY to MAX_PRIORITY."""
     if (
@@ -430,6 +448,7 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             and entry.due_at is None
             and entry.concurrency_key is None
             and entry.concurrency_limit is None
+            and entry.tags == ()
             and _plain_text(entry.tenant_id)
             and _plain_text(entry.subject_id)
             and (entry.idempotency_key is None or _plain_text(entry.idempotency_key))
@@ -456,6 +475,7 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
                 with contextlib.suppress(TypeError):
                     shapes.add(shape)
             key, limit = check_concurrency(entry.concurrency_key, entry.concurrency_limit)
+            tags = check_tags(entry.tags)
             due_at = entry.due_at
             if due_at is not None:
                 if not isinstance(due_at, dt.datetime):
@@ -475,9 +495,15 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             config is not entry.config
             or due_at is not entry.due_at
             or limit is not entry.concurrency_limit
+            or tags is not entry.tags
         ):
             entry = attrs.evolve(
-                entry, config=config, due_at=due_at, concurrency_key=key, concurrency_limit=limit
+                entry,
+                config=config,
+                due_at=due_at,
+                concurrency_key=key,
+                concurrency_limit=limit,
+                tags=tags,
             )
         checked.append(entry)
     return checked

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeAlias, TypedDict
 
 import attrs
@@ -111,6 +111,8 @@ SECONDS = "seconds"
 """A number of seconds, or None (a float column)."""
 UNIQUE = "unique"
 """A :data:`UniqueScope`: stored as the scope's name and its period in microseconds."""
+TAGS = "tags"
+"""A tuple of strings, stored as a JSON array."""
 
 
 def _stored(kind: str, *columns: str) -> dict[str, Any]:
@@ -188,6 +190,8 @@ class WorkItem:
     """The fleet-wide key whose running items are limited (see the queues guide), or None."""
     concurrency_limit: int | None = None
     """At most this many items of ``concurrency_key`` run at once; None without a key."""
+    tags: tuple[str, ...] = attrs.field(default=(), metadata=_stored(TAGS))
+    """Labels for finding the item (``list_items(tags=...)``), in the order given."""
 
     @property
     def lease(self) -> Lease:
@@ -254,6 +258,8 @@ class NewItem:
     """The fleet-wide key whose running items are limited, or None."""
     concurrency_limit: int | None = None
     """At most this many items of *concurrency_key* run at once (default 1 with a key)."""
+    tags: Sequence[str] = attrs.field(default=(), metadata=_stored(TAGS))
+    """Labels for finding the item: at most :data:`MAX_TAGS` distinct non-empty strings."""
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -273,6 +279,7 @@ class EnqueueOptions(TypedDict, total=False):
     unique: UniqueScope
     concurrency_key: str | None
     concurrency_limit: int | None
+    tags: Sequence[str]
 
 
 def _check_options() -> None:

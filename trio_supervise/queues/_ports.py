@@ -182,9 +182,10 @@ class OperatorStore(Protocol):
         spec_ids: Sequence[str] | None = None,
         limit: int = 100,
         after: str | None = None,
+        tags: Sequence[str] | None = None,
     ) -> list[WorkItem]:
-        """Items filtered by state and spec, by ``(due_at, id)``, after the cursor *after*;
-        one snapshot."""
+        """Items filtered by state and spec (and carrying every one of *tags*), by
+        ``(due_at, id)``, after the cursor *after*; one snapshot."""
         ...
 
     async def counts(self) -> Mapping[tuple[str, ItemState], int]:

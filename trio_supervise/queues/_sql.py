@@ -25,6 +25,7 @@ import attrs
 
 from .._errors import SchemaError
 from ..job import WorkItem
+from ..job._model import ERRORS, JSON, TAGS, stored_kind
 
 __all__ = [
     "Backend",
@@ -67,7 +68,7 @@ _COMMENT_LINE = re.compile(r"^[ \t]*--.*\n", re.MULTILINE)
 def load_queries(backend: Backend) -> Mapping[str, str]:
     """The backend's named queries, ``{name: sql}``, without their comment lines.
 
-    Each ``{item_columns}`` becomes the item's columns by name (see :func:`_item_columns`).
+    Each ``{item_columns}`` becomes the item's columns by name (see :func:`item_columns`).
     The comments are for readers of the ``.sql`` file; the driver is better off without them:
     psycopg caches the parse of a query's placeholders only for a query shorter than 4096
     characters (``MAX_CACHED_STATEMENT_LENGTH``), and with its comments the claim is longer,
@@ -80,23 +81,32 @@ def load_queries(backend: Backend) -> Mapping[str, str]:
         if name in queries:
             raise RuntimeError(f"query {name!r} is defined twice in {backend}/queries.sql")
         query = _COMMENT_LINE.sub("", body.strip() + "\n").strip()
-        queries[name] = _ITEM_COLUMNS.sub(_item_columns, query)
+        queries[name] = _ITEM_COLUMNS.sub(lambda m: item_columns(backend, m.group(1)), query)
     return queries
 
 
 _ITEM_COLUMNS = re.compile(r"\{item_columns(?::(\w+))?\}")
+_JSON_KINDS = frozenset({JSON, ERRORS, TAGS})
 
 
-def _item_columns(match: re.Match[str]) -> str:
-    """``{item_columns}`` (or ``{item_columns:alias}``): the item's columns, named.
+def item_columns(backend: Backend, alias: str | None = None) -> str:
+    """The item's columns, named (as ``{item_columns}`` or ``{item_columns:alias}`` in a query).
 
     Never ``*``: a worker's prepared statement returning ``*`` fails once a later release's
     migration adds a column ("cached plan must not change result type"), so workers of the
     release before could not run beside the new schema during a rolling upgrade. Named, the
-    result keeps its shape, and the added column is simply not read.
+    result keeps its shape, and the added column is simply not read. On PostgreSQL the JSON
+    columns come as their text (``::text``), in the binary format too, as the decoders read
+    them.
     """
-    prefix = f"{match.group(1)}." if match.group(1) else ""
-    return ", ".join(prefix + field.name for field in attrs.fields(WorkItem))
+    prefix = f"{alias}." if alias else ""
+    columns = []
+    for field in attrs.fields(WorkItem):
+        column = prefix + field.name
+        if backend == "postgres" and stored_kind(field) in _JSON_KINDS:
+            column = f"{column}::text AS {field.name}"
+        columns.append(column)
+    return ", ".join(columns)
 
 
 # PostgreSQL's names the partial index's predicate (the key's unique index holds keyed items

@@ -18,6 +18,7 @@ from ...job import (
     WorkItem,
     check_config,
     check_queue_name,
+    check_tags,
 )
 from ._state import MemoryState
 
@@ -46,16 +47,19 @@ class OperatorSide(MemoryState):
         spec_ids: Sequence[str] | None = None,
         limit: int = 100,
         after: str | None = None,
+        tags: Sequence[str] | None = None,
     ) -> list[WorkItem]:
         await trio.lowlevel.checkpoint()
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
+        wanted = check_tags(tags or ())
         cursor = None if after is None else self._item(after)
         found = [
             item
             for item in self._items.values()
             if (states is None or item.state in states)
             and (spec_ids is None or item.spec_id in spec_ids)
+            and all(tag in item.tags for tag in wanted)
             and (cursor is None or (item.due_at, item.id) > (cursor.due_at, cursor.id))
         ]
         found.sort(key=lambda item: (item.due_at, item.id))

@@ -24,6 +24,7 @@ from ...job import (
     WorkItem,
     check_config,
     check_queue_name,
+    check_tags,
 )
 from .. import _sql
 from ._base import Lane, Row, SQLBase
@@ -98,10 +99,13 @@ class SQLOperator(SQLBase):
         spec_ids: Sequence[str] | None = None,
         limit: int = 100,
         after: str | None = None,
+        tags: Sequence[str] | None = None,
     ) -> list[WorkItem]:
+        wanted = check_tags(tags or ())
         params: dict[str, Any] = {
             "spec_ids": None if spec_ids is None else self._ids(spec_ids),
             "limit": _sql.check_limit(limit),
+            "tags": json.dumps(wanted) if wanted else None,
         }
         queries, start = self._queries, self._first_cursor
 

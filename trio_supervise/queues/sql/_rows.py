@@ -30,7 +30,7 @@ from ...job import (
     stored_columns,
     stored_kind,
 )
-from ...job._model import ERRORS, JSON, NEW_ID, SECONDS, STATE, TIME, UNIQUE
+from ...job._model import ERRORS, JSON, NEW_ID, SECONDS, STATE, TAGS, TIME, UNIQUE
 
 __all__ = [
     "NEW_ROW_COLUMNS",
@@ -62,6 +62,7 @@ _TEXT_JSON: Mapping[str, str] = {
     # The common values ('{}', '[]') are read without a parse: a new dict or the empty tuple.
     JSON: "{} if $value == '{}' else _loads($value)",
     ERRORS: "() if $value == '[]' else _entries(_loads($value))",
+    TAGS: "() if $value == '[]' else tuple(_loads($value))",
     STATE: "_STATES[$value] if $value in _STATES else _State($value)",
 }
 """The kinds every dialect reads alike: JSON arrives as its text."""
@@ -156,6 +157,7 @@ NEW_ROW_KINDS: tuple[str | None, ...] = tuple(
 _WRITE = {
     None: "$value",
     JSON: "'{}' if $value is None else _dumps($value)",
+    TAGS: "_dumps(list($value)) if $value else '[]'",
     NEW_ID: "next(ids) if $value is None else $value",
     SECONDS: "None if $value is None else float($value)",
     # A batch holds few scopes (a scope, whether a key holds it): each is worked out once.

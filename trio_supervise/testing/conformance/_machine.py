@@ -16,7 +16,7 @@ from ...job import WAITING_DUE_AT, ItemState, NewItem, SettleKind, Settlement
 from ...queues import Capability, SeedWrites, WorkQueue
 from ...queues._ports import capabilities_of
 from ._clock import START, ManualClock
-from ._model import CLIMITS, POISON, POISON_REASON, Model
+from ._model import CLIMITS, POISON, POISON_REASON, TAGS, Model
 from ._portal import Portal
 
 
@@ -253,6 +253,7 @@ class MachineState(RuleBasedStateMachine):
             evaluation_timeout=timeout,
             concurrency_key=ckey,
             concurrency_limit=None if ckey is None else CLIMITS[ckey],
+            tags=TAGS[: n % 3],
         )
         return entry, explicit
 
@@ -314,6 +315,7 @@ class MachineState(RuleBasedStateMachine):
                     config=entry.config,
                     priority=entry.priority,
                     queue=entry.queue,
+                    tags=tuple(entry.tags),
                     scope=scope,
                     unique_until=until,
                     ckey=entry.concurrency_key,

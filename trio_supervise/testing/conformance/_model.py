@@ -21,6 +21,8 @@ QUEUES = ["default", "default", "q2"]
 CKEYS = [None, "c1", "c2", "c2"]
 """Concurrency keys; each has one limit (c1: one at a time, c2: two)."""
 CLIMITS = {"c1": 1, "c2": 2}
+TAGS = ("t1", "t2")
+"""An entry carries the first ``n % 3`` of them."""
 UNIQUE: list[Any] = ["forever", "forever", "unfinished", 2.0]
 """Uniqueness scopes (with a key): the default, until finished, 2 s from creation."""
 DURATIONS = [0.0, 0.5, 1.0, 2.5, 5.0]
@@ -58,6 +60,7 @@ class Model:
     old_versions: list[int] = attrs.field(factory=list)
     parent_id: str | None = None
     waiting_children: int = 0
+    tags: tuple[str, ...] = ()
     waited_by: tuple[str, int] | None = None
     """The parent (id, lease version) whose wait this child still counts toward."""
 
@@ -119,6 +122,7 @@ class Model:
             self.scope,
             self.unique_until,
             self.released_key,
+            self.tags,
         )
 
 
@@ -149,6 +153,7 @@ def view(item: WorkItem) -> tuple[Any, ...]:
         item.unique_scope,
         item.unique_until,
         item.released_key,
+        item.tags,
     )
 
 

@@ -35,6 +35,7 @@ from ._model import (
     POISON,
     QUEUES,
     SPECS,
+    TAGS,
     UNIQUE,
     WORKERS,
     Model,
@@ -88,6 +89,7 @@ class ProducerRules(MachineState):
                 evaluation_timeout=entry.evaluation_timeout,
                 concurrency_key=entry.concurrency_key,
                 concurrency_limit=entry.concurrency_limit,
+                tags=entry.tags,
             )
 
         got = outcome(self.portal, call)
@@ -559,6 +561,7 @@ class OperatorRules(MachineState):
         states=st.none() | st.lists(st.sampled_from(ItemState), unique=True, max_size=3),
         specs=st.none() | st.lists(st.sampled_from(SPECS), unique=True, max_size=2),
         limit=st.integers(0, 4),
+        tags=st.none() | st.lists(st.sampled_from(TAGS), unique=True, max_size=2),
     )
     def list_page(
         self,
@@ -567,6 +570,7 @@ class OperatorRules(MachineState):
         states: list[ItemState] | None,
         specs: list[str] | None,
         limit: int,
+        tags: list[str] | None,
     ) -> None:
         after = self.pick(index) if cursor else None
 
@@ -576,6 +580,7 @@ class OperatorRules(MachineState):
                 spec_ids=specs,
                 limit=limit,
                 after=None if after is None else after.id,
+                tags=tags,
             )
 
         expected = sorted(
@@ -584,6 +589,7 @@ class OperatorRules(MachineState):
                 for m in self.model.values()
                 if (states is None or m.state in states)
                 and (specs is None or m.spec_id in specs)
+                and set(tags or ()) <= set(m.tags)
                 and (after is None or (m.due_at, m.id) > (after.due_at, after.id))
             ),
             key=lambda m: (m.due_at, m.id),

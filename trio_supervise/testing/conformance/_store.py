@@ -24,6 +24,7 @@ from ._settling import SettlingContract
 from ._snapshots import SnapshotReadsContract
 from ._stateful import ModelContract
 from ._support import Need, has, needed_by
+from ._tags import TagsContract
 from ._uniqueness import UniquenessContract
 
 _PARTS: dict[type, frozenset[Need]] = {}
@@ -43,6 +44,7 @@ class StoreConformance(
     UniquenessContract,
     RetentionContract,
     SnapshotReadsContract,
+    TagsContract,
     ModelContract,
 ):
     """Every behaviour of the store contract (``docs/queues.md``) as tests, for any backend.

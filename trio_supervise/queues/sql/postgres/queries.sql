@@ -46,7 +46,7 @@ WITH inserted AS (
     INSERT INTO trio_supervise_items AS i (
         id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
         created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-        concurrency_key, concurrency_limit, incarnation
+        concurrency_key, concurrency_limit, tags, incarnation
     )
     SELECT n.id,
         coalesce(n.spec_id, %(spec_id)s::text),
@@ -65,6 +65,7 @@ WITH inserted AS (
             + coalesce(n.period_us, %(period_us)s::bigint) * interval '1 microsecond',
         coalesce(n.concurrency_key, %(concurrency_key)s::text),
         coalesce(n.concurrency_limit, %(concurrency_limit)s::int),
+        coalesce(n.tags, %(tags)s::text)::jsonb,
         -- One number of the sequence for the statement's rows (schema 0008).
         (SELECT nextval('trio_supervise_incarnations'))
     FROM unnest(
@@ -73,10 +74,11 @@ WITH inserted AS (
         %(due_at_array)s::timestamptz[], %(idempotency_key_array)b::text[],
         %(priority_array)s::int[], %(queue_array)b::text[], %(timeout_array)s::float8[],
         %(unique_scope_array)b::text[], %(period_us_array)s::bigint[],
-        %(concurrency_key_array)b::text[], %(concurrency_limit_array)s::int[]
+        %(concurrency_key_array)b::text[], %(concurrency_limit_array)s::int[],
+        %(tags_array)b::text[]
     ) AS n(
         id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
-        timeout, unique_scope, period_us, concurrency_key, concurrency_limit
+        timeout, unique_scope, period_us, concurrency_key, concurrency_limit, tags
     )
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING i.queue, i.spec_id, i.concurrency_key IS NULL AS hinted,
@@ -130,11 +132,13 @@ SELECT {item_columns} FROM trio_supervise_items WHERE id = %(id)s;
 -- merges them. Two arms, of which only the state's own returns rows: a range of the listing
 -- index (every state but running: schema 0007), so it costs the rows shown; or the running
 -- rows (the leases in flight) from the lease index, sorted. Each arm spells out its state test,
--- so that even a generic plan of this prepared statement uses those indexes.
+-- so that even a generic plan of this prepared statement uses those indexes. With %(tags)s (a
+-- JSON array), only items carrying every one of them: a filter on the same range.
 (
     SELECT {item_columns} FROM trio_supervise_items
     WHERE state = %(state)s AND state <> 'running'
       AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+      AND (%(tags)s::jsonb IS NULL OR tags @> %(tags)s::jsonb)
     ORDER BY due_at, id
     LIMIT %(limit)s
 )
@@ -143,6 +147,7 @@ UNION ALL
     SELECT {item_columns} FROM trio_supervise_items
     WHERE state = %(state)s AND state = 'running'
       AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+      AND (%(tags)s::jsonb IS NULL OR tags @> %(tags)s::jsonb)
     ORDER BY due_at, id
     LIMIT %(limit)s
 )
@@ -155,6 +160,7 @@ LIMIT %(limit)s;
     SELECT {item_columns} FROM trio_supervise_items
     WHERE state = %(state)s AND state <> 'running'
       AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+      AND (%(tags)s::jsonb IS NULL OR tags @> %(tags)s::jsonb)
       AND spec_id = ANY(%(spec_ids)s::text[])
     ORDER BY due_at, id
     LIMIT %(limit)s
@@ -164,6 +170,7 @@ UNION ALL
     SELECT {item_columns} FROM trio_supervise_items
     WHERE state = %(state)s AND state = 'running'
       AND (due_at, id) > (%(after_due)s::timestamptz, %(after_id)s::text)
+      AND (%(tags)s::jsonb IS NULL OR tags @> %(tags)s::jsonb)
       AND spec_id = ANY(%(spec_ids)s::text[])
     ORDER BY due_at, id
     LIMIT %(limit)s
@@ -274,14 +281,8 @@ WITH live AS MATERIALIZED (
     updated_at = coalesce(%(now)s::timestamptz, now())
     FROM head
     WHERE i.id = head.id AND head.concurrency_key IS NULL
-    -- The item's fields (read by their names, see sql/_rows.py; a field added to WorkItem is
-    -- added here and in claim_keyed), the JSON as its text, as every query's JSON arrives.
-    RETURNING i.id, i.spec_id, i.tenant_id, i.subject_id, i.config::text AS config,
-        i.cancel_requested, i.lease_version, i.state, i.due_at, i.error_count, i.last_error,
-        i.lease_owner, i.lease_expires_at, i.idempotency_key, i.created_at, i.updated_at,
-        i.attempt, i.priority, i.queue, i.timeout, i.result::text AS result,
-        i.errors::text AS errors, i.parent_id, i.waiting_children, i.unique_scope,
-        i.unique_until, i.released_key, i.concurrency_key, i.concurrency_limit
+    -- The item's fields, named (see item_columns in queues/_sql.py), the JSON as its text.
+    RETURNING {item_columns:i}
 )
 SELECT claimed.*,
     (SELECT count(*) FROM head WHERE head.concurrency_key IS NOT NULL) AS keyed
@@ -411,12 +412,7 @@ FROM ranked
 WHERE i.id = ranked.id
   AND (ranked.concurrency_key IS NULL OR ranked.rank <= ranked.concurrency_limit - ranked.live)
 -- The same columns as claim_due's.
-RETURNING i.id, i.spec_id, i.tenant_id, i.subject_id, i.config::text AS config,
-    i.cancel_requested, i.lease_version, i.state, i.due_at, i.error_count, i.last_error,
-    i.lease_owner, i.lease_expires_at, i.idempotency_key, i.created_at, i.updated_at,
-    i.attempt, i.priority, i.queue, i.timeout, i.result::text AS result,
-    i.errors::text AS errors, i.parent_id, i.waiting_children, i.unique_scope,
-    i.unique_until, i.released_key, i.concurrency_key, i.concurrency_limit;
+RETURNING {item_columns:i};
 
 -- name: renew_many
 -- Fenced on (id, version, owner) and the running state; rows that come back are renewed.

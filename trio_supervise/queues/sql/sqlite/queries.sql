@@ -26,11 +26,11 @@ INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit, incarnation
+    concurrency_key, concurrency_limit, tags, incarnation
 ) VALUES (
     :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
     :now, :now, :priority, :queue, :timeout, :unique_scope, :now + :period_us,
-    :concurrency_key, :concurrency_limit, :incarnation
+    :concurrency_key, :concurrency_limit, :tags, :incarnation
 )
 ON CONFLICT (idempotency_key) DO NOTHING;
 
@@ -47,11 +47,11 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit, incarnation
+    concurrency_key, concurrency_limit, tags, incarnation
 )
 SELECT {id}, {spec_id}, {tenant_id}, {subject_id}, {config}, 'queued', {due_at},
     {idempotency_key}, :now, :now, {priority}, {queue}, {timeout}, {unique_scope},
-    :now + {period_us}, {concurrency_key}, {concurrency_limit}, :incarnation
+    :now + {period_us}, {concurrency_key}, {concurrency_limit}, {tags}, :incarnation
 FROM json_each(:rows) AS r
 WHERE true
 ON CONFLICT (idempotency_key) DO NOTHING;
@@ -97,9 +97,14 @@ SELECT {item_columns} FROM trio_supervise_items WHERE id = :id;
 
 -- name: list_state
 -- One page of one state, after the cursor (due_at, id): a range of the state index, so it
--- costs the rows shown. list_items runs one per state and merges them.
+-- costs the rows shown. list_items runs one per state and merges them. With :tags (a JSON
+-- array), only items carrying every one of them: a filter on the same range.
 SELECT {item_columns} FROM trio_supervise_items
 WHERE state = :state AND (due_at, id) > (:after_due, :after_id)
+  AND (:tags IS NULL OR NOT EXISTS (
+      SELECT 1 FROM json_each(:tags) AS w
+      WHERE w.value NOT IN (SELECT value FROM json_each(trio_supervise_items.tags))
+  ))
 ORDER BY due_at, id
 LIMIT :limit;
 
@@ -107,6 +112,10 @@ LIMIT :limit;
 SELECT {item_columns} FROM trio_supervise_items
 WHERE state = :state AND (due_at, id) > (:after_due, :after_id)
   AND spec_id IN (SELECT value FROM json_each(:spec_ids))
+  AND (:tags IS NULL OR NOT EXISTS (
+      SELECT 1 FROM json_each(:tags) AS w
+      WHERE w.value NOT IN (SELECT value FROM json_each(trio_supervise_items.tags))
+  ))
 ORDER BY due_at, id
 LIMIT :limit;
 

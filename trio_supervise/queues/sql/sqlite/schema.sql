@@ -37,6 +37,7 @@ CREATE TABLE trio_supervise_items (
     parent_version   INTEGER,
     incarnation      INTEGER NOT NULL DEFAULT 0,
     parent_incarnation INTEGER,
+    tags             TEXT    NOT NULL DEFAULT '[]',
     CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
 
