@@ -411,6 +411,10 @@ class SettlingContract:
             got = await queue.get(item.id)
             assert got.lease_expires_at == START + (10 if stale else 35) * S
 
+
+class CancellationContract:
+    """Cancellation, retry and waiting for work."""
+
     # -- cancellation and retry
     async def test_cancel_a_queued_item_at_once(self, queue: WorkQueue) -> None:
         """Cancelling a queued item finishes it as cancelled straight away."""

@@ -20,7 +20,7 @@ from ._identity import IdentityContract
 from ._producing import ProducingContract
 from ._retention import RetentionContract
 from ._settle_and_claim import SettleAndClaimContract
-from ._settling import SettlingContract
+from ._settling import CancellationContract, SettlingContract
 from ._snapshots import SnapshotReadsContract
 from ._stateful import ModelContract
 from ._support import Need, has, needed_by
@@ -36,6 +36,7 @@ class StoreConformance(
     BulkEnqueueContract,
     ClaimingContract,
     SettlingContract,
+    CancellationContract,
     SettleAndClaimContract,
     EvaluationEndsContract,
     IdentityContract,
