@@ -37,7 +37,7 @@ _AWKWARD_IDS = ['q"uote', "back\\slash", 'a","b', "com,ma", "{brace}", " spaced 
 
 
 class SettlingContract:
-    """Settlements, cancellation and retry, waiting for work."""
+    """Settlements: kinds, fencing of batches, error histories."""
 
     # -- settling
     @needs(SEED_WRITES)
