@@ -77,7 +77,7 @@ class ModelContract:
 
     def _run(self, examples: int, steps: int) -> None:
         with self._machine() as machine:
-            run_state_machine_as_test(  # type: ignore[no-untyped-call]
+            run_state_machine_as_test(  # type: ignore[no-untyped-call, unused-ignore]  # typed in newer hypothesis
                 machine,
                 settings=settings(
                     max_examples=examples,
