@@ -27,6 +27,9 @@ MEASURES = (
     "P6",
     "P7",
     "P8",
+    "P8c",
+    "P14",
+    "P14f",
     "P9s",
     "P9hs",
     "P9p",
@@ -36,7 +39,7 @@ MEASURES = (
     "P11",
     "P11m",
 )
-NEEDS_DSN = {"P2", "P2f", "P6", "P7", "P8", "P9p", "P9hp", "P10p"}
+NEEDS_DSN = {"P2", "P2f", "P6", "P7", "P8", "P8c", "P14", "P14f", "P9p", "P9hp", "P10p"}
 
 
 RETIRED = {"P5"}
@@ -57,7 +60,7 @@ def run(config: Config, only: Sequence[str] = DEFAULT) -> list[Result]:
         ({"P5"}, supervision.p5),
         ({"P6"}, postgres.p6),
         ({"P7"}, postgres.p7),
-        ({"P8"}, postgres.p8),
+        ({"P8", "P8c", "P14", "P14f"}, postgres.p8),
         ({"P9s", "P9hs"}, scale.p9s),
         ({"P9p", "P9hp"}, scale.p9p),
         ({"P10s"}, bulk.p10s),

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import trio
 
@@ -39,6 +40,7 @@ from ._common import (
     run_json,
     wall,
 )
+from ._cost import Cost, server_cost
 from ._runs import noop_rate, run_until
 
 CONCURRENCY = 64
@@ -104,6 +106,17 @@ def completed(dsn: str, schema: str) -> int:
         return int(row[0])
 
 
+@contextlib.contextmanager
+def _metered(dsn: str, costs: list[Cost] | None) -> Iterator[None]:
+    """The body's server cost appended to *costs*; nothing measured when it is None."""
+    if costs is None:
+        yield
+        return
+    with server_cost(dsn) as cost:
+        yield
+    costs.append(cost)
+
+
 # -- ours: the runner in this process ---------------------------------------------------------
 
 
@@ -114,16 +127,18 @@ def runner_rate(
     concurrency: int = CONCURRENCY,
     cores: list[float] | None = None,
     claim_batch: int | None = None,
+    costs: list[Cost] | None = None,
 ) -> float:
     """Items per second through one runner on PostgreSQL (no-op driver, *concurrency* at once,
     claimed in batches of *claim_batch*, as many as the concurrency if None). The machine's
-    busy cores during the drain are appended to *cores* if given."""
+    busy cores during the drain are appended to *cores* if given, its server cost (P8c, P14)
+    to *costs*."""
     fill(dsn, schema, count)
 
     async def main() -> float:
         queue = await PostgresQueue.connect(dsn, schema=schema)
         try:
-            with machine_cpu() as cpu:
+            with machine_cpu() as cpu, _metered(dsn, costs):
                 drained = await noop_rate(queue, count, concurrency, claim_batch)
             if cores is not None:
                 cores.append(cpu.cores)
@@ -162,11 +177,16 @@ WHERE i.id = s.id AND i.lease_version = s.version AND i.state = 'running'
 """
 
 
-def floor_rate(dsn: str, schema: str, count: int) -> float:
+def floor_rate(dsn: str, schema: str, count: int, costs: list[Cost] | None = None) -> float:
     """Items per second for one connection claiming 100 with SKIP LOCKED, completing them in one
-    statement, the no-op run between (the floor any PostgreSQL queue can reach)."""
+    statement, the no-op run between (the floor any PostgreSQL queue can reach); its server
+    cost appended to *costs* if given."""
     fill(dsn, schema, count)
-    with _connect(dsn, options=f"-c search_path={schema}") as conn, wall() as w:
+    with (
+        _connect(dsn, options=f"-c search_path={schema}") as conn,
+        _metered(dsn, costs),
+        wall() as w,
+    ):
         done = 0
         while True:
             rows = conn.execute(_FLOOR_CLAIM, {"limit": FLOOR_BATCH}).fetchall()
@@ -285,13 +305,16 @@ def p2(config: Config) -> list[Result]:
 # -- P8: PgQueuer -----------------------------------------------------------------------------
 
 
-def pgqueuer_rates(dsn: str, count: int, batches: Sequence[int]) -> dict[int, tuple[float, float]]:
+def pgqueuer_rates(
+    dsn: str, count: int, batches: Sequence[int]
+) -> dict[int, tuple[float, float, dict[str, Any]]]:
     """Jobs per second for one PgQueuer worker process (``benchmarks._pgqueuer``) per batch size,
-    in a database of its own on the same server, each with the machine's busy cores meanwhile."""
+    in a database of its own on the same server, each with the machine's busy cores meanwhile
+    and its CPU and WAL per job (``Cost.per_item``)."""
     with own_database(dsn, PGQUEUER_DB) as database_dsn:
         out = run_json("benchmarks._pgqueuer", database_dsn, count, *batches)
     return {
-        int(batch): (float(value), float(out["cores"][batch]))
+        int(batch): (float(value), float(out["cores"][batch]), dict(out["costs"][batch]))
         for batch, value in out["rates"].items()
     }
 
@@ -320,7 +343,11 @@ def p8(config: Config) -> list[Result]:
     # on round trips rather than on the CPU.
     our_cores: dict[int, list[float]] = {batch: [] for batch in PGQUEUER_BATCHES}
     their_cores: dict[int, list[float]] = {batch: [] for batch in PGQUEUER_BATCHES}
-    with bench_schema(config.dsn, TS_SCHEMA):
+    # P8c and P14: CPU and WAL per item of each run, ours and theirs, and of the raw floor.
+    our_costs: dict[int, list[Cost]] = {batch: [] for batch in PGQUEUER_BATCHES}
+    their_costs: dict[int, list[dict[str, Any]]] = {batch: [] for batch in PGQUEUER_BATCHES}
+    floor_costs: list[Cost] = []
+    with bench_schema(config.dsn, TS_SCHEMA), bench_schema(config.dsn, FLOOR_SCHEMA):
         for _ in range(config.size(2, 1, 1)):
             for batch in PGQUEUER_BATCHES:
                 ours[batch].append(
@@ -331,13 +358,16 @@ def p8(config: Config) -> list[Result]:
                         batch * OURS_CONCURRENCY_PER_BATCH,
                         our_cores[batch],
                         claim_batch=batch,
+                        costs=our_costs[batch],
                     )
                 )
-            for batch, (value, cores) in pgqueuer_rates(
+            for batch, (value, cores, cost) in pgqueuer_rates(
                 config.dsn, count, PGQUEUER_BATCHES
             ).items():
                 theirs[batch].append(value)
                 their_cores[batch].append(cores)
+                their_costs[batch].append(cost)
+            floor_rate(config.dsn, FLOOR_SCHEMA, count, costs=floor_costs)
     our_best = {batch: max(values) for batch, values in ours.items()}
     our_batch = max(our_best, key=lambda batch: our_best[batch])
     best = {batch: max(values) for batch, values in theirs.items()}
@@ -366,7 +396,48 @@ def p8(config: Config) -> list[Result]:
             "cpus": os.cpu_count(),
         },
     )
-    return [result]
+    # The cost of each side's best run (its fastest batch), per item.
+    our_cost = [c.per_item(count) for c in our_costs[our_batch]]
+    their_cost = their_costs[best_batch]
+    floor_cost = [c.per_item(count) for c in floor_costs]
+    return [result, *cost_results(our_cost, their_cost, floor_cost, best_batch, count)]
+
+
+def cost_results(
+    ours: list[dict[str, Any]],
+    theirs: list[dict[str, Any]],
+    floor: list[dict[str, Any]],
+    their_batch: int,
+    count: int,
+) -> list[Result]:
+    """P8c (CPU per item, worker and server, vs PgQueuer) and P14 / P14f (WAL bytes per item vs
+    PgQueuer and vs the raw floor), each side's cheapest run."""
+
+    detail = {"items": count, "ours": ours, "pgqueuer": theirs, "floor": floor}
+    pgqueuer = f"PgQueuer {_version('pgqueuer')}, batch size {their_batch}"
+    floor_name = "one connection: claim 100 SKIP LOCKED, complete in one statement"
+    measures = [
+        ("P8c", "CPU per item, worker process + its server backends, vs PgQueuer", "cpu_us",
+         theirs, pgqueuer, 0.5, "CPU µs/item"),
+        ("P14", "WAL bytes per completed item vs PgQueuer", "wal_bytes",
+         theirs, pgqueuer, 1.0, "WAL bytes/item"),
+        ("P14f", "WAL bytes per completed item vs the raw SQL floor", "wal_bytes",
+         floor, floor_name, 1.5, "WAL bytes/item"),
+    ]  # fmt: skip
+    return [
+        Result(
+            id=id_,
+            title=title,
+            ours=min(float(run[key]) for run in ours),
+            baseline=min(float(run[key]) for run in baseline),
+            baseline_name=name,
+            better="lower",
+            goal=goal,
+            unit=unit,
+            detail=detail,
+        )
+        for id_, title, key, baseline, name, goal, unit in measures
+    ]
 
 
 def _installed(module: str) -> bool:
