@@ -106,12 +106,13 @@ class WorkerSide(MemoryState, SingleWrites):
         if queue in self._paused:
             return []
         now = self._now()
+        lease_now = self._lease_now(now, 2 * lease)
         wanted = set(spec_ids)
         # Running items whose lease has expired (rescue), in (priority, due_at, id) order.
         expired: list[WorkItem] = []
         for spec_id in sorted(wanted):
             heap = self._leased.get((spec_id, queue))
-            while (entry := self._top(heap)) is not None and entry[0] <= now:
+            while (entry := self._top(heap)) is not None and entry[0] <= lease_now:
                 assert heap is not None
                 expired.append(heapq.heappop(heap)[3])
         expired.sort(key=lambda item: (item.priority, item.due_at, item.id), reverse=True)
@@ -122,7 +123,7 @@ class WorkerSide(MemoryState, SingleWrites):
             if key is None or key_limit is None:
                 return False
             if key not in live:
-                live[key] = len(self._live(key, now))
+                live[key] = len(self._live(key, lease_now))
             return live[key] >= key_limit
 
         # A heap's items share a key and limit: a heap blocked by its key is left out whole.
@@ -277,7 +278,7 @@ class WorkerSide(MemoryState, SingleWrites):
                 # A keyed item's expired lease freed its key's slot: too late to renew it.
                 item.concurrency_key is not None
                 and item.lease_expires_at is not None
-                and item.lease_expires_at <= self._now()
+                and item.lease_expires_at <= self._lease_now(now)
             )
         ):
             self._record(
@@ -474,7 +475,7 @@ class WorkerSide(MemoryState, SingleWrites):
 
     def _next_due_at(self, wanted: set[str], queues: set[str] | None) -> dt.datetime | None:
         times = []
-        now = self._now()
+        now = self._lease_now(self._now())  # judges leases only: when a key frees
         for heap_key, heap in self._queued.items():
             spec_id, queue = heap_key[0], heap_key[1]
             if (
