@@ -283,7 +283,13 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         read_only=True,
     )
     retention = ts.RetentionSettings(
-        enabled=True, completed="7d", cancelled=3600, dead=30.0, interval="5m", batch_size=500
+        enabled=True,
+        completed="7d",
+        cancelled=3600,
+        dead=30.0,
+        audit="90d",
+        interval="5m",
+        batch_size=500,
     )
     settings = ts.Settings(
         database_url="memory://",

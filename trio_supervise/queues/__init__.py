@@ -27,6 +27,7 @@ from ._factory import DEFAULT_DATABASE_URL as DEFAULT_DATABASE_URL
 from ._factory import migrate as migrate
 from ._factory import open_queue as open_queue
 from ._factory import parse_queue_url as parse_queue_url
+from ._ports import AuditStore as AuditStore
 from ._ports import Capability as Capability
 from ._ports import MaintenanceStore as MaintenanceStore
 from ._ports import OperatorStore as OperatorStore
@@ -42,6 +43,7 @@ from .sql._sqlite import DEFAULT_SQLITE_PATH as DEFAULT_SQLITE_PATH
 from .sql._sqlite import SQLiteQueue as SQLiteQueue
 
 __all__ = [
+    "AuditStore",
     "Capability",
     "MaintenanceStore",
     "OperatorStore",

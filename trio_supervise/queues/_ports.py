@@ -5,6 +5,8 @@
 - :class:`OperatorStore`: what a person or a console uses (reads, cancel, retry, delete, pause);
 - :class:`MaintenanceStore`: what upkeep uses (retention, schedule fires);
 - :class:`WorkQueue`: all four, what every backend of this package is;
+- :class:`AuditStore`: a store that keeps the console's audit trail (declared as
+  :attr:`Capability.AUDIT_TRAIL`);
 - :class:`SeedWrites`: the seed's single-item writes, for stores written to that interface.
 
 A store declares what more it can do as :class:`Capability` values in ``capabilities``; callers
@@ -22,6 +24,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import attrs
 from typing_extensions import Unpack
 
+from .._audit import AuditTrail
 from .._clock import Clock
 from ..job import (
     DEFAULT_QUEUE,
@@ -40,6 +43,7 @@ from ..job import (
 )
 
 __all__ = [
+    "AuditStore",
     "BatchWrites",
     "Capability",
     "EnqueueFront",
@@ -50,6 +54,7 @@ __all__ = [
     "SingleWrites",
     "WorkQueue",
     "WorkerStore",
+    "audit_trail_of",
     "capabilities_of",
     "combines",
     "declared",
@@ -97,6 +102,10 @@ class Capability(enum.StrEnum):
     TRANSACTIONAL_ENQUEUE = "transactional-enqueue"
     """``enqueue_on(conn, ...)`` / ``enqueue_many_on(conn, entries)``: enqueue inside the
     application's own open transaction."""
+    AUDIT_TRAIL = "audit-trail"
+    """It is an :class:`AuditStore`: ``audit``, an :class:`~trio_supervise.AuditTrail` kept
+    with the items (in the database on the SQL stores, so it survives a restart), and
+    ``prune_audit`` for retention."""
 
 
 @runtime_checkable
@@ -256,6 +265,31 @@ class WorkQueue(WorkerStore, ProducerStore, OperatorStore, MaintenanceStore, Pro
     async def aclose(self) -> None:
         """Release connections and threads. Idempotent."""
         ...
+
+
+@runtime_checkable
+class AuditStore(Protocol):
+    """A store that keeps the console's audit trail (:attr:`Capability.AUDIT_TRAIL`)."""
+
+    @property
+    def audit(self) -> AuditTrail:
+        """The trail: ``record(entry)`` and ``recent(limit)``, newest first by ``at``."""
+        ...
+
+    async def prune_audit(
+        self, older_than: float, *, limit: int | None = None, dry_run: bool = False
+    ) -> int:
+        """Delete the entries recorded at least *older_than* seconds ago by the store's clock
+        (oldest first, at most *limit*); how many (with *dry_run*: would be)."""
+        ...
+
+
+def audit_trail_of(store: Any) -> AuditTrail | None:
+    """*store*'s audit trail if it declares :attr:`Capability.AUDIT_TRAIL`, else None."""
+    if Capability.AUDIT_TRAIL in capabilities_of(store):
+        trail: AuditTrail = store.audit
+        return trail
+    return None
 
 
 @runtime_checkable

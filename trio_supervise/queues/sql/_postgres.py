@@ -231,7 +231,11 @@ class PostgresQueue(SQLQueue):
 
     _queries: ClassVar[Mapping[str, str]] = _Q
     _declared: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.SETTLE_AND_CLAIM, Capability.TRANSACTIONAL_ENQUEUE}
+        {
+            Capability.SETTLE_AND_CLAIM,
+            Capability.TRANSACTIONAL_ENQUEUE,
+            Capability.AUDIT_TRAIL,
+        }
     )
 
     _backend: ClassVar[_sql.Backend] = "postgres"

@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from ...queues import WorkQueue
+from ._audit import AuditContract
 from ._bulk import BulkEnqueueContract
 from ._children import ChildrenContract
 from ._claiming import ClaimingContract
@@ -46,6 +47,7 @@ class StoreConformance(
     RetentionContract,
     SnapshotReadsContract,
     TagsContract,
+    AuditContract,
     ModelContract,
 ):
     """Every behaviour of the store contract (``docs/queues.md``) as tests, for any backend.

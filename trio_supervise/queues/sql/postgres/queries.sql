@@ -721,3 +721,41 @@ RETURNING name;
 
 -- name: last_fires
 SELECT name, last_fire_at FROM trio_supervise_schedules WHERE name = ANY(%(names)s::text[]);
+
+-- name: record_audit
+INSERT INTO trio_supervise_audit (at, who, address, action, target, ok, result)
+VALUES (%(at)s, %(who)s, %(address)s, %(action)s, %(target)s, %(ok)s, %(result)s);
+
+-- name: recent_audit
+-- The latest entries, newest first (the later recorded first among equal times).
+SELECT at, who, address, action, target, ok, result FROM trio_supervise_audit
+ORDER BY at DESC, seq DESC
+LIMIT %(limit)s;
+
+-- name: prune_audit
+-- The oldest entries recorded at least %(age_us)s ago, at most %(limit)s (NULL: all); rows
+-- another pruner holds are skipped.
+WITH doomed AS MATERIALIZED (
+    SELECT seq FROM trio_supervise_audit
+    WHERE at <= coalesce(%(now)s::timestamptz, now()) - %(age_us)s::bigint * interval '1 microsecond'
+    ORDER BY at, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM trio_supervise_audit WHERE seq = ANY (ARRAY(SELECT seq FROM doomed));
+
+-- name: prune_audit_count
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM trio_supervise_audit
+    WHERE at <= coalesce(%(now)s::timestamptz, now()) - %(age_us)s::bigint * interval '1 microsecond'
+    LIMIT %(limit)s
+) AS t;
+
+-- name: items_with_errors
+-- Items whose error history is not empty, by (updated_at, id) descending, after the cursor
+-- (%(updated_at)s NULL: from the newest); trio_supervise_items_errors_idx serves it.
+SELECT {item_columns} FROM trio_supervise_items
+WHERE errors <> '[]'::jsonb
+  AND (%(updated_at)s::timestamptz IS NULL OR (updated_at, id) < (%(updated_at)s::timestamptz, %(id)s::text))
+ORDER BY updated_at DESC, id DESC
+LIMIT %(limit)s;

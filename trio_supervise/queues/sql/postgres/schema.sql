@@ -203,3 +203,24 @@ FOR EACH STATEMENT EXECUTE FUNCTION trio_supervise_count_changes();
 CREATE TRIGGER trio_supervise_items_counted_truncate
 AFTER TRUNCATE ON trio_supervise_items
 FOR EACH STATEMENT EXECUTE FUNCTION trio_supervise_count_reset();
+
+-- The console's audit trail: who did what, to what, when, and how it went;
+-- read newest first, pruned oldest first by retention.
+CREATE TABLE trio_supervise_audit (
+    seq     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at      timestamptz NOT NULL,
+    who     text        NOT NULL,
+    address text        NOT NULL,
+    action  text        NOT NULL,
+    target  text        NOT NULL,
+    ok      boolean     NOT NULL,
+    result  text        NOT NULL
+);
+
+CREATE INDEX trio_supervise_audit_at_idx ON trio_supervise_audit (at, seq);
+
+-- Serves recent errors: the items whose error history is not empty, by when they last changed
+-- (an item's errors are never newer than that).
+CREATE INDEX trio_supervise_items_errors_idx
+    ON trio_supervise_items (updated_at, id)
+    WHERE errors <> '[]'::jsonb;

@@ -433,3 +433,36 @@ RETURNING name;
 -- name: last_fires
 SELECT name, last_fire_at FROM trio_supervise_schedules
 WHERE name IN (SELECT value FROM json_each(:names));
+
+-- name: record_audit
+INSERT INTO trio_supervise_audit (at, who, address, action, target, ok, result)
+VALUES (:at, :who, :address, :action, :target, :ok, :result);
+
+-- name: recent_audit
+-- The latest entries, newest first (the later recorded first among equal times).
+SELECT at, who, address, action, target, ok, result FROM trio_supervise_audit
+ORDER BY at DESC, seq DESC
+LIMIT :limit;
+
+-- name: prune_audit
+-- The oldest entries recorded at least :age_us ago, at most :limit (-1: all).
+DELETE FROM trio_supervise_audit
+WHERE seq IN (
+    SELECT seq FROM trio_supervise_audit
+    WHERE at <= :now - :age_us
+    ORDER BY at, seq
+    LIMIT :limit
+);
+
+-- name: prune_audit_count
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM trio_supervise_audit WHERE at <= :now - :age_us LIMIT :limit
+) AS t;
+
+-- name: items_with_errors
+-- Items whose error history is not empty, by (updated_at, id) descending, after the cursor
+-- (:updated_at NULL: from the newest); trio_supervise_items_errors_idx serves it.
+SELECT {item_columns} FROM trio_supervise_items
+WHERE errors <> '[]' AND (:updated_at IS NULL OR (updated_at, id) < (:updated_at, :id))
+ORDER BY updated_at DESC, id DESC
+LIMIT :limit;

@@ -1,0 +1,87 @@
+"""The console over what the store keeps: its audit trail and the items' error histories,
+which outlive the process (SQLite here; every backend runs the store's side in the
+conformance suite)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import httpx
+import trio
+from prometheus_client import CollectorRegistry
+
+from trio_supervise import AuditTrail, MemoryAuditTrail, Shutdown
+from trio_supervise.console import OperationsApp, serve_http
+from trio_supervise.queues import MemoryQueue, SQLiteQueue, WorkQueue
+from trio_supervise.testing.conformance import ManualClock
+
+from .test_http import FakeSource
+
+
+@asynccontextmanager
+async def console_over(
+    queue: WorkQueue, audit: AuditTrail | None = None
+) -> AsyncIterator[tuple[httpx.AsyncClient, OperationsApp]]:
+    """A console over *queue* served on loopback (its audit trail the default unless given),
+    and a client of it."""
+    app = (
+        OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+        if audit is None
+        else OperationsApp(FakeSource(), CollectorRegistry(), queue=queue, audit=audit)
+    )
+    shutdown = Shutdown()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(partial(serve_http, app, "127.0.0.1", 0, shutdown=shutdown))
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            yield client, app
+        shutdown.begin("test over")
+
+
+async def post(client: httpx.AsyncClient, path: str) -> httpx.Response:
+    """Submit *path*'s form as the status page would, with its CSRF token."""
+    found = re.search(r'name="csrf" value="([^"]+)"', (await client.get("/")).text)
+    assert found is not None
+    return await client.post(path, data={"csrf": found[1], "next": "/"})
+
+
+async def test_a_console_records_in_the_stores_trail_by_default() -> None:
+    """Given no trail, the console records its actions in the queue's own (``store.audit``);
+    one given explicitly takes its place."""
+    queue = MemoryQueue()
+    await queue.enqueue("report", item_id="r-1")
+    async with console_over(queue) as (client, _):
+        assert (await post(client, "/items/r-1/cancel")).status_code == 303
+    [entry] = await queue.audit.recent()
+    assert (entry.action, entry.target, entry.ok) == ("cancel", "item:r-1", True)
+    own = MemoryAuditTrail()
+    async with console_over(queue, own) as (client, _):
+        await post(client, "/queues/default/pause")
+    assert [e.action for e in own.entries] == ["pause"]
+    assert len(await queue.audit.recent()) == 1
+
+
+async def test_audit_entries_outlive_a_restart_on_sqlite(tmp_path: Path) -> None:
+    """Actions taken from a console over a SQLite file are in the file: a console over the
+    file opened again shows them, newest first."""
+    path = tmp_path / "queue.db"
+    clock = ManualClock()
+    async with await SQLiteQueue.connect(path, clock=clock) as queue:
+        await queue.enqueue("report", item_id="r-1")
+        async with console_over(queue) as (client, _):
+            await post(client, "/items/r-1/cancel")
+            clock.advance(1)
+            await post(client, "/items/missing/retry")
+    async with await SQLiteQueue.connect(path, clock=clock) as reopened:
+        recent = await reopened.audit.recent()
+        assert [(e.action, e.target, e.ok) for e in recent] == [
+            ("retry", "item:missing", False),
+            ("cancel", "item:r-1", True),
+        ]
+        async with console_over(reopened) as (client, _):
+            page = (await client.get("/")).text
+    assert "item:missing" in page
+    assert page.index("item:missing") < page.index("item:r-1")
