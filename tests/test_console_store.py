@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from trio_supervise import AuditTrail, MemoryAuditTrail, Shutdown
 from trio_supervise.console import OperationsApp, serve_http
-from trio_supervise.queues import MemoryQueue, SQLiteQueue, WorkQueue
+from trio_supervise.queues import MemoryQueue, SettleKind, Settlement, SQLiteQueue, WorkQueue
 from trio_supervise.testing.conformance import ManualClock
 
 from .test_http import FakeSource
@@ -85,3 +85,59 @@ async def test_audit_entries_outlive_a_restart_on_sqlite(tmp_path: Path) -> None
             page = (await client.get("/")).text
     assert "item:missing" in page
     assert page.index("item:missing") < page.index("item:r-1")
+
+
+async def dead(queue: WorkQueue, item_id: str, error: str) -> None:
+    """Enqueue *item_id* (its spec id its own id), claim it and settle it dead with *error*."""
+    await queue.enqueue(item_id, item_id=item_id)
+    [item] = await queue.claim_due([item_id], "w1", 30, 1)
+    settlement = Settlement(
+        item_id=item.id, lease_version=item.lease_version, kind=SettleKind.DEAD, error=error
+    )
+    assert await queue.settle_many([settlement]) == [True]
+
+
+async def test_recent_errors_are_read_from_the_store_and_outlive_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The status page's recent errors are the items' recorded errors, newest first, each
+    linked to its item with its traceback folded away: a console over the reopened file shows
+    them, though the process that ran the items (here: none) remembers nothing."""
+    path = tmp_path / "queue.db"
+    clock = ManualClock()
+    async with await SQLiteQueue.connect(path, clock=clock) as queue:
+        await dead(queue, "old-one", "KeyError: 'x'\nTraceback (most recent call last):\n  ...")
+        clock.advance(60)
+        await dead(queue, "new-one", "OSError: <gone>")
+    async with (
+        await SQLiteQueue.connect(path, clock=clock) as reopened,
+        console_over(reopened) as (client, _),
+    ):
+        page = (await client.get("/")).text
+    table = page[page.index('<table id="errors">') :]
+    assert table.index("new-one") < table.index("old-one")
+    assert "OSError: &lt;gone&gt;" in table
+    assert "<summary>traceback</summary><pre>Traceback (most recent call last):" in table
+    assert 'href="/items/old-one"' in table
+    assert 'href="/errors"' in page
+
+
+async def test_the_errors_page_pages_by_cursor() -> None:
+    """``/errors`` shows 50 errors a page, newest first, with a link to the next page (a
+    keyset cursor); a cursor that is not one says so instead of failing."""
+    clock = ManualClock()
+    queue = MemoryQueue(clock=clock)
+    for n in range(60):
+        await dead(queue, f"i{n:02}", f"boom {n}")
+        clock.advance(1)
+    async with console_over(queue) as (client, _):
+        first = (await client.get("/errors")).text
+        found = re.search(r'<a id="next-page" href="([^"]+)"', first)
+        assert found is not None
+        second = (await client.get(found[1].replace("&amp;", "&"))).text
+        bad = (await client.get("/errors?before=nonsense")).text
+    shown = re.findall(r'href="/items/(i\d\d)"', first)
+    assert shown == [f"i{n:02}" for n in range(59, 9, -1)]
+    assert re.findall(r'href="/items/(i\d\d)"', second) == [f"i{n:02}" for n in range(9, -1, -1)]
+    assert 'id="next-page"' not in second
+    assert "not a cursor of this list" in bad

@@ -450,6 +450,14 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         tags=("garden",),
     )
     ts.Enqueued(item=item, created=True)
+    error = ts.ItemError(
+        item_id="x",
+        spec_id="water",
+        queue="garden",
+        position=0,
+        entry=ts.ErrorEntry(at=when, worker="w", attempt=1, error="boom"),
+    )
+    assert_type(error.cursor, str)
     ts.QueueInfo(name="garden", paused=True, paused_at=when, counts={ts.ItemState.QUEUED: 1})
     ts.Lease(item_id="x", version=1, worker_id="w")
     ts.Settlement(

@@ -65,6 +65,7 @@ from .queues import MAX_PRIORITY as MAX_PRIORITY
 from .queues import MIN_PRIORITY as MIN_PRIORITY
 from .queues import Enqueued as Enqueued
 from .queues import ErrorEntry as ErrorEntry
+from .queues import ItemError as ItemError
 from .queues import ItemState as ItemState
 from .queues import Lease as Lease
 from .queues import LeaseStatus as LeaseStatus
@@ -126,6 +127,7 @@ __all__ = [
     "DuplicateItem",
     "Enqueued",
     "ErrorEntry",
+    "ItemError",
     "EvaluationTimedOut",
     "ErrorRecord",
     "HttpSettings",

@@ -226,6 +226,8 @@ class OperationsApp:
                 return _READ, pages.items_page, True
             case ["dead"] if queued:
                 return _READ, pages.dead_page, True
+            case ["errors"] if queued:
+                return _READ, pages.errors_page, True
             case ["items", item_id] if queued and item_id:
                 return _READ, functools.partial(pages.item_page, item_id), True
             case ["items", item_id, action] if queued and item_id and action in ITEM_ACTIONS:

@@ -10,7 +10,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NewType
+from typing import Any, NewType, cast
 
 import attrs
 import trio
@@ -329,10 +329,10 @@ class Pruner:
         age = float(self.settings.audit)
         if not age or Capability.AUDIT_TRAIL not in capabilities_of(queue):
             return 0
-        assert isinstance(queue, AuditStore)
+        store = cast(AuditStore, queue)
         batch, total = self.settings.batch_size, 0
         while True:
-            deleted = await queue.prune_audit(age, limit=batch)
+            deleted = await store.prune_audit(age, limit=batch)
             total += deleted
             if deleted < batch:
                 break

@@ -7,6 +7,8 @@
 - :class:`WorkQueue`: all four, what every backend of this package is;
 - :class:`AuditStore`: a store that keeps the console's audit trail (declared as
   :attr:`Capability.AUDIT_TRAIL`);
+- :class:`ErrorHistoryStore`: a store that reads its items' error histories as one list
+  (declared as :attr:`Capability.ERROR_HISTORY`);
 - :class:`SeedWrites`: the seed's single-item writes, for stores written to that interface.
 
 A store declares what more it can do as :class:`Capability` values in ``capabilities``; callers
@@ -30,6 +32,7 @@ from ..job import (
     DEFAULT_QUEUE,
     Enqueued,
     EnqueueOptions,
+    ItemError,
     ItemState,
     JSONValue,
     Lease,
@@ -47,6 +50,7 @@ __all__ = [
     "BatchWrites",
     "Capability",
     "EnqueueFront",
+    "ErrorHistoryStore",
     "MaintenanceStore",
     "OperatorStore",
     "ProducerStore",
@@ -106,6 +110,9 @@ class Capability(enum.StrEnum):
     """It is an :class:`AuditStore`: ``audit``, an :class:`~trio_supervise.AuditTrail` kept
     with the items (in the database on the SQL stores, so it survives a restart), and
     ``prune_audit`` for retention."""
+    ERROR_HISTORY = "error-history"
+    """It is an :class:`ErrorHistoryStore`: ``recent_errors(limit=, before=)``, the entries of
+    its items' error histories, newest first, in pages."""
 
 
 @runtime_checkable
@@ -281,6 +288,18 @@ class AuditStore(Protocol):
     ) -> int:
         """Delete the entries recorded at least *older_than* seconds ago by the store's clock
         (oldest first, at most *limit*); how many (with *dry_run*: would be)."""
+        ...
+
+
+@runtime_checkable
+class ErrorHistoryStore(Protocol):
+    """A store that reads its items' error histories as one list
+    (:attr:`Capability.ERROR_HISTORY`)."""
+
+    async def recent_errors(self, *, limit: int = 50, before: str | None = None) -> list[ItemError]:
+        """The entries of every item's error history, newest first (by their time, then item
+        id, then place in the history), in one snapshot; at most *limit* (1 to 1000), those
+        after the cursor *before* (an :attr:`ItemError.cursor` of the page before)."""
         ...
 
 

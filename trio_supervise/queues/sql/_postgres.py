@@ -235,6 +235,7 @@ class PostgresQueue(SQLQueue):
             Capability.SETTLE_AND_CLAIM,
             Capability.TRANSACTIONAL_ENQUEUE,
             Capability.AUDIT_TRAIL,
+            Capability.ERROR_HISTORY,
         }
     )
 

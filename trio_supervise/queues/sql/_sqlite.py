@@ -166,6 +166,7 @@ class SQLiteQueue(SQLQueue):
             Capability.SERIAL_WRITES,
             Capability.TRANSACTIONAL_ENQUEUE,
             Capability.AUDIT_TRAIL,
+            Capability.ERROR_HISTORY,
         }
     )
 

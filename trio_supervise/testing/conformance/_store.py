@@ -16,6 +16,7 @@ from ._children import ChildrenContract
 from ._claiming import ClaimingContract
 from ._clock import ManualClock
 from ._concurrency import ConcurrencyKeysContract
+from ._error_history import ErrorHistoryContract
 from ._evaluation_ends import EvaluationEndsContract
 from ._identity import IdentityContract
 from ._producing import ProducingContract
@@ -48,6 +49,7 @@ class StoreConformance(
     SnapshotReadsContract,
     TagsContract,
     AuditContract,
+    ErrorHistoryContract,
     ModelContract,
 ):
     """Every behaviour of the store contract (``docs/queues.md``) as tests, for any backend.
