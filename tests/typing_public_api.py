@@ -324,6 +324,8 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         restart=policy,
     )
     audit = ts.MemoryAuditTrail(max_entries=100)
+    producer = ts.Producer(schema="jobs", clock=ts.SystemClock())
+    assert_type(producer.enqueue("sqlite:///garden.db", "water", priority=1), ts.WorkItem)
     service = ts.Service(
         drivers=[WateringDriver(), JsonDriver()],
         workers=[child, supervisor],

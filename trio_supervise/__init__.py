@@ -58,6 +58,7 @@ from .maintenance import Pruner as Pruner
 from .maintenance import RetentionSettings as RetentionSettings
 from .maintenance import Schedule as Schedule
 from .maintenance import Scheduler as Scheduler
+from .producer import Producer as Producer
 from .queues import DEFAULT_CONCURRENCY_LIMIT as DEFAULT_CONCURRENCY_LIMIT
 from .queues import DEFAULT_QUEUE as DEFAULT_QUEUE
 from .queues import MAX_ERRORS as MAX_ERRORS
@@ -172,6 +173,7 @@ __all__ = [
     "Schedule",
     "Scheduler",
     "SchemaError",
+    "Producer",
     "Service",
     "ServiceHandle",
     "Settings",
