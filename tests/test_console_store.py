@@ -15,7 +15,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from trio_supervise import AuditTrail, MemoryAuditTrail, Shutdown
-from trio_supervise.console import OperationsApp, serve_http
+from trio_supervise.console import ErrorRecord, OperationsApp, serve_http
 from trio_supervise.queues import MemoryQueue, SettleKind, Settlement, SQLiteQueue, WorkQueue
 from trio_supervise.testing.conformance import ManualClock
 
@@ -24,14 +24,15 @@ from .test_http import FakeSource
 
 @asynccontextmanager
 async def console_over(
-    queue: WorkQueue, audit: AuditTrail | None = None
+    queue: WorkQueue, audit: AuditTrail | None = None, source: FakeSource | None = None
 ) -> AsyncIterator[tuple[httpx.AsyncClient, OperationsApp]]:
     """A console over *queue* served on loopback (its audit trail the default unless given),
     and a client of it."""
+    source = FakeSource() if source is None else source
     app = (
-        OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+        OperationsApp(source, CollectorRegistry(), queue=queue)
         if audit is None
-        else OperationsApp(FakeSource(), CollectorRegistry(), queue=queue, audit=audit)
+        else OperationsApp(source, CollectorRegistry(), queue=queue, audit=audit)
     )
     shutdown = Shutdown()
     async with trio.open_nursery() as nursery:
@@ -102,24 +103,28 @@ async def test_recent_errors_are_read_from_the_store_and_outlive_a_restart(
 ) -> None:
     """The status page's recent errors are the items' recorded errors, newest first, each
     linked to its item with its traceback folded away: a console over the reopened file shows
-    them, though the process that ran the items (here: none) remembers nothing."""
+    them, though the process that ran the items (here: none) remembers nothing. The runner's
+    own errors follow, as this process's."""
     path = tmp_path / "queue.db"
     clock = ManualClock()
     async with await SQLiteQueue.connect(path, clock=clock) as queue:
         await dead(queue, "old-one", "KeyError: 'x'\nTraceback (most recent call last):\n  ...")
         clock.advance(60)
         await dead(queue, "new-one", "OSError: <gone>")
+    lag = ErrorRecord(at=None, source="runner", message="event loop blocked for 2.5 s")
     async with (
         await SQLiteQueue.connect(path, clock=clock) as reopened,
-        console_over(reopened) as (client, _),
+        console_over(reopened, source=FakeSource(errors=[lag])) as (client, _),
     ):
         page = (await client.get("/")).text
-    table = page[page.index('<table id="errors">') :]
+    table = page[page.index('<table id="item-errors">') :]
     assert table.index("new-one") < table.index("old-one")
     assert "OSError: &lt;gone&gt;" in table
     assert "<summary>traceback</summary><pre>Traceback (most recent call last):" in table
     assert 'href="/items/old-one"' in table
     assert 'href="/errors"' in page
+    # The runner's own errors, which no item's history holds, stay below: "in this process".
+    assert page.index("In this process") < page.index("event loop blocked for 2.5 s")
 
 
 async def test_the_errors_page_pages_by_cursor() -> None:

@@ -33,7 +33,6 @@ from trio_supervise.console import (
     bind_http,
     serve_http,
 )
-from trio_supervise.queues import Capability
 from trio_supervise.supervision import WorkerState, WorkerStatus
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
@@ -454,18 +453,9 @@ async def test_a_cancelled_read_is_not_shared(autojump_clock: trio.abc.Clock) ->
     assert queue.counts_calls == 2
 
 
-class _WithoutHistory(MemoryQueue):
-    """A memory queue that does not offer its items' error histories."""
-
-    @property
-    def capabilities(self) -> frozenset[Capability]:
-        return super().capabilities - {Capability.ERROR_HISTORY}
-
-
 async def test_status_page_lists_a_bounded_number_of_rows(autojump_clock: trio.abc.Clock) -> None:
-    """With 120 specs and 80 recent errors (the runner's: a queue keeping no error history),
-    the page shows 50 of each and counts the rest."""
-    queue = _WithoutHistory()
+    """With 120 specs and 80 recent errors, the page shows 50 of each and counts the rest."""
+    queue = MemoryQueue()
     for n in range(120):
         await queue.enqueue(f"spec-{n:03}")
     errors = [ErrorRecord(at=None, source="runner", message=f"e{n}") for n in range(80)]
