@@ -418,6 +418,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         concurrency_key="t",
         concurrency_limit=2,
         tags=["garden", "daily"],
+        traceparent=None,
     )
     item = ts.WorkItem(
         id="x",
@@ -450,6 +451,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         concurrency_key=None,
         concurrency_limit=None,
         tags=("garden",),
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     )
     ts.Enqueued(item=item, created=True)
     error = ts.ItemError(

@@ -96,3 +96,5 @@ from ._settlement import Settlement as Settlement
 from ._settlement import UnfrozenSettlement as UnfrozenSettlement
 from ._settlement import child_item_id as child_item_id
 from ._settlement import unstorable_outcome as unstorable_outcome
+from ._traceparent import check_traceparent as check_traceparent
+from ._traceparent import current_traceparent as current_traceparent

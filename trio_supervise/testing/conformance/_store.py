@@ -27,6 +27,7 @@ from ._snapshots import SnapshotReadsContract
 from ._stateful import ModelContract
 from ._support import Need, has, needed_by
 from ._tags import TagsContract
+from ._trace_context import TraceContextContract
 from ._uniqueness import UniquenessContract
 
 _PARTS: dict[type, frozenset[Need]] = {}
@@ -48,6 +49,7 @@ class StoreConformance(
     RetentionContract,
     SnapshotReadsContract,
     TagsContract,
+    TraceContextContract,
     AuditContract,
     ErrorHistoryContract,
     ModelContract,

@@ -1,6 +1,9 @@
 -- 0009: the console's audit trail, kept with the items so that it survives a restart (who did
 -- what, to what, when, and how it went), oldest first for retention; and the items whose error
--- history is not empty, by when they last changed, for reading recent errors newest first.
+-- history is not empty, by when they last changed, for reading recent errors newest first; and
+-- each item's trace context (the W3C traceparent of the span current at its enqueue).
+
+ALTER TABLE trio_supervise_items ADD COLUMN traceparent TEXT;
 
 CREATE TABLE trio_supervise_audit (
     seq     INTEGER PRIMARY KEY NOT NULL,
