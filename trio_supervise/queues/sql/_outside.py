@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from ..._clock import Clock, SystemClock
+from ..._clock import Clock, StepGuard, SystemClock
 from ...job import Enqueued, NewItem
 from .. import _sql
 from ._outbox import psycopg_savepoint, savepoint_on, sqlite_file, sqlite_savepoint
@@ -45,6 +45,7 @@ class SQLiteOutside(SQLiteEnqueue, OutboxWrites):
 
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = SystemClock() if clock is None else clock
+        self._guard = None  # no lease is judged here
 
     @contextlib.contextmanager
     def _outbox(self, conn: Any) -> Iterator[sqlite3.Connection]:
@@ -70,6 +71,8 @@ class PostgresOutside(PostgresEnqueue, OutboxWrites):
     _schema: str | None = attrs.field(alias="schema", default=None)
     _clock: Clock = attrs.field(alias="clock", factory=SystemClock)
     _db_clock: bool = attrs.field(alias="db_clock", default=True)
+    _guard: StepGuard | None = attrs.field(init=False, default=None)
+    """No lease is judged here."""
 
     def __attrs_post_init__(self) -> None:
         check_schema_name(self._schema)
