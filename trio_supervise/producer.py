@@ -20,6 +20,7 @@ Nothing here imports or runs Trio. See the Queues guide, "Producers outside Trio
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,9 +83,14 @@ class Producer:
             return self._on_url(conn, entries)
         if isinstance(conn, sqlite3.Connection):
             return self._sqlite.enqueue_many_on(conn, entries)
-        if _is_async_psycopg(conn):
+        if _is_psycopg(conn, "Connection"):
+            return self._postgres.enqueue_many_on(conn, entries)
+        if _is_psycopg(conn, "AsyncConnection"):
             raise TypeError("conn is a psycopg.AsyncConnection: await enqueue_async() with it")
-        return self._postgres.enqueue_many_on(conn, entries)
+        raise TypeError(
+            "conn must be a sqlite3.Connection, a psycopg.Connection or a database URL, "
+            f"got {type(conn).__name__}"
+        )
 
     @entry_signature
     async def enqueue_async(
@@ -101,6 +107,11 @@ class Producer:
             return await self._on_url_async(conn, entries)
         if isinstance(conn, sqlite3.Connection):
             raise TypeError("sqlite3 is synchronous: call enqueue() with a sqlite3.Connection")
+        if not _is_psycopg(conn, "AsyncConnection"):
+            raise TypeError(
+                "conn must be a psycopg.AsyncConnection or a PostgreSQL URL, "
+                f"got {type(conn).__name__}"
+            )
         return await self._postgres.enqueue_many_async(conn, entries)
 
     def _on_url(self, url: str, entries: Sequence[NewItem]) -> list[Enqueued]:
@@ -134,8 +145,8 @@ def _durable(url: str) -> tuple[str, str]:
     return backend, target
 
 
-def _is_async_psycopg(conn: object) -> bool:
-    import sys
-
+def _is_psycopg(conn: object, kind: str) -> bool:
+    """Whether *conn* is a psycopg connection of *kind*, without importing psycopg (a
+    psycopg connection exists only once psycopg was imported)."""
     psycopg = sys.modules.get("psycopg")
-    return psycopg is not None and isinstance(conn, psycopg.AsyncConnection)
+    return psycopg is not None and isinstance(conn, getattr(psycopg, kind))

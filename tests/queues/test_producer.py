@@ -146,8 +146,10 @@ def test_connections_that_cannot_hold_an_item_are_refused(tmp_path: Path) -> Non
     with pytest.raises(SchemaError, match="has no queue schema"):
         producer.enqueue(bare, "job")
     bare.rollback()
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"conn must be a sqlite3\.Connection, a psycopg"):
         producer.enqueue(object(), "job")
+    with pytest.raises(TypeError, match=r"conn must be a psycopg\.AsyncConnection"):
+        asyncio.run(producer.enqueue_async(object(), "job"))
     with pytest.raises(TypeError, match="sqlite3 is synchronous"):
         asyncio.run(producer.enqueue_async(memory, "job"))
 
