@@ -362,7 +362,8 @@ async def test_an_action_without_the_csrf_token_is_refused(
 
 async def test_hostile_item_data_is_inert_on_every_page(nursery: trio.Nursery, shots: Path) -> None:
     """Script in ids, specs, configs, tenants, errors and worker errors stays text on every
-    page: the title never changes and no injected element appears."""
+    page (the recent errors' page too): the title never changes and no injected element
+    appears."""
     source = Source(
         statuses=[WorkerStatus("mailer", WorkerState.BACKING_OFF, 3, f"OSError: {HOSTILE}", 0.0)],
         errors=[ErrorRecord(at=None, source=HOSTILE, message=HOSTILE)],
@@ -374,7 +375,14 @@ async def test_hostile_item_data_is_inert_on_every_page(nursery: trio.Nursery, s
     await settle_as(queue, "r-1", SettleKind.DEAD, error=f"{HOSTILE}\n{HOSTILE}")
     from trio_supervise.console import quote_part
 
-    paths = ["/", "/items", "/dead", "/items/r-1", f"/items/{quote_part('x' + HOSTILE)}"]
+    paths = [
+        "/",
+        "/items",
+        "/dead",
+        "/errors",
+        "/items/r-1",
+        f"/items/{quote_part('x' + HOSTILE)}",
+    ]
 
     def scenario(page: Any) -> None:
         for n, path in enumerate(paths):
@@ -423,7 +431,7 @@ async def test_a_read_only_console_shows_no_forms(nursery: trio.Nursery, shots: 
     await populate(site.queue)
 
     def scenario(page: Any) -> None:
-        for path in ("/", "/items", "/dead", "/items/receipt-1", "/items/invoice-1001"):
+        for path in ("/", "/items", "/dead", "/errors", "/items/receipt-1", "/items/invoice-1001"):
             page.goto(f"{site.url}{path}")
             assert page.query_selector_all("form[method=post]") == [], path
             assert page.locator("button").all_inner_texts() in ([], ["Filter"]), path

@@ -11,6 +11,7 @@ import trio
 from prometheus_client import generate_latest
 
 from trio_supervise import (
+    AuditEntry,
     ItemState,
     MaintenanceTask,
     Pruner,
@@ -200,6 +201,36 @@ async def test_a_pass_deletes_in_batches_and_counts_them(autojump_clock: object)
     assert [event.detail["counts"]["completed"] for event in prunes] == [10, 10, 5]
     text = generate_latest(metrics.registry).decode()
     assert 'trio_supervise_pruned_items_total{state="completed"} 25.0' in text
+
+
+async def test_a_pass_prunes_the_stores_audit_trail_past_its_age(autojump_clock: object) -> None:
+    """Audit entries older than ``retention.audit`` go with the finished items, in batches,
+    counted; ``"none"`` keeps them for ever."""
+    queue = MemoryQueue()
+    for n in range(5):
+        await queue.audit.record(
+            AuditEntry(
+                at=queue.clock.now(),
+                who="alice",
+                address="127.0.0.1",
+                action="retry",
+                target=f"item:{n}",
+                ok=True,
+                result="done",
+            )
+        )
+        await trio.sleep(DAY)
+    await Pruner(settings=RetentionSettings(audit="none")).prune_once(queue)
+    assert len(await queue.audit.recent()) == 5
+    metrics = PruneMetrics()
+    pruner = Pruner(settings=RetentionSettings(audit="3d", batch_size=1), metrics=metrics)
+    await pruner.prune_once(queue)
+    assert [e.target for e in await queue.audit.recent()] == ["item:4", "item:3"]
+    text = generate_latest(metrics.registry).decode()
+    assert "trio_supervise_pruned_audit_entries_total 3.0" in text
+    assert RetentionSettings().audit == 90 * DAY
+    with pytest.raises(ValueError, match="audit must be"):
+        RetentionSettings(audit="soon")
 
 
 async def test_an_unavailable_queue_is_retried_at_the_next_pass(autojump_clock: object) -> None:

@@ -159,6 +159,7 @@ async def test_hostile_item_data_is_inert_on_a_served_status_page(tmp_path: Path
         "summary",
         "ol",
         "li",
+        "pre",
         # the console: links between its pages, and its actions as forms with buttons
         "nav",
         "a",

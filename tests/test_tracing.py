@@ -3,7 +3,11 @@ item and how it ended; none at all when tracing is off or opentelemetry is missi
 
 from __future__ import annotations
 
+import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import attrs
 import pytest
@@ -11,7 +15,8 @@ import trio
 import trio.testing
 
 import trio_supervise as ts
-from trio_supervise.queues import WorkItem
+from trio_supervise.producer import Producer
+from trio_supervise.queues import SQLiteQueue, WorkItem
 
 from .test_runner import no_context, running
 
@@ -121,3 +126,81 @@ async def test_tracing_required_without_opentelemetry_is_refused(
     )
     with pytest.raises(ts.ConfigError, match=r"pip install 'trio_supervise\[otel\]'"):
         await runner.run()
+
+
+async def test_an_item_enqueued_in_a_span_continues_its_trace(
+    autojump_clock: trio.testing.MockClock, spans: InMemorySpanExporter
+) -> None:
+    """Enqueued while a span is current (a web request's), an item carries its W3C
+    traceparent, and its evaluation's span is that span's child: one trace. An item enqueued
+    outside any span carries none, and its evaluation starts a trace of its own."""
+    queue = ts.MemoryQueue()
+    tracer = _PROVIDER.get_tracer("the web app")
+    with tracer.start_as_current_span("POST /orders") as request:
+        item = await queue.enqueue("job", item_id="caused")
+    await queue.enqueue("job", item_id="alone")
+    caller = request.get_span_context()
+    flags = int(caller.trace_flags)
+    assert item.traceparent == f"00-{caller.trace_id:032x}-{caller.span_id:016x}-{flags:02x}"
+    assert (await queue.get("caused")).traceparent == item.traceparent
+    assert (await queue.get("alone")).traceparent is None
+    registry: ts.DriverRegistry[None] = ts.DriverRegistry()
+    registry.register(Driver())
+    runner = ts.WorkflowRunner(
+        queue=queue,
+        registry=registry,
+        settings=ts.RunnerSettings(worker_id="w"),
+        build_context=no_context,
+    )
+    async with running(runner):
+        await trio.sleep(1)
+    ended = {
+        span.attributes["trio_supervise.item_id"]: span
+        for span in spans.get_finished_spans()
+        if span.name.startswith("trio_supervise.")
+    }
+    caused, alone = ended["caused"], ended["alone"]
+    assert caused.context.trace_id == caller.trace_id
+    assert caused.parent is not None
+    assert caused.parent.span_id == caller.span_id
+    assert caused.parent.is_remote
+    assert alone.parent is None
+    assert alone.context.trace_id != caller.trace_id
+
+
+async def test_batches_and_producers_carry_the_current_span(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """Every enqueue takes the current span's context: a batch, and a producer outside Trio
+    on the application's connection; an explicit traceparent is kept as given."""
+    queue = ts.MemoryQueue()
+    given = "00-" + "1" * 32 + "-" + "2" * 16 + "-00"
+    tracer = _PROVIDER.get_tracer("the web app")
+    path = tmp_path / "queue.db"
+    async with await SQLiteQueue.connect(path):
+        pass
+    with tracer.start_as_current_span("POST /batch") as request:
+        done = await queue.enqueue_many(
+            [ts.NewItem(spec_id="job"), ts.NewItem(spec_id="job", traceparent=given)]
+        )
+        with sqlite3.connect(path) as conn:
+            produced = Producer().enqueue(conn, "job")
+    caller = request.get_span_context()
+    flags = int(caller.trace_flags)
+    expected = f"00-{caller.trace_id:032x}-{caller.span_id:016x}-{flags:02x}"
+    assert [each.item.traceparent for each in done] == [expected, given]
+    assert produced.traceparent == expected
+
+
+def test_without_opentelemetry_in_use_nothing_is_imported_or_stored() -> None:
+    """An enqueue in a process that never imported opentelemetry imports none of it and
+    stores no trace context (the cost is one dictionary lookup a batch)."""
+    code = (
+        "import sys, trio, trio_supervise as ts\n"
+        "async def main():\n"
+        "    item = await ts.MemoryQueue().enqueue('job')\n"
+        "    assert item.traceparent is None\n"
+        "trio.run(main)\n"
+        "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -283,7 +283,13 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         read_only=True,
     )
     retention = ts.RetentionSettings(
-        enabled=True, completed="7d", cancelled=3600, dead=30.0, interval="5m", batch_size=500
+        enabled=True,
+        completed="7d",
+        cancelled=3600,
+        dead=30.0,
+        audit="90d",
+        interval="5m",
+        batch_size=500,
     )
     settings = ts.Settings(
         database_url="memory://",
@@ -318,6 +324,8 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         restart=policy,
     )
     audit = ts.MemoryAuditTrail(max_entries=100)
+    producer = ts.Producer(schema="jobs", clock=ts.SystemClock())
+    assert_type(producer.enqueue("sqlite:///garden.db", "water", priority=1), ts.WorkItem)
     service = ts.Service(
         drivers=[WateringDriver(), JsonDriver()],
         workers=[child, supervisor],
@@ -410,6 +418,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         concurrency_key="t",
         concurrency_limit=2,
         tags=["garden", "daily"],
+        traceparent=None,
     )
     item = ts.WorkItem(
         id="x",
@@ -442,8 +451,17 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         concurrency_key=None,
         concurrency_limit=None,
         tags=("garden",),
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     )
     ts.Enqueued(item=item, created=True)
+    error = ts.ItemError(
+        item_id="x",
+        spec_id="water",
+        queue="garden",
+        position=0,
+        entry=ts.ErrorEntry(at=when, worker="w", attempt=1, error="boom"),
+    )
+    assert_type(error.cursor, str)
     ts.QueueInfo(name="garden", paused=True, paused_at=when, counts={ts.ItemState.QUEUED: 1})
     ts.Lease(item_id="x", version=1, worker_id="w")
     ts.Settlement(

@@ -58,6 +58,7 @@ from .maintenance import Pruner as Pruner
 from .maintenance import RetentionSettings as RetentionSettings
 from .maintenance import Schedule as Schedule
 from .maintenance import Scheduler as Scheduler
+from .producer import Producer as Producer
 from .queues import DEFAULT_CONCURRENCY_LIMIT as DEFAULT_CONCURRENCY_LIMIT
 from .queues import DEFAULT_QUEUE as DEFAULT_QUEUE
 from .queues import MAX_ERRORS as MAX_ERRORS
@@ -65,6 +66,7 @@ from .queues import MAX_PRIORITY as MAX_PRIORITY
 from .queues import MIN_PRIORITY as MIN_PRIORITY
 from .queues import Enqueued as Enqueued
 from .queues import ErrorEntry as ErrorEntry
+from .queues import ItemError as ItemError
 from .queues import ItemState as ItemState
 from .queues import Lease as Lease
 from .queues import LeaseStatus as LeaseStatus
@@ -126,6 +128,7 @@ __all__ = [
     "DuplicateItem",
     "Enqueued",
     "ErrorEntry",
+    "ItemError",
     "EvaluationTimedOut",
     "ErrorRecord",
     "HttpSettings",
@@ -170,6 +173,7 @@ __all__ = [
     "Schedule",
     "Scheduler",
     "SchemaError",
+    "Producer",
     "Service",
     "ServiceHandle",
     "Settings",

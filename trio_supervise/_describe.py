@@ -52,8 +52,9 @@ def children_text(children: Sequence[WorkItem], complete: bool) -> str:
 
 
 def item_fields(item: WorkItem) -> list[tuple[str, str]]:
-    """Every field of *item* worth showing, in reading order, as ``(name, text)``; the result
-    and the parent only when it has them. The error history and children are not included."""
+    """Every field of *item* worth showing, in reading order, as ``(name, text)``; the result,
+    the parent and the trace context only when it has them. The error history and children
+    are not included."""
     fields = [
         ("id", item.id),
         ("spec", item.spec_id),
@@ -88,4 +89,6 @@ def item_fields(item: WorkItem) -> list[tuple[str, str]]:
         fields.append(("result", json.dumps(item.result, sort_keys=True)))
     if item.parent_id is not None:
         fields.append(("parent", item.parent_id))
+    if item.traceparent is not None:
+        fields.append(("trace", item.traceparent))
     return fields

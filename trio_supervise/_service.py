@@ -41,6 +41,7 @@ from .maintenance import (
 )
 from .queues import WorkQueue
 from .queues._factory import open_queue, parse_queue_url
+from .queues._ports import audit_trail_of
 from .run import (
     AnyWorkflowDriver,
     ContextFactory,
@@ -182,7 +183,9 @@ class Service:
     :param maintenance: more :class:`MaintenanceTask` s, each run as the supervised child
         ``maintenance-<name>`` on the service's queue, started last (so stopped first).
     :param audit: where the console records the actions taken from it (an
-        :class:`AuditTrail`); a :class:`MemoryAuditTrail` (this process only) when None.
+        :class:`AuditTrail`). None: the queue's own trail when it keeps one
+        (``Capability.AUDIT_TRAIL``: every backend here, in the database on SQLite and
+        PostgreSQL), else a :class:`MemoryAuditTrail` (this process only).
 
     With ``settings.retention.enabled`` (off by default), a service with drivers also runs a
     :class:`Pruner` (child ``maintenance-retention``) that deletes old finished items per
@@ -332,8 +335,9 @@ class Service:
         if settings.http.enabled:
             # Started first, so it is stopped last (reverse start order): /healthz and /metrics
             # keep answering, with the workers' states, for the whole drain.
-            if self.audit is None:
-                self.audit = MemoryAuditTrail()
+            audit = self.audit
+            if audit is None:
+                audit = audit_trail_of(queue) or MemoryAuditTrail()
             app = OperationsApp(
                 _StatusView(self),
                 self.registry,
@@ -351,7 +355,7 @@ class Service:
                 token=settings.http.token,
                 password_hash=settings.http.password_hash,
                 read_only=settings.http.read_only,
-                audit=self.audit,
+                audit=audit,
             )
             children.append(
                 ChildSpec(

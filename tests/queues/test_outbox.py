@@ -41,6 +41,8 @@ class App:
     connect: Callable[[], Any]
     orders: str
     """The business table, as the application's connection names it."""
+    schema: str | None = None
+    """PostgreSQL: the queue's schema (the application's connection does not set it)."""
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[Any]:
@@ -84,7 +86,7 @@ async def open_outbox(
             orders = f"{schema}.orders"
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(f"CREATE TABLE {orders} (id integer PRIMARY KEY)")
-            yield queue, App(backend, lambda: psycopg.connect(dsn), orders)
+            yield queue, App(backend, lambda: psycopg.connect(dsn), orders, schema)
 
 
 def _sqlite_app_connection(path: Path) -> sqlite3.Connection:

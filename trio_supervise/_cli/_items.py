@@ -417,6 +417,7 @@ _FILE_FIELDS = {
     "concurrency_key": str,
     "concurrency_limit": int,
     "tags": list,
+    "traceparent": str,
 }
 """The fields a line of --from-file may hold, and the JSON type each must have."""
 

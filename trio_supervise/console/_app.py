@@ -23,6 +23,7 @@ from .._audit import AuditTrail, MemoryAuditTrail
 from .._convert import unstructure
 from ..maintenance import Schedule, checked_schedules
 from ..queues import WorkQueue
+from ..queues._ports import audit_trail_of
 from ..supervision import WorkerStatus
 from ._actions import ITEM_ACTIONS, QUEUE_ACTIONS, Actions
 from ._auth import (
@@ -97,6 +98,10 @@ def _credentials(token: str | None, password_hash: str | None) -> ConsoleAuth | 
     )
 
 
+def _default_trail(app: OperationsApp) -> AuditTrail:
+    return audit_trail_of(app.queue) or MemoryAuditTrail()
+
+
 def _texts(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
@@ -129,7 +134,8 @@ class OperationsApp:
         the console asks for credentials.
     :param password_hash: the console's password, hashed (``HttpSettings.password_hash``).
     :param read_only: show no action forms and refuse every action (403).
-    :param audit: where the console records actions (a :class:`MemoryAuditTrail` if None).
+    :param audit: where the console records actions; by default the queue's own trail when it
+        keeps one (``Capability.AUDIT_TRAIL``), else a :class:`MemoryAuditTrail`.
     """
 
     source: StatusSource
@@ -148,7 +154,9 @@ class OperationsApp:
     token: str | None = attrs.field(default=None, kw_only=True, repr=False)
     password_hash: str | None = attrs.field(default=None, kw_only=True, repr=False)
     read_only: bool = attrs.field(default=False, kw_only=True)
-    audit: AuditTrail = attrs.field(factory=MemoryAuditTrail, kw_only=True)
+    audit: AuditTrail = attrs.field(
+        default=attrs.Factory(_default_trail, takes_self=True), kw_only=True
+    )
     _reads: QueueReads | None = attrs.field(init=False, default=None, repr=False)
     _auth: ConsoleAuth | None = attrs.field(init=False, default=None)
     _keys: ConsoleKeys = attrs.field(init=False, factory=ConsoleKeys)
@@ -218,6 +226,8 @@ class OperationsApp:
                 return _READ, pages.items_page, True
             case ["dead"] if queued:
                 return _READ, pages.dead_page, True
+            case ["errors"] if queued:
+                return _READ, pages.errors_page, True
             case ["items", item_id] if queued and item_id:
                 return _READ, functools.partial(pages.item_page, item_id), True
             case ["items", item_id, action] if queued and item_id and action in ITEM_ACTIONS:

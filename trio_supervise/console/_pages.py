@@ -7,17 +7,19 @@ flash message a redirect left and the CSRF token of the page's forms.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import math
 import urllib.parse
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 import trio
 
 from .._errors import ItemNotFound
-from ..queues import ItemState, WorkItem
+from ..queues import ErrorHistoryStore, ItemError, ItemState, WorkItem
+from ..queues._ports import Capability, capabilities_of
 from ._actions import item_actions
 from ._auth import ConsoleKeys
 from ._metrics import QueueReads
@@ -30,6 +32,7 @@ from ._views import (
     count_rows,
     due_row,
     error_row,
+    item_error_row,
     item_page_context,
     lineage,
     list_row,
@@ -49,8 +52,27 @@ __all__ = ["Pages"]
 
 logger = logging.getLogger("trio_supervise.http")
 
+T = TypeVar("T")
+
 AUDIT_SHOWN = 20
 """The most recent audit entries the status page shows."""
+ERRORS_SHOWN = 10
+"""The most recent item errors the status page shows (``/errors`` pages through them all)."""
+
+
+async def _answered(
+    read: Callable[[], Awaitable[list[T]]], what: str, refused: type[Exception], why: str
+) -> tuple[list[T], str | None]:
+    """What *read* returns within 5 seconds, or no rows and why: *why* when it raises
+    *refused* (a bad cursor), else what went wrong. A page says so; it does not fail."""
+    try:
+        with trio.fail_after(5):
+            return await read(), None
+    except refused:
+        return [], why
+    except Exception as error:
+        logger.warning("%s failed", what, exc_info=True)
+        return [], f"the queue did not answer: {type(error).__name__}: {error}"
 
 
 @attrs.define(eq=False)
@@ -166,6 +188,10 @@ class Pages:
         now = None if view is None else view.now
         schedules = schedule_rows(await self._schedule_views(), now) if app.schedules else None
         audit = await app.audit.recent(AUDIT_SHOWN)
+        stored = None
+        if self._history() is not None:
+            found, problem = await self._errors(ERRORS_SHOWN, None)
+            stored = rows(found, item_error_row, what="error", empty=problem or "none")
         healthy = app.source.healthy
         return self.html(
             request,
@@ -178,8 +204,47 @@ class Pages:
             queue=queue,
             states=states,
             schedules=schedules,
+            item_errors=stored,
             errors=rows(app.source.recent_errors(), error_row, what="error", empty="none"),
             audit=rows(audit, audit_row, what="entry") if audit else None,
+        )
+
+    def _history(self) -> ErrorHistoryStore | None:
+        """The queue, if it reads its items' error histories (``Capability.ERROR_HISTORY``)."""
+        queue = self._app.queue
+        if queue is not None and Capability.ERROR_HISTORY in capabilities_of(queue):
+            return cast(ErrorHistoryStore, queue)
+        return None
+
+    async def _errors(self, limit: int, before: str | None) -> tuple[list[ItemError], str | None]:
+        """A page of the items' errors (newest first, after the cursor *before*), or why
+        there is none."""
+        store = self._history()
+        if store is None:
+            return [], "this queue keeps no error history"
+        return await _answered(
+            functools.partial(store.recent_errors, limit=limit, before=before),
+            "reading recent errors",
+            ValueError,
+            f"not a cursor of this list ({before}); start from the first page",
+        )
+
+    async def errors_page(self, request: Request, visit: Visit) -> Response:
+        before = request.first("before") or None
+        found, problem = await self._errors(PAGE_SIZE, before)
+        return self.html(
+            request,
+            visit,
+            "errors.html",
+            page_title="errors",
+            item_errors=rows(found, item_error_row, what="error", empty="no errors", limit=None),
+            problem=problem,
+            first_page="/errors" if before else None,
+            next_page=(
+                f"/errors?{page_query(before=found[-1].cursor)}"
+                if len(found) == PAGE_SIZE
+                else None
+            ),
         )
 
     async def _list(
@@ -188,16 +253,14 @@ class Pages:
         """A page of items (keyset: the ones after *after*), or why there is none."""
         queue = self._app.queue
         assert queue is not None
-        try:
-            with trio.fail_after(5):
-                return await queue.list_items(
-                    states=states, spec_ids=specs, limit=PAGE_SIZE, after=after
-                ), None
-        except ItemNotFound:
-            return [], f"the item this page starts after ({after}) is gone; start from the first"
-        except Exception as error:  # a page says what went wrong, it does not fail
-            logger.warning("listing items failed", exc_info=True)
-            return [], f"the queue did not answer: {type(error).__name__}: {error}"
+        return await _answered(
+            functools.partial(
+                queue.list_items, states=states, spec_ids=specs, limit=PAGE_SIZE, after=after
+            ),
+            "listing items",
+            ItemNotFound,
+            f"the item this page starts after ({after}) is gone; start from the first",
+        )
 
     async def items_page(self, request: Request, visit: Visit) -> Response:
         known = {state.value for state in ItemState}

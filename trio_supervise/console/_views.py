@@ -197,6 +197,23 @@ def error_row(error: Any) -> dict[str, Any]:
     return {"at": _stamp(error.at), "source": str(error.source), "message": str(error.message)}
 
 
+def item_error_row(error: Any) -> dict[str, Any]:
+    """A row of an :class:`~trio_supervise.ItemError`: the error's first line, and the rest
+    (its traceback) folded away."""
+    text = str(error.entry.error)
+    head, _, rest = text.partition("\n")
+    return {
+        "at": _stamp(error.entry.at),
+        "id": str(error.item_id),
+        "spec": str(error.spec_id),
+        "queue": str(error.queue),
+        "attempt": int(error.entry.attempt),
+        "worker": str(error.entry.worker),
+        "error": head,
+        "detail": rest,
+    }
+
+
 def audit_row(entry: Any) -> dict[str, Any]:
     return {
         "at": _stamp(entry.at),

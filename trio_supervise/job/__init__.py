@@ -80,6 +80,10 @@ from ._outcomes import Stop as Stop
 from ._outcomes import dead_settlement as dead_settlement
 from ._outcomes import mark_parentless as mark_parentless
 from ._outcomes import outcome_settlement as outcome_settlement
+from ._recent import ItemError as ItemError
+from ._recent import check_errors_page as check_errors_page
+from ._recent import item_errors as item_errors
+from ._recent import newest_errors as newest_errors
 from ._rule import SettlePolicy as SettlePolicy
 from ._rule import StopReason as StopReason
 from ._rule import attempts_exhausted as attempts_exhausted
@@ -92,3 +96,5 @@ from ._settlement import Settlement as Settlement
 from ._settlement import UnfrozenSettlement as UnfrozenSettlement
 from ._settlement import child_item_id as child_item_id
 from ._settlement import unstorable_outcome as unstorable_outcome
+from ._traceparent import check_traceparent as check_traceparent
+from ._traceparent import current_traceparent as current_traceparent

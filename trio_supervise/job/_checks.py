@@ -25,6 +25,7 @@ from ._model import (
     WorkItem,
     build_item,
 )
+from ._traceparent import check_traceparent, current_traceparent
 
 __all__ = [
     "DEFAULT_CONCURRENCY_LIMIT",
@@ -419,6 +420,8 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
     so nothing is written for a batch with one bad entry.
     """
     checked = []
+    current = current_traceparent()
+    """The trace context an entry without one carries: the span current here, if any."""
     shapes: set[tuple[Any, ...]] = set()
     """The (spec id, priority, queue, timeout, unique, keyed) combinations checked already."""
     for index, entry in enumerate(entries):
@@ -449,6 +452,7 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             and entry.concurrency_key is None
             and entry.concurrency_limit is None
             and entry.tags == ()
+            and entry.traceparent is current
             and _plain_text(entry.tenant_id)
             and _plain_text(entry.subject_id)
             and (entry.idempotency_key is None or _plain_text(entry.idempotency_key))
@@ -476,6 +480,7 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
                     shapes.add(shape)
             key, limit = check_concurrency(entry.concurrency_key, entry.concurrency_limit)
             tags = check_tags(entry.tags)
+            traceparent = check_traceparent(entry.traceparent) or current
             due_at = entry.due_at
             if due_at is not None:
                 if not isinstance(due_at, dt.datetime):
@@ -496,6 +501,7 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             or due_at is not entry.due_at
             or limit is not entry.concurrency_limit
             or tags is not entry.tags
+            or traceparent is not entry.traceparent
         ):
             entry = attrs.evolve(
                 entry,
@@ -504,6 +510,7 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
                 concurrency_key=key,
                 concurrency_limit=limit,
                 tags=tags,
+                traceparent=traceparent,
             )
         checked.append(entry)
     return checked

@@ -192,6 +192,9 @@ class WorkItem:
     """At most this many items of ``concurrency_key`` run at once; None without a key."""
     tags: tuple[str, ...] = attrs.field(default=(), metadata=_stored(TAGS))
     """Labels for finding the item (``list_items(tags=...)``), in the order given."""
+    traceparent: str | None = None
+    """The W3C ``traceparent`` of the span current when the item was enqueued (with the
+    ``otel`` extra), which its evaluations' spans continue; None without one."""
 
     @property
     def lease(self) -> Lease:
@@ -260,6 +263,9 @@ class NewItem:
     """At most this many items of *concurrency_key* run at once (default 1 with a key)."""
     tags: Sequence[str] = attrs.field(default=(), metadata=_stored(TAGS))
     """Labels for finding the item: at most :data:`MAX_TAGS` distinct non-empty strings."""
+    traceparent: str | None = None
+    """A W3C ``traceparent`` for the item's evaluations to continue; None: the span current
+    at the enqueue, if ``opentelemetry`` is in use and one is (else none)."""
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -280,6 +286,7 @@ class EnqueueOptions(TypedDict, total=False):
     concurrency_key: str | None
     concurrency_limit: int | None
     tags: Sequence[str]
+    traceparent: str | None
 
 
 def _check_options() -> None:

@@ -10,7 +10,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NewType
+from typing import Any, NewType, cast
 
 import attrs
 import trio
@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 from .._errors import QueueUnavailable
 from .._policy import RestartPolicy
 from ..queues import ItemState, WorkQueue
+from ..queues._ports import AuditStore, Capability, capabilities_of
 from ._schedule import MissedFires, Schedule
 
 __all__ = [
@@ -103,6 +104,10 @@ def _keep_dead(value: object) -> Period:
     return Period(parse_period(value, what="dead", forever=True))
 
 
+def _keep_audit(value: object) -> Period:
+    return Period(parse_period(value, what="audit", forever=True))
+
+
 def _every(value: object) -> Period:
     return Period(parse_period(value, what="interval"))
 
@@ -136,6 +141,7 @@ class RetentionSettings:
         completed = "7d"
         cancelled = "7d"
         dead = "30d"
+        audit = "90d"
         interval = "5m"
         batch_size = 1000
     """
@@ -156,6 +162,9 @@ class RetentionSettings:
         default=Period(DEFAULT_RETENTION[ItemState.DEAD]), converter=_keep_dead
     )
     """How long dead items are kept (default 30 days)."""
+    audit: Period = attrs.field(default=Period(90 * _DAY), converter=_keep_audit)
+    """How long the console's audit entries are kept, in a store that keeps them
+    (``Capability.AUDIT_TRAIL``; default 90 days)."""
     interval: Period = attrs.field(default=Period(300.0), converter=_every)
     """How long the pruner waits between passes (default 5 minutes)."""
     batch_size: int = attrs.field(default=1000, validator=_batch)
@@ -189,16 +198,23 @@ def catch_up_floor(schedules: Iterable[Schedule]) -> tuple[float, str | None]:
 
 @attrs.define(eq=False)
 class PruneMetrics:
-    """``trio_supervise_pruned_items_total{state}``, on *registry*."""
+    """``trio_supervise_pruned_items_total{state}`` and
+    ``trio_supervise_pruned_audit_entries_total``, on *registry*."""
 
     registry: CollectorRegistry = attrs.field(factory=CollectorRegistry)
     pruned: Counter = attrs.field(init=False)
+    pruned_audit: Counter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.pruned = Counter(
             "trio_supervise_pruned_items",
             "Finished items deleted by retention, by state.",
             ["state"],
+            registry=self.registry,
+        )
+        self.pruned_audit = Counter(
+            "trio_supervise_pruned_audit_entries",
+            "Console audit entries deleted by retention.",
             registry=self.registry,
         )
 
@@ -261,7 +277,7 @@ class Pruner:
         """Prune *queue* now and then every ``interval`` until cancelled."""
         for line in self._raised:
             logger.info("%s", line)
-        if not self._ages:
+        if not self._ages and not self.settings.audit:
             logger.info("retention keeps every finished state for ever: nothing to prune")
             task_status.started()
             await trio.sleep_forever()
@@ -304,4 +320,24 @@ class Pruner:
                 summary,
                 extra={"pruned": {str(state): n for state, n in totals.items()}},
             )
+        await self.prune_audit_once(queue)
         return totals
+
+    async def prune_audit_once(self, queue: WorkQueue) -> int:
+        """The audit entries older than ``settings.audit`` deleted in batches, in a store that
+        keeps them (nothing otherwise, nor when kept for ever); how many."""
+        age = float(self.settings.audit)
+        if not age or Capability.AUDIT_TRAIL not in capabilities_of(queue):
+            return 0
+        store = cast(AuditStore, queue)
+        batch, total = self.settings.batch_size, 0
+        while True:
+            deleted = await store.prune_audit(age, limit=batch)
+            total += deleted
+            if deleted < batch:
+                break
+            await trio.lowlevel.checkpoint()
+        if total:
+            self.metrics.pruned_audit.inc(total)
+            logger.info("retention: deleted %d audit entries", total, extra={"pruned_audit": total})
+        return total

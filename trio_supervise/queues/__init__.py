@@ -11,6 +11,7 @@ from ..job import MIN_PRIORITY as MIN_PRIORITY
 from ..job import WAITING_DUE_AT as WAITING_DUE_AT
 from ..job import Enqueued as Enqueued
 from ..job import ErrorEntry as ErrorEntry
+from ..job import ItemError as ItemError
 from ..job import ItemState as ItemState
 from ..job import JSONValue as JSONValue
 from ..job import Lease as Lease
@@ -27,7 +28,9 @@ from ._factory import DEFAULT_DATABASE_URL as DEFAULT_DATABASE_URL
 from ._factory import migrate as migrate
 from ._factory import open_queue as open_queue
 from ._factory import parse_queue_url as parse_queue_url
+from ._ports import AuditStore as AuditStore
 from ._ports import Capability as Capability
+from ._ports import ErrorHistoryStore as ErrorHistoryStore
 from ._ports import MaintenanceStore as MaintenanceStore
 from ._ports import OperatorStore as OperatorStore
 from ._ports import ProducerStore as ProducerStore
@@ -42,7 +45,9 @@ from .sql._sqlite import DEFAULT_SQLITE_PATH as DEFAULT_SQLITE_PATH
 from .sql._sqlite import SQLiteQueue as SQLiteQueue
 
 __all__ = [
+    "AuditStore",
     "Capability",
+    "ErrorHistoryStore",
     "MaintenanceStore",
     "OperatorStore",
     "ProducerStore",
@@ -61,6 +66,7 @@ __all__ = [
     "QueueInfo",
     "Enqueued",
     "ErrorEntry",
+    "ItemError",
     "ItemState",
     "JSONValue",
     "Lease",

@@ -5,6 +5,10 @@
 - :class:`OperatorStore`: what a person or a console uses (reads, cancel, retry, delete, pause);
 - :class:`MaintenanceStore`: what upkeep uses (retention, schedule fires);
 - :class:`WorkQueue`: all four, what every backend of this package is;
+- :class:`AuditStore`: a store that keeps the console's audit trail (declared as
+  :attr:`Capability.AUDIT_TRAIL`);
+- :class:`ErrorHistoryStore`: a store that reads its items' error histories as one list
+  (declared as :attr:`Capability.ERROR_HISTORY`);
 - :class:`SeedWrites`: the seed's single-item writes, for stores written to that interface.
 
 A store declares what more it can do as :class:`Capability` values in ``capabilities``; callers
@@ -22,11 +26,13 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import attrs
 from typing_extensions import Unpack
 
+from .._audit import AuditTrail
 from .._clock import Clock
 from ..job import (
     DEFAULT_QUEUE,
     Enqueued,
     EnqueueOptions,
+    ItemError,
     ItemState,
     JSONValue,
     Lease,
@@ -40,9 +46,11 @@ from ..job import (
 )
 
 __all__ = [
+    "AuditStore",
     "BatchWrites",
     "Capability",
     "EnqueueFront",
+    "ErrorHistoryStore",
     "MaintenanceStore",
     "OperatorStore",
     "ProducerStore",
@@ -50,6 +58,7 @@ __all__ = [
     "SingleWrites",
     "WorkQueue",
     "WorkerStore",
+    "audit_trail_of",
     "capabilities_of",
     "combines",
     "declared",
@@ -97,6 +106,13 @@ class Capability(enum.StrEnum):
     TRANSACTIONAL_ENQUEUE = "transactional-enqueue"
     """``enqueue_on(conn, ...)`` / ``enqueue_many_on(conn, entries)``: enqueue inside the
     application's own open transaction."""
+    AUDIT_TRAIL = "audit-trail"
+    """It is an :class:`AuditStore`: ``audit``, an :class:`~trio_supervise.AuditTrail` kept
+    with the items (in the database on the SQL stores, so it survives a restart), and
+    ``prune_audit`` for retention."""
+    ERROR_HISTORY = "error-history"
+    """It is an :class:`ErrorHistoryStore`: ``recent_errors(limit=, before=)``, the entries of
+    its items' error histories, newest first, in pages."""
 
 
 @runtime_checkable
@@ -256,6 +272,43 @@ class WorkQueue(WorkerStore, ProducerStore, OperatorStore, MaintenanceStore, Pro
     async def aclose(self) -> None:
         """Release connections and threads. Idempotent."""
         ...
+
+
+@runtime_checkable
+class AuditStore(Protocol):
+    """A store that keeps the console's audit trail (:attr:`Capability.AUDIT_TRAIL`)."""
+
+    @property
+    def audit(self) -> AuditTrail:
+        """The trail: ``record(entry)`` and ``recent(limit)``, newest first by ``at``."""
+        ...
+
+    async def prune_audit(
+        self, older_than: float, *, limit: int | None = None, dry_run: bool = False
+    ) -> int:
+        """Delete the entries recorded at least *older_than* seconds ago by the store's clock
+        (oldest first, at most *limit*); how many (with *dry_run*: would be)."""
+        ...
+
+
+@runtime_checkable
+class ErrorHistoryStore(Protocol):
+    """A store that reads its items' error histories as one list
+    (:attr:`Capability.ERROR_HISTORY`)."""
+
+    async def recent_errors(self, *, limit: int = 50, before: str | None = None) -> list[ItemError]:
+        """The entries of every item's error history, newest first (by their time, then item
+        id, then place in the history), in one snapshot; at most *limit* (1 to 1000), those
+        after the cursor *before* (an :attr:`ItemError.cursor` of the page before)."""
+        ...
+
+
+def audit_trail_of(store: Any) -> AuditTrail | None:
+    """*store*'s audit trail if it declares :attr:`Capability.AUDIT_TRAIL`, else None."""
+    if Capability.AUDIT_TRAIL in capabilities_of(store):
+        trail: AuditTrail = store.audit
+        return trail
+    return None
 
 
 @runtime_checkable

@@ -2,7 +2,9 @@
 
 Without ``opentelemetry`` installed a runner has no tracer and pays nothing per item; with it, one
 span per evaluation, ``trio_supervise.evaluate <spec>``, with the item's id, spec, queue, attempt
-and lease version, and how the evaluation ended.
+and lease version, and how the evaluation ended. An item enqueued while a span was current
+carries that span's ``traceparent``: its evaluation's span is a child of it, so a web request
+and the jobs it caused are one trace.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def tracer_for(settings: RunnerSettings) -> Any | None:
 @contextlib.contextmanager
 def evaluation_span(tracer: Any, item: WorkItem) -> Iterator[Any]:
     """A span (current while the driver runs) for one evaluation of *item*."""
+    from opentelemetry import trace
     from opentelemetry.trace import SpanKind
 
     attributes = {
@@ -47,14 +50,29 @@ def evaluation_span(tracer: Any, item: WorkItem) -> Iterator[Any]:
         "trio_supervise.attempt": item.attempt,
         "trio_supervise.lease_version": item.lease_version,
     }
+    parent = None if item.traceparent is None else _enqueuer(trace, item.traceparent)
     with tracer.start_as_current_span(
         f"trio_supervise.evaluate {item.spec_id}",
+        context=parent,
         kind=SpanKind.CONSUMER,
         attributes=attributes,
         record_exception=False,
         set_status_on_exception=False,
     ) as span:
         yield span
+
+
+def _enqueuer(trace: Any, traceparent: str) -> Any:
+    """A context whose current span is the enqueuer's, remote, from its *traceparent* (checked
+    when the item was enqueued: ``00-<trace id>-<span id>-<flags>``)."""
+    _, trace_id, span_id, flags = traceparent.split("-")
+    remote = trace.SpanContext(
+        trace_id=int(trace_id, 16),
+        span_id=int(span_id, 16),
+        is_remote=True,
+        trace_flags=trace.TraceFlags(int(flags, 16)),
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(remote))
 
 
 def end_span(

@@ -12,13 +12,17 @@ import trio
 from ..._clock import utc
 from ..._errors import ItemNotFound, ItemStateError
 from ...job import (
+    ItemError,
     ItemState,
     JSONValue,
     QueueInfo,
     WorkItem,
     check_config,
+    check_errors_page,
     check_queue_name,
     check_tags,
+    item_errors,
+    newest_errors,
 )
 from ._state import MemoryState
 
@@ -65,6 +69,13 @@ class OperatorSide(MemoryState):
         found.sort(key=lambda item: (item.due_at, item.id))
         out = self._out
         return [out(item) for item in found[:limit]]
+
+    async def recent_errors(self, *, limit: int = 50, before: str | None = None) -> list[ItemError]:
+        """The entries of every item's error history, newest first (see
+        :class:`~trio_supervise.queues.ErrorHistoryStore`)."""
+        await trio.lowlevel.checkpoint()
+        limit, key = check_errors_page(limit, before)
+        return newest_errors(item_errors(self._items.values(), key), limit)
 
     async def counts(self) -> Mapping[tuple[str, ItemState], int]:
         await trio.lowlevel.checkpoint()

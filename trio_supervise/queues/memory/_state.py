@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import trio_util
 
+from ..._audit import AuditEntry
 from ..._clock import Clock, StepGuard, TrioClock, WallClock, utc
 from ..._errors import LeaseLost
 from ...job import ItemState, UnfrozenItem, WorkItem, copy_item
@@ -105,6 +106,8 @@ class MemoryState:
     _paused: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
     """Paused queues, with when they were paused."""
     _last_fires: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
+    _audit: list[AuditEntry] = attrs.field(init=False, factory=list)
+    """The console's audit trail, in the order recorded (see ``_audit.py``)."""
     """Each schedule's last enqueued fire (see :meth:`fire_schedule`)."""
     _fan_in: dict[str, tuple[str, int]] = attrs.field(init=False, factory=dict)
     """Per waited-for child not yet finished: its parent's id and lease version (the SQL
@@ -149,6 +152,7 @@ class MemoryState:
         self._fan_in.clear()
         self._children_of.clear()
         self._entries.clear()
+        self._audit.clear()
         self.events.clear()
         self._changed()
 

@@ -18,13 +18,17 @@ from typing import Any, NoReturn
 
 from ..._errors import ItemNotFound, ItemStateError
 from ...job import (
+    ItemError,
     ItemState,
     JSONValue,
     QueueInfo,
     WorkItem,
     check_config,
+    check_errors_page,
     check_queue_name,
     check_tags,
+    item_errors,
+    newest_errors,
 )
 from .. import _sql
 from ._base import Lane, Row, SQLBase
@@ -114,6 +118,35 @@ class SQLOperator(SQLBase):
                 return _list_page(
                     conn, queries, params, self._all, states=states, after=after, start=start
                 )
+
+        return await self._run(run, lane=Lane.READ)
+
+    async def recent_errors(self, *, limit: int = 50, before: str | None = None) -> list[ItemError]:
+        """The entries of every item's error history, newest first (see
+        :class:`~trio_supervise.queues.ErrorHistoryStore`).
+
+        An item's errors are never newer than its ``updated_at``, so the items holding errors
+        are read newest ``updated_at`` first, a batch at a time (the partial index
+        ``trio_supervise_items_errors_idx``), until the errors found that are newer than every
+        item left fill the page: a first page reads about as many items as it shows errors.
+        """
+        limit, key = check_errors_page(limit, before)
+        query, batch = self._queries["items_with_errors"], max(limit, 50)
+
+        def run(conn: Any) -> list[ItemError]:
+            found: list[ItemError] = []
+            params: dict[str, Any] = {"updated_at": None, "id": "", "limit": batch}
+            with self._snapshot(conn):
+                while True:
+                    items = self._all(conn.execute(query, params))
+                    found += item_errors(items, key)
+                    if len(items) < batch:
+                        return newest_errors(found, limit)
+                    frontier = items[-1].updated_at
+                    if sum(error.entry.at > frontier for error in found) >= limit:
+                        return newest_errors(found, limit)
+                    params["updated_at"] = self._time(frontier)
+                    params["id"] = items[-1].id
 
         return await self._run(run, lane=Lane.READ)
 

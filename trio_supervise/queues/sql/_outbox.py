@@ -37,12 +37,12 @@ from ..._errors import SchemaError
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["psycopg_savepoint", "sqlite_savepoint"]
+__all__ = ["psycopg_savepoint", "savepoint_on", "sqlite_file", "sqlite_savepoint"]
 
 _SAVEPOINT = "trio_supervise_enqueue"
 
 
-def _sqlite_file(conn: sqlite3.Connection) -> str:
+def sqlite_file(conn: sqlite3.Connection) -> str:
     """The file of *conn*'s main database ('' for an in-memory or temporary one)."""
     cur = conn.cursor()
     cur.row_factory = None  # plain tuples, whatever the application's factory
@@ -78,7 +78,7 @@ def sqlite_savepoint(
             "enqueue_on needs a queue in a database file: another connection to ':memory:' "
             "is another database"
         )
-    path = _sqlite_file(conn)
+    path = sqlite_file(conn)
     try:
         info = os.stat(path) if path else None
     except OSError:  # pragma: no cover - the connection holds the file open
@@ -115,8 +115,6 @@ def psycopg_savepoint(
     schema and run the body in a savepoint of its transaction, on the queue's
     ``search_path`` (see the module doc)."""
     import psycopg
-    from psycopg.pq import TransactionStatus
-    from psycopg.rows import dict_row
 
     if not isinstance(conn, psycopg.Connection):
         hint = (
@@ -125,6 +123,17 @@ def psycopg_savepoint(
             else ""
         )
         raise TypeError(f"conn must be a psycopg.Connection, got {type(conn).__name__}{hint}")
+    with savepoint_on(conn, schema=schema, where=where) as inner:
+        yield inner
+
+
+@contextlib.contextmanager
+def savepoint_on(conn: Any, *, schema: str | None, where: str) -> Iterator[Any]:
+    """:func:`psycopg_savepoint` on *conn*, a sync psycopg connection or what stands for one
+    (an asyncio connection driven from a thread, see ``_outside.py``)."""
+    from psycopg.pq import TransactionStatus
+    from psycopg.rows import dict_row
+
     status = conn.info.transaction_status
     if conn.closed or status == TransactionStatus.UNKNOWN:
         raise ValueError("conn is closed or broken")

@@ -14,17 +14,16 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 import trio
 import trio_util
 
-from ..._clock import Clock, StepGuard, SystemClock, WallClock, utc
+from ..._clock import Clock, StepGuard, SystemClock, WallClock
 from ..._errors import QueueError
 from ...job import Lease, WorkItem
-from ...job._model import BOOL, TIME
 from .. import _sql
 from .._ports import Capability
 from .._sql import redact_dsn
@@ -39,11 +38,10 @@ from ._postgres_db import (
     mapped_errors,
     migrate_connection,
     open_connection,
-    reads_text_json,
     schema_version,
-    text_json,
 )
-from ._postgres_listen import CHANNEL, Wakeups
+from ._postgres_enqueue import _CODEC, PostgresEnqueue, column_names
+from ._postgres_listen import Wakeups
 from ._postgres_pool import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_POOL_SIZE,
@@ -53,7 +51,7 @@ from ._postgres_pool import (
     check_pool_options,
 )
 from ._queue import SQLQueue
-from ._rows import NEW_ROW_COLUMNS, Codec, item_decoder
+from ._rows import item_decoder
 from ._settle import SettleEntry, woken_by
 
 if TYPE_CHECKING:
@@ -62,11 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["PostgresQueue"]
 
 _Q = QUERIES
-_ENQUEUE_UNKEYED = _sql.without_conflict_clause(_Q["enqueue_many"])
 _SETTLE_ALONE = _sql.with_query(_Q["settle_alone"], "settle_many", _Q["settle_many"])
-_ARRAYS = tuple(f"{column}_array" for column in NEW_ROW_COLUMNS)
-"""The ``enqueue_many`` query's array parameters, one per :data:`NEW_ROW_COLUMNS`, in order."""
-_ID = NEW_ROW_COLUMNS.index("id")
 _SAVEPOINT = "SAVEPOINT trio_supervise_claim"
 _ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT trio_supervise_claim"
 """Before the claim of a pipelined settle-and-claim, rolled back to when the settlement's
@@ -76,19 +70,8 @@ _MIN_TIME = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
 """Before every stored time: the cursor of a first page."""
 
 
-_CODEC = Codec(
-    # psycopg loads a timestamptz as a UTC datetime in the pool's UTC sessions (see
-    # configure): kept as it is; one in another zone is converted, as WorkItem would.
-    decode={TIME: "$value if $value.tzinfo is _UTC else _utc($value)", BOOL: "$value"},
-    encode_time="_utc($value)",
-    namespace={"_UTC": dt.UTC, "_utc": utc},
-)
-"""How stored values become an item's: JSON arrives as its text (the queue's connections load
-``jsonb`` as text, see :func:`configure`), read as on SQLite."""
-
-
 @attrs.define(eq=False, kw_only=True)
-class PostgresQueue(SQLQueue):
+class PostgresQueue(PostgresEnqueue, SQLQueue):
     """The :class:`WorkQueue` protocol on PostgreSQL. Open it with :meth:`connect`."""
 
     _dsn: str = attrs.field(alias="dsn", repr=redact_dsn)
@@ -188,15 +171,7 @@ class PostgresQueue(SQLQueue):
             listen=listen,
         )
 
-    @property
-    def channel(self) -> str:
-        """The ``LISTEN``/``NOTIFY`` channel: one per schema."""
-        return CHANNEL if self._schema is None else f"{CHANNEL}:{self._schema}"
-
     # -- internals ---------------------------------------------------------------------------
-
-    def _now(self) -> dt.datetime | None:
-        return None if self._db_clock else utc(self._clock.now())
 
     async def _run(
         self,
@@ -223,18 +198,17 @@ class PostgresQueue(SQLQueue):
         ):
             yield conn
 
-    def _notify(self, conn: psycopg.Connection[Row], spec_ids: Sequence[str]) -> None:
-        if spec_ids:
-            conn.execute(_Q["notify"], {"channel": self.channel, "spec_ids": sorted(set(spec_ids))})
-
     # -- the dialect's hooks (see _base.py and the ports) --------------------------------
 
-    _queries: ClassVar[Mapping[str, str]] = _Q
     _declared: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.SETTLE_AND_CLAIM, Capability.TRANSACTIONAL_ENQUEUE}
+        {
+            Capability.SETTLE_AND_CLAIM,
+            Capability.TRANSACTIONAL_ENQUEUE,
+            Capability.AUDIT_TRAIL,
+            Capability.ERROR_HISTORY,
+        }
     )
 
-    _backend: ClassVar[_sql.Backend] = "postgres"
     _first_cursor: ClassVar[dt.datetime] = _MIN_TIME
 
     @staticmethod
@@ -252,64 +226,9 @@ class PostgresQueue(SQLQueue):
     def _write(conn: psycopg.Connection[Row]) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    _time = staticmethod(utc)
-
-    @staticmethod
-    def _from_time(value: dt.datetime) -> dt.datetime:
-        return value
-
-    _codec: ClassVar[Codec] = _CODEC
-
-    @staticmethod
-    def _columns(cur: psycopg.Cursor[Any]) -> tuple[str, ...]:
-        return _columns(cur)
-
-    @staticmethod
-    def _ids(values: Sequence[str]) -> list[str]:
-        return list(values)
-
-    def _is_duplicate(self, error: Exception) -> bool:
-        import psycopg
-
-        return isinstance(error, psycopg.errors.UniqueViolation)
-
     @staticmethod
     def _data_errors() -> tuple[type[Exception], ...]:
         return data_errors()
-
-    def _cursor(self, conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
-        from psycopg.rows import dict_row
-
-        cur = conn.cursor(row_factory=dict_row)
-        if not reads_text_json(conn):  # the application's connection (enqueue_on)
-            text_json(cur.adapters)
-        return cur
-
-    def _insert_rows(
-        self,
-        cur: psycopg.Cursor[Row],
-        rows: Sequence[tuple[Any, ...]],
-        now: dt.datetime | None,
-        *,
-        keyed: bool,
-        notify: bool,
-    ) -> tuple[int, dt.datetime]:
-        # One array per column (the rows transposed), but a column with one value in every
-        # row goes as an empty array and that value (see the query); ids always whole. The
-        # statement returns the stored now() and sends the wake-ups itself: one round trip.
-        arrays: dict[str, Any] = {"now": now, "channel": self.channel if notify else None}
-        columns = zip(*rows, strict=True)
-        named = zip(NEW_ROW_COLUMNS, _ARRAYS, columns, strict=True)
-        for n, (name, array, column) in enumerate(named):
-            first = column[0]
-            if n != _ID and column.count(first) == len(column):  # the ids always go whole
-                arrays[name], arrays[array] = first, []
-            else:
-                arrays[name], arrays[array] = None, list(column)
-        query = _Q["enqueue_many"] if keyed else _ENQUEUE_UNKEYED
-        row = cur.execute(query, arrays).fetchone()
-        assert row is not None
-        return row["inserted"], utc(row["now"])
 
     # The claims return WorkItems, decoded in the thread (see _claimed).
 
@@ -493,14 +412,8 @@ def _claimed(cur: psycopg.Cursor[tuple[Any, ...]]) -> tuple[list[WorkItem], int]
     rows = cur.fetchall()
     if not rows:
         return [], 0
-    columns = _columns(cur)
+    columns = column_names(cur)
     decode = item_decoder(columns, _CODEC)
     id_at = columns.index("id")
     keyed = rows[0][columns.index("keyed")] if "keyed" in columns else 0
     return [decode(row) for row in rows if row[id_at] is not None], keyed
-
-
-def _columns(cur: psycopg.Cursor[Any]) -> tuple[str, ...]:
-    result = cur.pgresult
-    assert result is not None
-    return tuple(result.fname(n).decode() for n in range(result.nfields))  # type: ignore[union-attr]

@@ -139,7 +139,7 @@ def connect_kwargs(schema: str | None, connect_timeout: float) -> dict[str, Any]
     return kwargs
 
 
-def schema_version(conn: psycopg.Connection[Row]) -> int:
+def schema_version(conn: psycopg.Connection[Row] | psycopg.Cursor[Row]) -> int:
     if not conn.execute(_Q["version_table_exists"]).fetchone()["present"]:  # type: ignore[index]
         return 0
     return int(conn.execute(_Q["schema_version"]).fetchone()["version"])  # type: ignore[index]

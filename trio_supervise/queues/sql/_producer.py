@@ -37,7 +37,7 @@ from .._ports import EnqueueFront, entry_signature
 from ._base import Lane, SQLBase
 from ._rows import NEW_ROW_COLUMNS, row_encoder
 
-__all__ = ["EnqueueBatch", "EnqueueCore", "SQLProducer"]
+__all__ = ["EnqueueBatch", "EnqueueCore", "OutboxWrites", "SQLProducer"]
 
 
 @attrs.frozen
@@ -304,45 +304,14 @@ class EnqueueCore(SQLBase):
         return left
 
 
-class SQLProducer(EnqueueCore, EnqueueFront):
-    """The producer port: ``enqueue`` (:class:`EnqueueFront`), ``enqueue_many``, ``get_by_key``,
-    and enqueueing on the application's own transaction."""
+class OutboxWrites(EnqueueCore):
+    """Enqueueing on the application's own transaction, blocking: what a SQL queue offers
+    (``enqueue_on``) and what a producer outside Trio is (:mod:`trio_supervise.producer`);
+    each dialect's :meth:`_outbox` checks the connection and holds the savepoint.
 
-    async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
-        batch = self._prepare(entries)
-        if not batch.entries:
-            await trio.lowlevel.checkpoint()
-            return []
-        # A batch without keys is one statement (the insert, which also returns the stored
-        # time and, on PostgreSQL, notifies): in PostgreSQL's autocommit its own transaction,
-        # one round trip. A keyed batch looks up its keys' holders first, in a transaction.
-        keyed = any(row[_KEY] is not None for row in batch.rows)
-        write = self._transaction if keyed else self._write
-
-        def run(conn: Any) -> list[Enqueued]:
-            try:
-                with write(conn):
-                    done, _ = self._write_batch(conn, batch, notify=True)
-            except _IdTaken as taken:
-                self._raise_taken(conn, taken)
-            return done
-
-        # Not retried on a dead connection: the commit may have landed (see _run).
-        done = await self._run(run, lane=Lane.CALLER, retry=False)
-        if any(each.created for each in done):
-            self._changed()
-        return done
-
-    async def get_by_key(self, idempotency_key: str) -> WorkItem:
-        query = self._queries["get_by_key"]
-        item = await self._run(
-            lambda conn: self._one(conn.execute(query, {"key": idempotency_key})), lane=Lane.READ
-        )
-        if item is None:
-            raise ItemNotFound(idempotency_key, "idempotency key")
-        return item
-
-    # -- the outbox: enqueue on the application's own transaction ----------------------------
+    The enqueue is the core's (:meth:`EnqueueCore._write_batch`, the same statements and
+    checks as ``enqueue_many``), with ``notify``: on PostgreSQL the insert sends the
+    ``NOTIFY`` itself, in the application's transaction (delivered at its commit)."""
 
     def _outbox(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         """Check the application's *conn* and hold a savepoint in its transaction around the
@@ -385,3 +354,42 @@ class SQLProducer(EnqueueCore, EnqueueFront):
             with self._outbox(conn) as inner:
                 self._raise_taken(inner, taken)
         return done
+
+
+class SQLProducer(OutboxWrites, EnqueueFront):
+    """The producer port: ``enqueue`` (:class:`EnqueueFront`), ``enqueue_many``, ``get_by_key``,
+    and enqueueing on the application's own transaction (:class:`OutboxWrites`)."""
+
+    async def enqueue_many(self, entries: Sequence[NewItem]) -> list[Enqueued]:
+        batch = self._prepare(entries)
+        if not batch.entries:
+            await trio.lowlevel.checkpoint()
+            return []
+        # A batch without keys is one statement (the insert, which also returns the stored
+        # time and, on PostgreSQL, notifies): in PostgreSQL's autocommit its own transaction,
+        # one round trip. A keyed batch looks up its keys' holders first, in a transaction.
+        keyed = any(row[_KEY] is not None for row in batch.rows)
+        write = self._transaction if keyed else self._write
+
+        def run(conn: Any) -> list[Enqueued]:
+            try:
+                with write(conn):
+                    done, _ = self._write_batch(conn, batch, notify=True)
+            except _IdTaken as taken:
+                self._raise_taken(conn, taken)
+            return done
+
+        # Not retried on a dead connection: the commit may have landed (see _run).
+        done = await self._run(run, lane=Lane.CALLER, retry=False)
+        if any(each.created for each in done):
+            self._changed()
+        return done
+
+    async def get_by_key(self, idempotency_key: str) -> WorkItem:
+        query = self._queries["get_by_key"]
+        item = await self._run(
+            lambda conn: self._one(conn.execute(query, {"key": idempotency_key})), lane=Lane.READ
+        )
+        if item is None:
+            raise ItemNotFound(idempotency_key, "idempotency key")
+        return item

@@ -1,4 +1,4 @@
-"""The four ports joined: :class:`SQLQueue`, what each SQL dialect subclasses.
+"""The four ports and the audit trail joined: :class:`SQLQueue`, what each SQL dialect subclasses.
 
 A dialect (:class:`SQLiteQueue`, :class:`PostgresQueue`) adds its connections, its hooks (the
 base's and each port's, see ``_base.py``) and its own ``connect`` and ``aclose``.
@@ -6,6 +6,7 @@ base's and each port's, see ``_base.py``) and its own ``connect`` and ``aclose``
 
 from __future__ import annotations
 
+from ._audit import SQLAudit
 from ._maintenance import SQLMaintenance
 from ._operator import SQLOperator
 from ._producer import SQLProducer
@@ -14,5 +15,5 @@ from ._worker import SQLWorker
 __all__ = ["SQLQueue"]
 
 
-class SQLQueue(SQLWorker, SQLProducer, SQLOperator, SQLMaintenance):
+class SQLQueue(SQLWorker, SQLProducer, SQLOperator, SQLMaintenance, SQLAudit):
     """The :class:`WorkQueue` protocol over a SQL dialect: every port, written once."""

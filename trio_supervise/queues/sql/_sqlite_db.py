@@ -103,7 +103,7 @@ class Transaction:
             self._conn.execute("ROLLBACK")
 
 
-def schema_version(conn: sqlite3.Connection) -> int:
+def schema_version(conn: sqlite3.Connection | sqlite3.Cursor) -> int:
     if not conn.execute(QUERIES["version_table_exists"]).fetchone()["present"]:
         return 0
     return int(conn.execute(QUERIES["schema_version"]).fetchone()["version"])

@@ -10,11 +10,13 @@ import pytest
 import trio
 
 from ...queues import WorkQueue
+from ._audit import AuditContract
 from ._bulk import BulkEnqueueContract
 from ._children import ChildrenContract
 from ._claiming import ClaimingContract
 from ._clock import ManualClock
 from ._concurrency import ConcurrencyKeysContract
+from ._error_history import ErrorHistoryContract
 from ._evaluation_ends import EvaluationEndsContract
 from ._identity import IdentityContract
 from ._producing import ProducingContract
@@ -25,6 +27,7 @@ from ._snapshots import SnapshotReadsContract
 from ._stateful import ModelContract
 from ._support import Need, has, needed_by
 from ._tags import TagsContract
+from ._trace_context import TraceContextContract
 from ._uniqueness import UniquenessContract
 
 _PARTS: dict[type, frozenset[Need]] = {}
@@ -46,6 +49,9 @@ class StoreConformance(
     RetentionContract,
     SnapshotReadsContract,
     TagsContract,
+    TraceContextContract,
+    AuditContract,
+    ErrorHistoryContract,
     ModelContract,
 ):
     """Every behaviour of the store contract (``docs/queues.md``) as tests, for any backend.

@@ -46,7 +46,7 @@ WITH inserted AS (
     INSERT INTO trio_supervise_items AS i (
         id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
         created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-        concurrency_key, concurrency_limit, tags, incarnation
+        concurrency_key, concurrency_limit, tags, traceparent, incarnation
     )
     SELECT n.id,
         coalesce(n.spec_id, %(spec_id)s::text),
@@ -66,6 +66,7 @@ WITH inserted AS (
         coalesce(n.concurrency_key, %(concurrency_key)s::text),
         coalesce(n.concurrency_limit, %(concurrency_limit)s::int),
         coalesce(n.tags, %(tags)s::text)::jsonb,
+        coalesce(n.traceparent, %(traceparent)s::text),
         -- One number of the sequence for the statement's rows (schema 0008).
         (SELECT nextval('trio_supervise_incarnations'))
     FROM unnest(
@@ -75,10 +76,10 @@ WITH inserted AS (
         %(priority_array)s::int[], %(queue_array)b::text[], %(timeout_array)s::float8[],
         %(unique_scope_array)b::text[], %(period_us_array)s::bigint[],
         %(concurrency_key_array)b::text[], %(concurrency_limit_array)s::int[],
-        %(tags_array)b::text[]
+        %(tags_array)b::text[], %(traceparent_array)b::text[]
     ) AS n(
         id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
-        timeout, unique_scope, period_us, concurrency_key, concurrency_limit, tags
+        timeout, unique_scope, period_us, concurrency_key, concurrency_limit, tags, traceparent
     )
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING i.queue, i.spec_id, i.concurrency_key IS NULL AS hinted,
@@ -721,3 +722,41 @@ RETURNING name;
 
 -- name: last_fires
 SELECT name, last_fire_at FROM trio_supervise_schedules WHERE name = ANY(%(names)s::text[]);
+
+-- name: record_audit
+INSERT INTO trio_supervise_audit (at, who, address, action, target, ok, result)
+VALUES (%(at)s, %(who)s, %(address)s, %(action)s, %(target)s, %(ok)s, %(result)s);
+
+-- name: recent_audit
+-- The latest entries, newest first (the later recorded first among equal times).
+SELECT at, who, address, action, target, ok, result FROM trio_supervise_audit
+ORDER BY at DESC, seq DESC
+LIMIT %(limit)s;
+
+-- name: prune_audit
+-- The oldest entries recorded at least %(age_us)s ago, at most %(limit)s (NULL: all); rows
+-- another pruner holds are skipped.
+WITH doomed AS MATERIALIZED (
+    SELECT seq FROM trio_supervise_audit
+    WHERE at <= coalesce(%(now)s::timestamptz, now()) - %(age_us)s::bigint * interval '1 microsecond'
+    ORDER BY at, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM trio_supervise_audit WHERE seq = ANY (ARRAY(SELECT seq FROM doomed));
+
+-- name: prune_audit_count
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM trio_supervise_audit
+    WHERE at <= coalesce(%(now)s::timestamptz, now()) - %(age_us)s::bigint * interval '1 microsecond'
+    LIMIT %(limit)s
+) AS t;
+
+-- name: items_with_errors
+-- Items whose error history is not empty, by (updated_at, id) descending, after the cursor
+-- (%(updated_at)s NULL: from the newest); trio_supervise_items_errors_idx serves it.
+SELECT {item_columns} FROM trio_supervise_items
+WHERE errors <> '[]'::jsonb
+  AND (%(updated_at)s::timestamptz IS NULL OR (updated_at, id) < (%(updated_at)s::timestamptz, %(id)s::text))
+ORDER BY updated_at DESC, id DESC
+LIMIT %(limit)s;

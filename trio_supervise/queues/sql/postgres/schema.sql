@@ -42,6 +42,7 @@ CREATE TABLE trio_supervise_items (
     incarnation      bigint      NOT NULL DEFAULT nextval('trio_supervise_incarnations'),
     parent_incarnation bigint,
     tags             jsonb       NOT NULL DEFAULT '[]'::jsonb,
+    traceparent      text,
     CONSTRAINT trio_supervise_items_lease_check
         CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
@@ -203,3 +204,24 @@ FOR EACH STATEMENT EXECUTE FUNCTION trio_supervise_count_changes();
 CREATE TRIGGER trio_supervise_items_counted_truncate
 AFTER TRUNCATE ON trio_supervise_items
 FOR EACH STATEMENT EXECUTE FUNCTION trio_supervise_count_reset();
+
+-- The console's audit trail: who did what, to what, when, and how it went;
+-- read newest first, pruned oldest first by retention.
+CREATE TABLE trio_supervise_audit (
+    seq     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at      timestamptz NOT NULL,
+    who     text        NOT NULL,
+    address text        NOT NULL,
+    action  text        NOT NULL,
+    target  text        NOT NULL,
+    ok      boolean     NOT NULL,
+    result  text        NOT NULL
+);
+
+CREATE INDEX trio_supervise_audit_at_idx ON trio_supervise_audit (at, seq);
+
+-- Serves recent errors: the items whose error history is not empty, by when they last changed
+-- (an item's errors are never newer than that).
+CREATE INDEX trio_supervise_items_errors_idx
+    ON trio_supervise_items (updated_at, id)
+    WHERE errors <> '[]'::jsonb;

@@ -26,11 +26,11 @@ INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit, tags, incarnation
+    concurrency_key, concurrency_limit, tags, traceparent, incarnation
 ) VALUES (
     :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
     :now, :now, :priority, :queue, :timeout, :unique_scope, :now + :period_us,
-    :concurrency_key, :concurrency_limit, :tags, :incarnation
+    :concurrency_key, :concurrency_limit, :tags, :traceparent, :incarnation
 )
 ON CONFLICT (idempotency_key) DO NOTHING;
 
@@ -47,11 +47,12 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit, tags, incarnation
+    concurrency_key, concurrency_limit, tags, traceparent, incarnation
 )
 SELECT {id}, {spec_id}, {tenant_id}, {subject_id}, {config}, 'queued', {due_at},
     {idempotency_key}, :now, :now, {priority}, {queue}, {timeout}, {unique_scope},
-    :now + {period_us}, {concurrency_key}, {concurrency_limit}, {tags}, :incarnation
+    :now + {period_us}, {concurrency_key}, {concurrency_limit}, {tags}, {traceparent},
+    :incarnation
 FROM json_each(:rows) AS r
 WHERE true
 ON CONFLICT (idempotency_key) DO NOTHING;
@@ -433,3 +434,36 @@ RETURNING name;
 -- name: last_fires
 SELECT name, last_fire_at FROM trio_supervise_schedules
 WHERE name IN (SELECT value FROM json_each(:names));
+
+-- name: record_audit
+INSERT INTO trio_supervise_audit (at, who, address, action, target, ok, result)
+VALUES (:at, :who, :address, :action, :target, :ok, :result);
+
+-- name: recent_audit
+-- The latest entries, newest first (the later recorded first among equal times).
+SELECT at, who, address, action, target, ok, result FROM trio_supervise_audit
+ORDER BY at DESC, seq DESC
+LIMIT :limit;
+
+-- name: prune_audit
+-- The oldest entries recorded at least :age_us ago, at most :limit (-1: all).
+DELETE FROM trio_supervise_audit
+WHERE seq IN (
+    SELECT seq FROM trio_supervise_audit
+    WHERE at <= :now - :age_us
+    ORDER BY at, seq
+    LIMIT :limit
+);
+
+-- name: prune_audit_count
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM trio_supervise_audit WHERE at <= :now - :age_us LIMIT :limit
+) AS t;
+
+-- name: items_with_errors
+-- Items whose error history is not empty, by (updated_at, id) descending, after the cursor
+-- (:updated_at NULL: from the newest); trio_supervise_items_errors_idx serves it.
+SELECT {item_columns} FROM trio_supervise_items
+WHERE errors <> '[]' AND (:updated_at IS NULL OR (updated_at, id) < (:updated_at, :id))
+ORDER BY updated_at DESC, id DESC
+LIMIT :limit;

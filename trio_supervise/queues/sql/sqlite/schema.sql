@@ -38,6 +38,7 @@ CREATE TABLE trio_supervise_items (
     incarnation      INTEGER NOT NULL DEFAULT 0,
     parent_incarnation INTEGER,
     tags             TEXT    NOT NULL DEFAULT '[]',
+    traceparent      TEXT,
     CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
 
@@ -133,3 +134,24 @@ BEGIN
     UPDATE trio_supervise_counts SET n = n - 1
     WHERE spec_id = OLD.spec_id AND queue = OLD.queue AND state = OLD.state;
 END;
+
+-- The console's audit trail: who did what, to what, when, and how it went;
+-- read newest first, pruned oldest first by retention.
+CREATE TABLE trio_supervise_audit (
+    seq     INTEGER PRIMARY KEY NOT NULL,
+    at      INTEGER NOT NULL,
+    who     TEXT    NOT NULL,
+    address TEXT    NOT NULL,
+    action  TEXT    NOT NULL,
+    target  TEXT    NOT NULL,
+    ok      INTEGER NOT NULL,
+    result  TEXT    NOT NULL
+);
+
+CREATE INDEX trio_supervise_audit_at_idx ON trio_supervise_audit (at, seq);
+
+-- Serves recent errors: the items whose error history is not empty, by when they last changed
+-- (an item's errors are never newer than that).
+CREATE INDEX trio_supervise_items_errors_idx
+    ON trio_supervise_items (updated_at, id)
+    WHERE errors <> '[]';
