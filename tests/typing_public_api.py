@@ -269,6 +269,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         settle_batch=50,
         error_history=10,
         queues={"default": 5, "mail": 2},
+        rate_limits={"mail": ts.RateLimit(100, 60.0)},
         outcome_log_rate=2.5,
         tracing=False,
     )
@@ -441,7 +442,16 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         tags=("garden",),
     )
     ts.Enqueued(item=item, created=True)
-    ts.QueueInfo(name="garden", paused=True, paused_at=when, counts={ts.ItemState.QUEUED: 1})
+    rate: ts.RateLimit = ts.RateLimit(limit=100, period=60.0)
+    assert rate == ts.RateLimit.parse("100/60s")
+    ts.QueueInfo(
+        name="garden",
+        paused=True,
+        paused_at=when,
+        counts={ts.ItemState.QUEUED: 1},
+        rate_limit=rate,
+        throttled_until=when,
+    )
     ts.Lease(item_id="x", version=1, worker_id="w")
     ts.Settlement(
         item_id="x",

@@ -56,6 +56,7 @@ _LITERALS = {
     "limit": "10",
     "worker_id": "'w'",
     "lease_us": "1000000",
+    "rated": "false",
 }
 
 

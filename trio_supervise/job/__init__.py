@@ -80,6 +80,13 @@ from ._outcomes import Stop as Stop
 from ._outcomes import dead_settlement as dead_settlement
 from ._outcomes import mark_parentless as mark_parentless
 from ._outcomes import outcome_settlement as outcome_settlement
+from ._rates import MAX_RATE_LIMIT as MAX_RATE_LIMIT
+from ._rates import MAX_RATE_PERIOD as MAX_RATE_PERIOD
+from ._rates import RateLimit as RateLimit
+from ._rates import admitted as admitted
+from ._rates import check_rate as check_rate
+from ._rates import recorded as recorded
+from ._rates import throttled_until as throttled_until
 from ._rule import SettlePolicy as SettlePolicy
 from ._rule import StopReason as StopReason
 from ._rule import attempts_exhausted as attempts_exhausted

@@ -20,6 +20,7 @@ import attrs
 from .._clock import utc
 from ._fields import build_function, copy_function, field_names, replace_function
 from ._json import JSONValue, copy_json
+from ._rates import RateLimit
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -304,7 +305,8 @@ class Enqueued:
 
 @attrs.frozen(kw_only=True)
 class QueueInfo:
-    """One named queue: whether it is paused, and how many items it holds per state."""
+    """One named queue: whether it is paused, how many items it holds per state, and its rate
+    limit (with, while its window is full, when it lets a start in again)."""
 
     name: str
     paused: bool = False
@@ -312,6 +314,12 @@ class QueueInfo:
         default=None, converter=attrs.converters.optional(utc)
     )
     counts: Mapping[ItemState, int] = attrs.field(factory=dict)
+    rate_limit: RateLimit | None = None
+    """At most this many starts per period, fleet-wide (see ``docs/flow-control.md``)."""
+    throttled_until: dt.datetime | None = attrs.field(
+        default=None, converter=attrs.converters.optional(utc)
+    )
+    """While the rate limit holds its items back: when the next may start; else None."""
 
 
 @attrs.frozen

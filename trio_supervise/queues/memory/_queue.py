@@ -43,10 +43,10 @@ class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide):
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        """``SETTLE_AND_CLAIM``; ``SERIAL_WRITES`` while :attr:`serial_writes` (a runner then
-        settles and claims in one :meth:`settle_and_claim`); ``EXACT_WAKEUPS`` while
-        :attr:`exact_wakeups`."""
-        found = {Capability.SETTLE_AND_CLAIM}
+        """``SETTLE_AND_CLAIM`` and ``RATE_LIMITS``; ``SERIAL_WRITES`` while
+        :attr:`serial_writes` (a runner then settles and claims in one
+        :meth:`settle_and_claim`); ``EXACT_WAKEUPS`` while :attr:`exact_wakeups`."""
+        found = {Capability.SETTLE_AND_CLAIM, Capability.RATE_LIMITS}
         if self.serial_writes:
             found.add(Capability.SERIAL_WRITES)
         if self.exact_wakeups:

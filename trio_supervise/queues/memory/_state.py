@@ -17,7 +17,7 @@ import trio_util
 
 from ..._clock import Clock, TrioClock, utc
 from ..._errors import LeaseLost
-from ...job import ItemState, UnfrozenItem, WorkItem, copy_item
+from ...job import ItemState, RateLimit, UnfrozenItem, WorkItem, copy_item, throttled_until
 from ._events import QueueEvent, _detail_slots, _EventLog, _RawEvent, raw_appender
 
 __all__ = ["MemoryState"]
@@ -102,6 +102,8 @@ class MemoryState:
     """Per ``(spec id, queue)``, running items by ``(lease_expires_at, id)``."""
     _paused: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
     """Paused queues, with when they were paused."""
+    _rates: dict[str, tuple[RateLimit, list[dt.datetime]]] = attrs.field(init=False, factory=dict)
+    """Rate-limited queues: each one's limit and its latest starts, oldest first."""
     _last_fires: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
     """Each schedule's last enqueued fire (see :meth:`fire_schedule`)."""
     _fan_in: dict[str, tuple[str, int]] = attrs.field(init=False, factory=dict)
@@ -144,6 +146,7 @@ class MemoryState:
         self._leased.clear()
         self._running_keyed.clear()
         self._paused.clear()
+        self._rates.clear()
         self._fan_in.clear()
         self._children_of.clear()
         self._entries.clear()
@@ -155,6 +158,14 @@ class MemoryState:
     def _now(self) -> dt.datetime:
         now = self._clock.now()
         return now if now.tzinfo is dt.UTC else utc(now)
+
+    def _throttled(self, queue: str, now: dt.datetime) -> dt.datetime | None:
+        """When *queue*'s rate limit lets a start in again, while it holds them back now."""
+        rated = self._rates.get(queue)
+        if rated is None:
+            return None
+        until = throttled_until(rated[1], rated[0])
+        return until if until is not None and until > now else None
 
     def _changed(self) -> None:
         self._changes.value += 1

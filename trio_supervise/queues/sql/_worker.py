@@ -106,6 +106,7 @@ class SQLWorker(SettleBatch, SingleWrites):
             "lease_us": _sql.duration_us("lease", lease, positive=True),
             "limit": _sql.check_limit(limit),
             "now": self._now(),
+            "rated": False,  # PostgreSQL's claim: see claim_due
         }
 
     @staticmethod

@@ -12,7 +12,7 @@ from hypothesis.stateful import (
 )
 
 from ... import DuplicateItem
-from ...job import WAITING_DUE_AT, ItemState, NewItem, SettleKind, Settlement
+from ...job import WAITING_DUE_AT, ItemState, NewItem, RateLimit, SettleKind, Settlement
 from ...queues import Capability, SeedWrites, WorkQueue
 from ...queues._ports import capabilities_of
 from ._clock import START, ManualClock
@@ -39,6 +39,8 @@ class MachineState(RuleBasedStateMachine):
         self.seed = self.queue if isinstance(self.queue, SeedWrites) else None
         self.model: dict[str, Model] = {}
         self.paused: set[str] = set()
+        self.rates: dict[str, tuple[RateLimit, list[dt.datetime]]] = {}
+        """Rate-limited queues: the limit, and every claim's time since it was set."""
         self.serial = 0
 
     def teardown(self) -> None:
@@ -71,6 +73,23 @@ class MachineState(RuleBasedStateMachine):
             return None
         live = sorted(self.live(m.ckey), reverse=True)
         return live[m.climit - 1] if len(live) >= m.climit else None
+
+    def rate_free(self, queue: str) -> int | None:
+        """How many items of *queue* its rate limit lets start now (None: it has none): the
+        limit less the claims within the last period."""
+        if queue not in self.rates:
+            return None
+        rate, starts = self.rates[queue]
+        since = self.now() - dt.timedelta(seconds=rate.period)
+        return max(0, rate.limit - sum(1 for start in starts if start > since))
+
+    def throttled_until(self, queue: str) -> dt.datetime | None:
+        """While *queue*'s rate limit lets nothing start: when its limit-th latest claim leaves
+        the window."""
+        if self.rate_free(queue) != 0:  # None (no limit) or a free slot
+            return None
+        rate, starts = self.rates[queue]
+        return sorted(starts)[-rate.limit] + dt.timedelta(seconds=rate.period)
 
     def version(self, item: Model, which: str) -> int:
         if which == "old" and item.old_versions:

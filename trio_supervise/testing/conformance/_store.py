@@ -18,6 +18,7 @@ from ._concurrency import ConcurrencyKeysContract
 from ._evaluation_ends import EvaluationEndsContract
 from ._identity import IdentityContract
 from ._producing import ProducingContract
+from ._rate_limits import RateLimitContract
 from ._retention import RetentionContract
 from ._settle_and_claim import SettleAndClaimContract
 from ._settling import CancellationContract, SettlingContract
@@ -46,6 +47,7 @@ class StoreConformance(
     RetentionContract,
     SnapshotReadsContract,
     TagsContract,
+    RateLimitContract,
     ModelContract,
 ):
     """Every behaviour of the store contract (``docs/queues.md``) as tests, for any backend.

@@ -62,6 +62,37 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 UPDATE trio_supervise_counters SET next_version = next_version + 1
 RETURNING next_version - 1 AS version;
 
+-- name: claim_version
+-- A claim's lease version (next_version), and its queue's rate limit with the starts it
+-- recorded (NULL for a queue without one), in the one statement a claim took before rate
+-- limits: an unlimited queue's claim costs one index probe more, no statement.
+UPDATE trio_supervise_counters SET next_version = next_version + 1
+RETURNING next_version - 1 AS version, (
+    SELECT json_array(r.rate_limit, r.period_us, json(r.starts))
+    FROM trio_supervise_queue_rates AS r WHERE r.queue = :queue
+) AS rate;
+
+-- name: record_starts
+-- A rate-limited queue's starts after a claim (see docs/flow-control.md), in its transaction.
+UPDATE trio_supervise_queue_rates SET starts = :starts, throttled_until = :throttled_until
+WHERE queue = :queue;
+
+-- name: rate_of
+SELECT rate_limit, period_us, starts FROM trio_supervise_queue_rates WHERE queue = :queue;
+
+-- name: set_rate
+INSERT INTO trio_supervise_queue_rates (queue, rate_limit, period_us, starts, throttled_until)
+VALUES (:queue, :rate_limit, :period_us, :starts, :throttled_until)
+ON CONFLICT (queue) DO UPDATE SET rate_limit = excluded.rate_limit,
+    period_us = excluded.period_us, starts = excluded.starts,
+    throttled_until = excluded.throttled_until;
+
+-- name: clear_rate
+DELETE FROM trio_supervise_queue_rates WHERE queue = :queue;
+
+-- name: queue_rates
+SELECT queue, rate_limit, period_us, throttled_until FROM trio_supervise_queue_rates;
+
 -- name: next_incarnation
 -- An incarnation never given before, for an insert's rows (schema 0005), inside the caller's
 -- write transaction.
@@ -337,7 +368,9 @@ LIMIT :limit;
 -- name: next_due_at
 -- Also returns how far away that is, in seconds by the queue's clock. A keyed row whose key is
 -- at its limit is claimable no sooner than its key frees, with no write in between: when the
--- limit-th latest live lease of the key expires (blocked.until, nth = its limit).
+-- limit-th latest live lease of the key expires (blocked.until, nth = its limit). A row of a
+-- rate-limited queue whose window is full, no sooner than the window lets a claim in
+-- (throttled_until); with no rate limit anywhere that probe is not made.
 WITH blocked AS (
     SELECT concurrency_key AS k, lease_expires_at AS until,
         row_number() OVER (PARTITION BY concurrency_key ORDER BY lease_expires_at DESC) AS nth
@@ -346,13 +379,17 @@ WITH blocked AS (
 )
 SELECT t.at, (t.at - :now) / 1000000.0 AS wait
 FROM (
-    SELECT min(CASE WHEN c.concurrency_key IS NULL THEN c.base ELSE max(c.base, coalesce((
+    SELECT min(max(CASE WHEN c.concurrency_key IS NULL THEN c.base ELSE max(c.base, coalesce((
         SELECT b.until FROM blocked AS b
         WHERE b.k = c.concurrency_key AND b.nth = c.concurrency_limit
-    ), c.base)) END) AS at
+    ), c.base)) END, CASE WHEN (SELECT 1 FROM trio_supervise_queue_rates LIMIT 1) IS NULL THEN 0
+        ELSE coalesce((
+            SELECT r.throttled_until FROM trio_supervise_queue_rates AS r
+            WHERE r.queue = c.queue AND r.throttled_until > :now
+        ), 0) END)) AS at
     FROM (
         SELECT CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END AS base,
-            concurrency_key, concurrency_limit
+            concurrency_key, concurrency_limit, queue
         FROM trio_supervise_items
         WHERE state IN ('queued', 'running')
           AND spec_id IN (SELECT value FROM json_each(:spec_ids))

@@ -1,0 +1,2 @@
+-- 0010: reserved for a migration of a branch developed beside this one (issue 33 took 0011);
+-- the merge replaces this file with that branch's 0010.

@@ -1,0 +1,2 @@
+-- 0007: reserved for a migration of a branch developed beside this one (issue 33 took 0008);
+-- the merge replaces this file with that branch's 0007.
