@@ -408,6 +408,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         concurrency_key="t",
         concurrency_limit=2,
         tags=["garden", "daily"],
+        start_by=when,
     )
     item = ts.WorkItem(
         id="x",
@@ -440,6 +441,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         concurrency_key=None,
         concurrency_limit=None,
         tags=("garden",),
+        start_by=None,
     )
     ts.Enqueued(item=item, created=True)
     rate: ts.RateLimit = ts.RateLimit(limit=100, period=60.0)

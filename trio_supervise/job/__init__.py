@@ -87,12 +87,14 @@ from ._rates import admitted as admitted
 from ._rates import check_rate as check_rate
 from ._rates import recorded as recorded
 from ._rates import throttled_until as throttled_until
+from ._rule import START_DEADLINE_PASSED as START_DEADLINE_PASSED
 from ._rule import SettlePolicy as SettlePolicy
 from ._rule import StopReason as StopReason
 from ._rule import attempts_exhausted as attempts_exhausted
 from ._rule import failure_settlement as failure_settlement
 from ._rule import settlement_after as settlement_after
 from ._rule import settlement_before as settlement_before
+from ._rule import start_deadline_passed as start_deadline_passed
 from ._rule import unbuilt_settlement as unbuilt_settlement
 from ._settlement import SettleKind as SettleKind
 from ._settlement import Settlement as Settlement

@@ -449,6 +449,7 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             and entry.concurrency_key is None
             and entry.concurrency_limit is None
             and entry.tags == ()
+            and entry.start_by is None
             and _plain_text(entry.tenant_id)
             and _plain_text(entry.subject_id)
             and (entry.idempotency_key is None or _plain_text(entry.idempotency_key))
@@ -476,15 +477,13 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
                     shapes.add(shape)
             key, limit = check_concurrency(entry.concurrency_key, entry.concurrency_limit)
             tags = check_tags(entry.tags)
-            due_at = entry.due_at
-            if due_at is not None:
-                if not isinstance(due_at, dt.datetime):
-                    raise ValueError(f"due_at must be a datetime, got {due_at!r}")
-                if due_at.tzinfo is None or due_at.utcoffset() is None:
-                    raise ValueError(
-                        f"due_at must be a timezone-aware datetime, got naive {due_at.isoformat()}"
-                    )
-                due_at = utc(due_at)
+            due_at = _aware(entry.due_at, "due_at")
+            start_by = _aware(entry.start_by, "start_by")
+            if start_by is not None and due_at is not None and start_by < due_at:
+                raise ValueError(
+                    f"start_by must not be before due_at (it could never start), got start_by "
+                    f"{start_by.isoformat()} before due_at {due_at.isoformat()}"
+                )
         except ValueError as error:
             if len(entries) == 1:
                 raise
@@ -496,6 +495,7 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             or due_at is not entry.due_at
             or limit is not entry.concurrency_limit
             or tags is not entry.tags
+            or start_by is not entry.start_by
         ):
             entry = attrs.evolve(
                 entry,
@@ -504,9 +504,21 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
                 concurrency_key=key,
                 concurrency_limit=limit,
                 tags=tags,
+                start_by=start_by,
             )
         checked.append(entry)
     return checked
+
+
+def _aware(value: object, what: str) -> dt.datetime | None:
+    """*value* (a due time, a start deadline) as a UTC datetime; None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, dt.datetime):
+        raise ValueError(f"{what} must be a datetime, got {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} must be a timezone-aware datetime, got naive {value.isoformat()}")
+    return utc(value)
 
 
 def check_child(child: NewItem, *, what: str) -> NewItem:

@@ -114,6 +114,8 @@ UNIQUE = "unique"
 """A :data:`UniqueScope`: stored as the scope's name and its period in microseconds."""
 TAGS = "tags"
 """A tuple of strings, stored as a JSON array."""
+DEADLINE = "deadline"
+"""A new item's timezone-aware datetime, or None for none (a :data:`TIME` is now when None)."""
 
 
 def _stored(kind: str, *columns: str) -> dict[str, Any]:
@@ -193,6 +195,11 @@ class WorkItem:
     """At most this many items of ``concurrency_key`` run at once; None without a key."""
     tags: tuple[str, ...] = attrs.field(default=(), metadata=_stored(TAGS))
     """Labels for finding the item (``list_items(tags=...)``), in the order given."""
+    start_by: dt.datetime | None = attrs.field(
+        default=None, converter=attrs.converters.optional(utc), metadata=_stored(TIME)
+    )
+    """Its start deadline: claimed after it, the item is never evaluated but settled dead,
+    saying so (``docs/flow-control.md``); None: none."""
 
     @property
     def lease(self) -> Lease:
@@ -261,6 +268,9 @@ class NewItem:
     """At most this many items of *concurrency_key* run at once (default 1 with a key)."""
     tags: Sequence[str] = attrs.field(default=(), metadata=_stored(TAGS))
     """Labels for finding the item: at most :data:`MAX_TAGS` distinct non-empty strings."""
+    start_by: dt.datetime | None = attrs.field(default=None, metadata=_stored(DEADLINE))
+    """A start deadline (timezone-aware, not before *due_at*): an item not started by then is
+    never started, but settled dead, saying so. Default: none."""
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -281,6 +291,7 @@ class EnqueueOptions(TypedDict, total=False):
     concurrency_key: str | None
     concurrency_limit: int | None
     tags: Sequence[str]
+    start_by: dt.datetime | None
 
 
 def _check_options() -> None:

@@ -273,6 +273,8 @@ class MachineState(RuleBasedStateMachine):
             concurrency_key=ckey,
             concurrency_limit=None if ckey is None else CLIMITS[ckey],
             tags=TAGS[: n % 3],
+            # Every third item has a start deadline, a few seconds after it is due.
+            start_by=self.now() + dt.timedelta(seconds=offset + 3) if n % 3 == 1 else None,
         )
         return entry, explicit
 
@@ -340,6 +342,7 @@ class MachineState(RuleBasedStateMachine):
                     ckey=entry.concurrency_key,
                     climit=entry.concurrency_limit,
                     timeout=entry.evaluation_timeout,
+                    start_by=entry.start_by,
                 )
                 results.append((entry.item_id, True))
         return results

@@ -93,6 +93,7 @@ class ProducerRules(MachineState):
                 concurrency_key=entry.concurrency_key,
                 concurrency_limit=entry.concurrency_limit,
                 tags=entry.tags,
+                start_by=entry.start_by,
             )
 
         got = outcome(self.portal, call)

@@ -23,6 +23,7 @@ from ._retention import RetentionContract
 from ._settle_and_claim import SettleAndClaimContract
 from ._settling import CancellationContract, SettlingContract
 from ._snapshots import SnapshotReadsContract
+from ._start_by import StartByContract
 from ._stateful import ModelContract
 from ._support import Need, has, needed_by
 from ._tags import TagsContract
@@ -48,6 +49,7 @@ class StoreConformance(
     SnapshotReadsContract,
     TagsContract,
     RateLimitContract,
+    StartByContract,
     ModelContract,
 ):
     """Every behaviour of the store contract (``docs/queues.md``) as tests, for any backend.

@@ -46,7 +46,7 @@ WITH inserted AS (
     INSERT INTO trio_supervise_items AS i (
         id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
         created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-        concurrency_key, concurrency_limit, tags, incarnation
+        concurrency_key, concurrency_limit, tags, start_by, incarnation
     )
     SELECT n.id,
         coalesce(n.spec_id, %(spec_id)s::text),
@@ -66,6 +66,7 @@ WITH inserted AS (
         coalesce(n.concurrency_key, %(concurrency_key)s::text),
         coalesce(n.concurrency_limit, %(concurrency_limit)s::int),
         coalesce(n.tags, %(tags)s::text)::jsonb,
+        coalesce(n.start_by, %(start_by)s::timestamptz),
         -- One number of the sequence for the statement's rows (schema 0008).
         (SELECT nextval('trio_supervise_incarnations'))
     FROM unnest(
@@ -75,10 +76,10 @@ WITH inserted AS (
         %(priority_array)s::int[], %(queue_array)b::text[], %(timeout_array)s::float8[],
         %(unique_scope_array)b::text[], %(period_us_array)s::bigint[],
         %(concurrency_key_array)b::text[], %(concurrency_limit_array)s::int[],
-        %(tags_array)b::text[]
+        %(tags_array)b::text[], %(start_by_array)s::timestamptz[]
     ) AS n(
         id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
-        timeout, unique_scope, period_us, concurrency_key, concurrency_limit, tags
+        timeout, unique_scope, period_us, concurrency_key, concurrency_limit, tags, start_by
     )
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING i.queue, i.spec_id, i.concurrency_key IS NULL AS hinted,

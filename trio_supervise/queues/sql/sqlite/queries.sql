@@ -26,11 +26,11 @@ INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit, tags, incarnation
+    concurrency_key, concurrency_limit, tags, start_by, incarnation
 ) VALUES (
     :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
     :now, :now, :priority, :queue, :timeout, :unique_scope, :now + :period_us,
-    :concurrency_key, :concurrency_limit, :tags, :incarnation
+    :concurrency_key, :concurrency_limit, :tags, :start_by, :incarnation
 )
 ON CONFLICT (idempotency_key) DO NOTHING;
 
@@ -47,11 +47,12 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit, tags, incarnation
+    concurrency_key, concurrency_limit, tags, start_by, incarnation
 )
 SELECT {id}, {spec_id}, {tenant_id}, {subject_id}, {config}, 'queued', {due_at},
     {idempotency_key}, :now, :now, {priority}, {queue}, {timeout}, {unique_scope},
-    :now + {period_us}, {concurrency_key}, {concurrency_limit}, {tags}, :incarnation
+    :now + {period_us}, {concurrency_key}, {concurrency_limit}, {tags}, {start_by},
+    :incarnation
 FROM json_each(:rows) AS r
 WHERE true
 ON CONFLICT (idempotency_key) DO NOTHING;

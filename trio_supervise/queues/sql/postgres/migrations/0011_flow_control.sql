@@ -1,4 +1,4 @@
--- Rate limits on named queues (issue 33): see schema.sql.
+-- Flow control (issue 33): rate limits on named queues, start deadlines. See schema.sql.
 CREATE TABLE trio_supervise_queue_rates (
     queue           text          PRIMARY KEY,
     rate_limit      integer       NOT NULL,
@@ -6,3 +6,5 @@ CREATE TABLE trio_supervise_queue_rates (
     starts          timestamptz[] NOT NULL DEFAULT '{}',
     throttled_until timestamptz
 );
+
+ALTER TABLE trio_supervise_items ADD COLUMN start_by timestamptz;
