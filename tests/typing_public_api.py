@@ -409,6 +409,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         concurrency_limit=2,
         tags=["garden", "daily"],
         start_by=when,
+        debounce=False,
     )
     item = ts.WorkItem(
         id="x",
@@ -443,7 +444,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         tags=("garden",),
         start_by=None,
     )
-    ts.Enqueued(item=item, created=True)
+    ts.Enqueued(item=item, created=True, replaced=False)
     rate: ts.RateLimit = ts.RateLimit(limit=100, period=60.0)
     assert rate == ts.RateLimit.parse("100/60s")
     ts.QueueInfo(

@@ -277,3 +277,19 @@ def test_queues_limit_refuses_a_bad_rate(
         )
     assert exit_info.value.code == 2
     assert rule in capsys.readouterr().err
+
+
+def test_enqueue_debounce_replaces_the_pending_item(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`items enqueue --key K --debounce`: the queued holder takes the newest config, said so."""
+    url = f"sqlite:///{tmp_path}/q.db"
+    first = run(capsys, "items", "enqueue", "job", '{"v": 1}', "--id", "a", "--key", "k",
+                "--unique", "unfinished", "--debounce", "--database-url", url)  # fmt: skip
+    assert first[0] == 0
+    code, out, _ = run(capsys, "items", "enqueue", "job", '{"v": 2}', "--key", "k",
+                       "--unique", "unfinished", "--debounce", "--database-url", url)  # fmt: skip
+    assert code == 0
+    assert out.startswith("replaced: a (key k) takes this config, due ")
+    code, out, _ = run(capsys, "items", "show", "a", "--database-url", url, "--json")
+    assert json.loads(out)["config"] == {"v": 2}

@@ -450,6 +450,7 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             and entry.concurrency_limit is None
             and entry.tags == ()
             and entry.start_by is None
+            and entry.debounce is False
             and _plain_text(entry.tenant_id)
             and _plain_text(entry.subject_id)
             and (entry.idempotency_key is None or _plain_text(entry.idempotency_key))
@@ -477,6 +478,14 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
                     shapes.add(shape)
             key, limit = check_concurrency(entry.concurrency_key, entry.concurrency_limit)
             tags = check_tags(entry.tags)
+            if entry.debounce is not False:
+                if entry.debounce is not True:
+                    raise ValueError(f"debounce must be True or False, got {entry.debounce!r}")
+                if entry.idempotency_key is None:
+                    raise ValueError(
+                        "debounce needs an idempotency_key: the key names the pending item "
+                        "the newest enqueue replaces"
+                    )
             due_at = _aware(entry.due_at, "due_at")
             start_by = _aware(entry.start_by, "start_by")
             if start_by is not None and due_at is not None and start_by < due_at:

@@ -114,6 +114,8 @@ UNIQUE = "unique"
 """A :data:`UniqueScope`: stored as the scope's name and its period in microseconds."""
 TAGS = "tags"
 """A tuple of strings, stored as a JSON array."""
+OPTION = "option"
+"""An enqueue option that says how to write the item, not a column (``debounce``)."""
 DEADLINE = "deadline"
 """A new item's timezone-aware datetime, or None for none (a :data:`TIME` is now when None)."""
 
@@ -271,6 +273,10 @@ class NewItem:
     start_by: dt.datetime | None = attrs.field(default=None, metadata=_stored(DEADLINE))
     """A start deadline (timezone-aware, not before *due_at*): an item not started by then is
     never started, but settled dead, saying so. Default: none."""
+    debounce: bool = attrs.field(default=False, metadata=_stored(OPTION))
+    """With *idempotency_key*: when a queued item holds the key, it takes this entry's config
+    and due time (the newest wins, ``Enqueued.replaced``); when a running one does, the key
+    moves to this entry's new item. Never a running item's config (``docs/flow-control.md``)."""
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -292,6 +298,7 @@ class EnqueueOptions(TypedDict, total=False):
     concurrency_limit: int | None
     tags: Sequence[str]
     start_by: dt.datetime | None
+    debounce: bool
 
 
 def _check_options() -> None:
@@ -311,7 +318,11 @@ class Enqueued:
     item: WorkItem
     """The new item, or the existing one that holds the key."""
     created: bool
-    """False: an existing item holds the idempotency key, and nothing was written."""
+    """False: an existing item holds the idempotency key, and nothing was written (but see
+    *replaced*)."""
+    replaced: bool = False
+    """True: the entry asked to ``debounce``, and the queued item holding its key took its
+    config and due time."""
 
 
 @attrs.frozen(kw_only=True)

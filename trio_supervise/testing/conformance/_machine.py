@@ -275,6 +275,7 @@ class MachineState(RuleBasedStateMachine):
             tags=TAGS[: n % 3],
             # Every third item has a start deadline, a few seconds after it is due.
             start_by=self.now() + dt.timedelta(seconds=offset + 3) if n % 3 == 1 else None,
+            debounce=key is not None and n % 4 == 3,
         )
         return entry, explicit
 
@@ -302,8 +303,13 @@ class MachineState(RuleBasedStateMachine):
             if key is not None:
                 firsts[key] = index
             live = holder(key)
-            if live is not None:
-                plan.append(("existing", live.id))
+            if live is not None and not (entry.debounce and live.state is ItemState.RUNNING):
+                # A debounced entry gives a queued holder its config and due time; a running
+                # holder gives it the key (a new item, below); any other holder is kept.
+                replaces = entry.debounce and live.state is ItemState.QUEUED
+                plan.append(
+                    ("replace" if replaces and not live.waiting_children else "existing", live.id)
+                )
                 continue
             assert entry.item_id is not None
             if entry.item_id in self.model or entry.item_id in new_ids:
@@ -315,6 +321,12 @@ class MachineState(RuleBasedStateMachine):
             if what == "repeat":
                 results.append((results[arg][0], False))
             elif what == "existing":
+                results.append((arg, False))
+            elif what == "replace":
+                assert entry.due_at is not None
+                replaced = self.model[arg]
+                replaced.config = {} if entry.config is None else entry.config
+                replaced.due_at = entry.due_at
                 results.append((arg, False))
             else:
                 assert entry.item_id is not None

@@ -94,6 +94,7 @@ class ProducerRules(MachineState):
                 concurrency_limit=entry.concurrency_limit,
                 tags=entry.tags,
                 start_by=entry.start_by,
+                debounce=entry.debounce,
             )
 
         got = outcome(self.portal, call)

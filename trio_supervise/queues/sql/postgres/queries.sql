@@ -112,6 +112,22 @@ WHERE idempotency_key = ANY(%(keys)s::text[])
       OR (unique_scope = 'period' AND unique_until <= coalesce(%(now)s::timestamptz, now()))
   );
 
+-- name: debounce
+-- A debounced enqueue meets its key's queued holder (not one waiting for children): the holder
+-- takes the entry's config and due time (see docs/flow-control.md).
+UPDATE trio_supervise_items SET config = %(config)s::jsonb,
+    due_at = coalesce(%(due_at)s::timestamptz, %(now)s::timestamptz, now()),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND state = 'queued' AND waiting_children = 0
+RETURNING {item_columns};
+
+-- name: release_running_key
+-- A debounced enqueue meets its key's running holder: the key moves to the new item (the
+-- running one keeps it as released_key, as a lapsed holder does).
+UPDATE trio_supervise_items SET released_key = idempotency_key, idempotency_key = NULL
+WHERE id = %(id)s AND state = 'running' AND idempotency_key IS NOT NULL
+RETURNING id;
+
 -- name: holders
 SELECT {item_columns} FROM trio_supervise_items WHERE idempotency_key = ANY(%(keys)s::text[]);
 

@@ -110,6 +110,20 @@ WHERE idempotency_key IN (SELECT value FROM json_each(:keys))
       OR (unique_scope = 'period' AND unique_until <= :now)
   );
 
+-- name: debounce
+-- A debounced enqueue meets its key's queued holder (not one waiting for children): the holder
+-- takes the entry's config and due time (see docs/flow-control.md).
+UPDATE trio_supervise_items SET config = :config, due_at = :due_at, updated_at = :now
+WHERE id = :id AND state = 'queued' AND waiting_children = 0
+RETURNING {item_columns};
+
+-- name: release_running_key
+-- A debounced enqueue meets its key's running holder: the key moves to the new item (the
+-- running one keeps it as released_key, as a lapsed holder does).
+UPDATE trio_supervise_items SET released_key = idempotency_key, idempotency_key = NULL
+WHERE id = :id AND state = 'running' AND idempotency_key IS NOT NULL
+RETURNING id;
+
 -- name: holders
 SELECT {item_columns} FROM trio_supervise_items
 WHERE idempotency_key IN (SELECT value FROM json_each(:keys));
