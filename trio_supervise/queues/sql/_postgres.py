@@ -470,9 +470,12 @@ class PostgresQueue(SQLQueue):
             # A mark during the query also moved the generation: the wait below returns at once.
             while not waiter.due:
                 generation = self._changes.value
-                at, wait, _ = await self._next_due(spec_ids, queues)
+                at, wait, _, held = await self._next_due(spec_ids, queues)
                 if at is not None and wait <= 0:
                     return
+                if held is not None:  # throttled: see SQLWorker.wait_for_work
+                    await trio.sleep(held)
+                    continue
                 with trio.move_on_after(math.inf if at is None else wait):
                     await self._wait_changed(generation, None)
 

@@ -707,7 +707,15 @@ WITH blocked AS MATERIALIZED (
         LEFT JOIN throttled AS r ON r.queue = c.queue
     ) END AS at
 )
-SELECT t.at, extract(epoch FROM t.at - coalesce(%(now)s::timestamptz, now()))::float8 AS wait
+SELECT t.at, extract(epoch FROM t.at - coalesce(%(now)s::timestamptz, now()))::float8 AS wait,
+    -- Every queue waited on is throttled (see throttled): nothing can be claimed before the
+    -- earliest of them frees, whatever is written meanwhile (held: seconds to it).
+    (
+        SELECT CASE WHEN count(*) = (SELECT count(DISTINCT q) FROM unnest(%(queues)s::text[]) AS q)
+            THEN extract(epoch FROM min(r.until) - coalesce(%(now)s::timestamptz, now()))::float8
+        END
+        FROM throttled AS r WHERE r.queue = ANY(%(queues)s::text[])
+    ) AS held
 FROM t;
 
 -- name: pause_queue

@@ -392,7 +392,15 @@ WITH blocked AS (
     FROM trio_supervise_items
     WHERE state = 'running' AND concurrency_key IS NOT NULL AND lease_expires_at > :now
 )
-SELECT t.at, (t.at - :now) / 1000000.0 AS wait
+SELECT t.at, (t.at - :now) / 1000000.0 AS wait, (
+    -- Every queue waited on is rate-limited and its window full: nothing can be claimed
+    -- before the earliest of them frees, whatever is written meanwhile (held: seconds to it).
+    SELECT CASE WHEN count(*) = (SELECT count(DISTINCT value) FROM json_each(:queues))
+        THEN (min(r.throttled_until) - :now) / 1000000.0 END
+    FROM trio_supervise_queue_rates AS r
+    WHERE :queues IS NOT NULL AND r.throttled_until > :now
+      AND r.queue IN (SELECT value FROM json_each(:queues))
+) AS held
 FROM (
     SELECT min(max(CASE WHEN c.concurrency_key IS NULL THEN c.base ELSE max(c.base, coalesce((
         SELECT b.until FROM blocked AS b
