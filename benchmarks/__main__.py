@@ -27,6 +27,9 @@ MEASURES = (
     "P6",
     "P7",
     "P8",
+    "P8c",
+    "P14",
+    "P14f",
     "P9s",
     "P9hs",
     "P9p",
@@ -40,7 +43,21 @@ MEASURES = (
     "P13p",
     "P13rp",
 )
-NEEDS_DSN = {"P2", "P2f", "P6", "P7", "P8", "P9p", "P9hp", "P10p", "P13p", "P13rp"}
+NEEDS_DSN = {
+    "P2",
+    "P2f",
+    "P6",
+    "P7",
+    "P8",
+    "P8c",
+    "P14",
+    "P14f",
+    "P9p",
+    "P9hp",
+    "P10p",
+    "P13p",
+    "P13rp",
+}
 
 
 RETIRED = {"P5"}
@@ -61,7 +78,7 @@ def run(config: Config, only: Sequence[str] = DEFAULT) -> list[Result]:
         ({"P5"}, supervision.p5),
         ({"P6"}, postgres.p6),
         ({"P7"}, postgres.p7),
-        ({"P8"}, postgres.p8),
+        ({"P8", "P8c", "P14", "P14f"}, postgres.p8),
         ({"P9s", "P9hs"}, scale.p9s),
         ({"P9p", "P9hp"}, scale.p9p),
         ({"P10s"}, bulk.p10s),

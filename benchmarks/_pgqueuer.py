@@ -5,8 +5,9 @@ parent creates and drops it), installs PgQueuer's schema, then for each batch si
 *count* no-op jobs (setup, in batches of 1,000 through PgQueuer's own ``Queries.enqueue``) and
 times one ``QueueManager.run(mode=drain)`` from its start until it returns, with PgQueuer at its
 fastest: the asyncpg driver, uvloop, no ``max_concurrent_tasks`` cap. Prints one line,
-``{"rates": {"64": items/s, ...}, "cores": {"64": cores busy, ...}}`` (the machine's busy
-cores during each drain, see ``machine_cpu``). A separate process because PgQueuer is asyncio.
+``{"rates": {"64": items/s, ...}, "cores": {"64": cores busy, ...}, "costs": {"64": {...}}}``
+(the machine's busy cores during each drain, see ``machine_cpu``; each drain's CPU and WAL per
+job, see ``_cost.server_cost``). A separate process because PgQueuer is asyncio.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from typing import Any
 
 from ._common import machine_cpu, noop_step
+from ._cost import server_cost
 
 ENQUEUE_BATCH = 1000
 
@@ -37,7 +39,7 @@ def asyncpg_params(dsn: str) -> dict[str, Any]:
     return kwargs
 
 
-async def drain(dsn: str, count: int, batch_size: int) -> tuple[float, float]:
+async def drain(dsn: str, count: int, batch_size: int) -> tuple[float, float, dict[str, Any]]:
     import asyncpg
     from pgqueuer import QueueManager
     from pgqueuer.db import AsyncpgDriver
@@ -62,24 +64,25 @@ async def drain(dsn: str, count: int, batch_size: int) -> tuple[float, float]:
             await noop_step()
             done += 1
 
-        with machine_cpu() as cpu:
+        with machine_cpu() as cpu, server_cost(dsn) as cost:
             started = time.perf_counter()
             await manager.run(batch_size=batch_size, mode=QueueExecutionMode.drain)
             seconds = time.perf_counter() - started
         left = await connection.fetchval("SELECT count(*) FROM pgqueuer")
         if done != count or left != 0:
             raise RuntimeError(f"PgQueuer: {done} of {count} jobs ran, {left} left")
-        return count / seconds, cpu.cores
+        return count / seconds, cpu.cores, cost.per_item(count)
     finally:
         await connection.close()
 
 
-async def main(dsn: str, count: int, batches: list[int]) -> dict[str, dict[str, float]]:
+async def main(dsn: str, count: int, batches: list[int]) -> dict[str, dict[str, Any]]:
     rates: dict[str, float] = {}
     cores: dict[str, float] = {}
+    costs: dict[str, dict[str, Any]] = {}
     for batch in batches:
-        rates[str(batch)], cores[str(batch)] = await drain(dsn, count, batch)
-    return {"rates": rates, "cores": cores}
+        rates[str(batch)], cores[str(batch)], costs[str(batch)] = await drain(dsn, count, batch)
+    return {"rates": rates, "cores": cores, "costs": costs}
 
 
 if __name__ == "__main__":

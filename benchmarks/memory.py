@@ -69,7 +69,7 @@ def p1(config: Config) -> Result:
         baseline=baseline,
         baseline_name="bare Trio nursery, same no-op, 64 at a time",
         better="higher",
-        goal=0.5,
+        goal=1.0,
         unit="items/s",
         detail={"items": count, "concurrency": CONCURRENCY},
     )
@@ -161,21 +161,24 @@ def p4(config: Config) -> Result:
         lambda: memory_runner_rate(baseline_count),
         lambda: time_travel(workflows, days, travel=False),
     )
+    # The ratio is what time travel itself costs: the same steps under the real clock, each
+    # due 1 us after the last (issue 34; P1's runner, the ratio before, is in the details).
     return Result(
         id="P4",
         title=f"time travel: {workflows} daily workflows x {days} days, autojump",
         ours=ours,
-        baseline=baseline,
-        baseline_name="P1's memory-queue runner (real clock)",
+        baseline=real_clock,
+        baseline_name="the same steps under the real clock",
         better="higher",
-        goal=0.9,
+        goal=0.95,
         unit="evals/s",
         detail={
             "workflows": workflows,
             "days": days,
             "virtual_days": virtual_days,
-            # What time travel itself costs: the same steps under the real clock.
             "real_clock_evals_per_s": real_clock,
             "vs_real_clock": ours / real_clock,
+            "p1_items_per_s": baseline,
+            "vs_p1": ours / baseline,
         },
     )

@@ -101,7 +101,7 @@ def _claim_result(backend: str, suffix: str, config: Config, big: float, empty: 
         baseline=empty,
         baseline_name=f"the same {due:,} due items in an otherwise empty table",
         better="higher",
-        goal=0.8,
+        goal=0.9,
         unit="items/s",
         detail={"due": due, "finished": finished, "not_yet_due": future},
     )
@@ -116,7 +116,7 @@ def _http_result(backend: str, suffix: str, config: Config, big: float, small: f
         baseline=small,
         baseline_name=f"the same requests with {SMALL_TABLE:,} rows",
         better="lower",
-        goal=2.0,
+        goal=1.5,
         unit="s",
         detail={"rows": finished + future, "small_rows": SMALL_TABLE, "requests": REQUESTS},
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -340,6 +341,49 @@ def test_the_postgres_measures_run_against_the_test_server() -> None:
             "SELECT count(*) FROM pg_database WHERE datname LIKE 'bench_pgqueuer_%%'"
         ).fetchone()
     assert left == (0,)
+
+
+def test_wal_is_attributed_to_the_database_and_the_transactions_that_touched_it() -> None:
+    """A record counts when it touches the database's relations, or belongs to a transaction
+    that did (its commit); other databases' records and shared records do not."""
+    from benchmarks._cost import attributed_bytes
+
+    lines = [
+        "rmgr: Heap        len (rec/tot):     54/   100, tx:        7, lsn: 0/1, prev 0/0, "
+        "desc: UPDATE, blkref #0: rel 1663/16384/16390 blk 0",
+        "rmgr: Heap        len (rec/tot):     54/  1000, tx:        8, lsn: 0/2, prev 0/1, "
+        "desc: UPDATE, blkref #0: rel 1663/99999/16390 blk 0",
+        "rmgr: Transaction len (rec/tot):     34/    34, tx:        7, lsn: 0/3, prev 0/2, "
+        "desc: COMMIT 2026-12-04",
+        "rmgr: Transaction len (rec/tot):     34/    35, tx:        8, lsn: 0/4, prev 0/3, "
+        "desc: COMMIT 2026-12-04",
+        "rmgr: Standby     len (rec/tot):     50/    50, tx:        0, lsn: 0/5, prev 0/4, "
+        "desc: RUNNING_XACTS",
+    ]
+    assert attributed_bytes(lines, 16384) == 134
+    assert attributed_bytes(lines, 99999) == 1035
+
+
+@pytest.mark.postgres
+def test_the_server_cost_of_the_raw_floor_is_measured_per_item() -> None:
+    """P8c's and P14's meter on the test server: the floor's CPU and WAL per item, attributed
+    to its database when ``pg_waldump`` can read the server's WAL."""
+    from benchmarks import postgres
+
+    from .queues.conftest import postgres_dsn
+
+    dsn, schema = postgres_dsn(), f"bench_cost_test_{os.getpid()}"
+    costs: list[Any] = []
+    with postgres.bench_schema(dsn, schema):
+        postgres.floor_rate(dsn, schema, 300, costs=costs)
+    (cost,) = costs
+    figures = cost.per_item(300)
+    assert figures["wal_scope"] in ("database", "cluster")
+    if figures["wal_scope"] == "database":
+        # Two updates of the row, their index entries and the claim's row locks.
+        assert 300 < figures["wal_bytes"] < 20_000
+    assert cost.worker_cpu >= 0
+    assert cost.server_cpu >= 0
 
 
 def test_profile_prints_a_pyinstrument_profile_of_one_measure(

@@ -393,6 +393,9 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
     ts.PassStats(claimed=1, failed=0)
     ts.JsonFormatter(fmt=None, datefmt=None, style="%", validate=True, defaults=None)
     ts.MemoryQueue(clock=ts.TrioClock(epoch=when))
+    guard = ts.StepGuard(ts.SystemClock(), hold=60.0)
+    assert_type(guard.now(hold=90.0), dt.datetime)
+    assert_type(guard.clock, ts.WallClock)
     new = ts.NewItem(
         spec_id="watering",
         config={"litres": 1},

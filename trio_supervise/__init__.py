@@ -4,8 +4,10 @@ from ._audit import AuditEntry as AuditEntry
 from ._audit import AuditTrail as AuditTrail
 from ._audit import MemoryAuditTrail as MemoryAuditTrail
 from ._clock import Clock as Clock
+from ._clock import StepGuard as StepGuard
 from ._clock import SystemClock as SystemClock
 from ._clock import TrioClock as TrioClock
+from ._clock import WallClock as WallClock
 from ._errors import ChildStateError as ChildStateError
 from ._errors import ConfigError as ConfigError
 from ._errors import DriverError as DriverError
@@ -185,8 +187,10 @@ __all__ = [
     "Strategy",
     "SuperviseError",
     "Supervisor",
+    "StepGuard",
     "SystemClock",
     "TrioClock",
+    "WallClock",
     "TypedWorkflowDriver",
     "WorkItem",
     "WorkQueue",

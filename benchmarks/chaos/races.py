@@ -488,9 +488,16 @@ def run_r11(
     # is put down to the last step before its claim call began.
     for step in applied:
         step["rescues_after"] = 0
-    for (_, version), (began, _) in timeline.claim_calls.items():
+    # An item's claims in order of their versions (versions only grow); all but its first are
+    # rescues. (A version above 1 says nothing: versions come from one database-wide counter.)
+    claims = sorted(timeline.claim_calls.items(), key=lambda claim: claim[0][1])
+    seen: set[str] = set()
+    for (claimed_id, _), (began, _) in claims:
+        if claimed_id not in seen:
+            seen.add(claimed_id)
+            continue
         before = [step for step in applied if started_wall + step["at_seconds"] <= began]
-        if version > 1 and before:
+        if before:
             before[-1]["rescues_after"] += 1
     result.update(
         {

@@ -109,6 +109,11 @@ class SteppedClock:
                 pass  # being replaced right now: the last offset stands
         return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self._offset)
 
+    def monotonic(self) -> float:
+        """A wall clock's steps are not time passing (see ``ts.WallClock``): the store holds
+        a forward step until it has lasted longer than a lease."""
+        return time.monotonic()
+
 
 def timed_queue_class(base: type[Any], note: Note) -> type[Any]:
     """*base* with its claim calls timed: each claimed item is noted as ``claim-call`` with the

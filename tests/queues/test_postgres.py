@@ -53,6 +53,7 @@ _LITERALS = {
     "queues": "NULL",
     "keys": "'{k1,k2}'",
     "now": "NULL",
+    "lease_now": "NULL",
     "limit": "10",
     "worker_id": "'w'",
     "lease_us": "1000000",
@@ -1173,6 +1174,7 @@ _READ_PARAMS = {
     "spec_ids": "'{s1,s2}'::text[]",
     "queues": "NULL::text[]",
     "now": "NULL::timestamptz",
+    "lease_now": "NULL::timestamptz",
     "tags": "NULL::jsonb",
 }
 

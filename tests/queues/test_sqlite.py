@@ -195,6 +195,7 @@ async def test_the_claim_is_served_by_the_claim_index(tmp_path: Path) -> None:
         "queue": "default",
         "spec_ids": '["s1", "s2"]',
         "now": 50_000,
+        "lease_now": 50_000,
         "limit": 10,
         "worker_id": "w",
         "lease_us": 10**6,

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import trio_util
 
-from ..._clock import Clock, TrioClock, utc
+from ..._clock import Clock, StepGuard, TrioClock, WallClock, utc
 from ..._errors import LeaseLost
 from ...job import ItemState, RateLimit, UnfrozenItem, WorkItem, copy_item, throttled_until
 from ._events import QueueEvent, _detail_slots, _EventLog, _RawEvent, raw_appender
@@ -84,6 +84,8 @@ class MemoryState:
     """
 
     _clock: Clock = attrs.field(factory=TrioClock, alias="clock")
+    _guard: StepGuard | None = attrs.field(init=False)
+    """Judges leases when the clock is a stepped wall clock (see StepGuard); None: *now* does."""
     _items: dict[str, WorkItem] = attrs.field(init=False, factory=dict)
     _keys: dict[str, str] = attrs.field(init=False, factory=dict)
     """Idempotency key -> the id of the item holding it."""
@@ -155,9 +157,19 @@ class MemoryState:
 
     # -- internals ---------------------------------------------------------------------------
 
+    @_guard.default
+    def _new_guard(self) -> StepGuard | None:
+        return StepGuard(self._clock) if isinstance(self._clock, WallClock) else None
+
     def _now(self) -> dt.datetime:
         now = self._clock.now()
         return now if now.tzinfo is dt.UTC else utc(now)
+
+    def _lease_now(self, now: dt.datetime, hold: float | None = None) -> dt.datetime:
+        """The time that judges whether a lease has expired: *now*, unless the clock is a wall
+        clock that a step could make run ahead of its owners' renewals (see StepGuard)."""
+        guard = self._guard
+        return now if guard is None else utc(guard.now(hold))
 
     def _throttled(self, queue: str, now: dt.datetime) -> dt.datetime | None:
         """When *queue*'s rate limit lets a start in again, while it holds them back now."""

@@ -128,12 +128,13 @@ class WorkerSide(MemoryState, SingleWrites):
         queue: str,
         now: dt.datetime,
     ) -> list[WorkItem]:
+        lease_now = self._lease_now(now, 2 * lease)
         wanted = set(spec_ids)
         # Running items whose lease has expired (rescue), in (priority, due_at, id) order.
         expired: list[WorkItem] = []
         for spec_id in sorted(wanted):
             heap = self._leased.get((spec_id, queue))
-            while (entry := self._top(heap)) is not None and entry[0] <= now:
+            while (entry := self._top(heap)) is not None and entry[0] <= lease_now:
                 assert heap is not None
                 expired.append(heapq.heappop(heap)[3])
         expired.sort(key=lambda item: (item.priority, item.due_at, item.id), reverse=True)
@@ -144,7 +145,7 @@ class WorkerSide(MemoryState, SingleWrites):
             if key is None or key_limit is None:
                 return False
             if key not in live:
-                live[key] = len(self._live(key, now))
+                live[key] = len(self._live(key, lease_now))
             return live[key] >= key_limit
 
         # A heap's items share a key and limit: a heap blocked by its key is left out whole.
@@ -299,7 +300,7 @@ class WorkerSide(MemoryState, SingleWrites):
                 # A keyed item's expired lease freed its key's slot: too late to renew it.
                 item.concurrency_key is not None
                 and item.lease_expires_at is not None
-                and item.lease_expires_at <= self._now()
+                and item.lease_expires_at <= self._lease_now(now)
             )
         ):
             self._record(
@@ -496,7 +497,8 @@ class WorkerSide(MemoryState, SingleWrites):
 
     def _next_due_at(self, wanted: set[str], queues: set[str] | None) -> dt.datetime | None:
         times = []
-        now = self._now()
+        wall = self._now()  # judges rate limits' windows
+        now = self._lease_now(wall)  # judges leases only: when a key frees
         for heap_key, heap in self._queued.items():
             spec_id, queue = heap_key[0], heap_key[1]
             if (
@@ -511,7 +513,7 @@ class WorkerSide(MemoryState, SingleWrites):
                 # before their queue's rate limit lets a start in.
                 until = self._blocked_until(heap_key[3], heap_key[4], now)
                 when = entry[0] if until is None else max(entry[0], until)
-                if self._rates and (throttled := self._throttled(queue, now)) is not None:
+                if self._rates and (throttled := self._throttled(queue, wall)) is not None:
                     when = max(when, throttled)
                 times.append(when)
         for (spec_id, queue), heap in self._leased.items():
@@ -524,7 +526,7 @@ class WorkerSide(MemoryState, SingleWrites):
             if (entry := self._top(heap)) is None:
                 continue
             # Nor before the queue's rate limit lets a start in (the same for all of them).
-            throttled = self._throttled(queue, now) if self._rates else None
+            throttled = self._throttled(queue, wall) if self._rates else None
             if not self._running_keyed:
                 times.append(entry[0] if throttled is None else max(entry[0], throttled))
                 continue

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypeVar
 
-from ..._clock import Clock
+from ..._clock import Clock, StepGuard
 from ...job import WorkItem
 from .. import _sql
 from .._ports import Capability, declared
@@ -59,6 +59,8 @@ class SQLBase:
     """What the dialect can do beyond the ports (see :attr:`capabilities`)."""
     _changes: Any
     _clock: Clock
+    _guard: StepGuard | None
+    """Judges other owners' leases when the clock is a stepped wall clock (see StepGuard)."""
 
     @property
     def clock(self) -> Clock:
@@ -114,6 +116,13 @@ class SQLBase:
     def _now(self) -> Any:
         """The "now" parameter of a statement (PostgreSQL: None for the database's clock)."""
         raise NotImplementedError  # pragma: no cover
+
+    def _lease_now(self, now: Any, hold: float | None = None) -> Any:
+        """The "lease_now" parameter: the time by which a statement judges whether a lease has
+        expired (*now*, the "now" parameter, unless the clock is a wall clock that a step
+        could make run ahead: see :class:`~trio_supervise.StepGuard`)."""
+        guard = self._guard
+        return now if guard is None else self._time(guard.now(hold))
 
     def _clock_now(self) -> dt.datetime:
         """The queue's clock's "now" (new item ids start with it)."""

@@ -21,7 +21,7 @@ import attrs
 import trio
 import trio_util
 
-from ..._clock import Clock, SystemClock, utc
+from ..._clock import Clock, StepGuard, SystemClock, WallClock, utc
 from ..._errors import QueueError
 from ...job import Lease, WorkItem
 from ...job._model import BOOL, TIME
@@ -95,6 +95,7 @@ class PostgresQueue(SQLQueue):
     _lanes: Lanes = attrs.field(alias="lanes", repr=False)
     _db_clock: bool = attrs.field(alias="db_clock")
     _clock: Clock = attrs.field(alias="clock")
+    _guard: StepGuard | None = attrs.field(init=False)
     _schema: str | None = attrs.field(alias="schema")
     _listen: bool = attrs.field(alias="listen")
     _changes: trio_util.AsyncValue[int] = attrs.field(
@@ -102,6 +103,14 @@ class PostgresQueue(SQLQueue):
     )
     _closed: bool = attrs.field(init=False, default=False)
     _wakeups: Wakeups = attrs.field(init=False)
+
+    @_guard.default
+    def _new_guard(self) -> StepGuard | None:
+        # The database's clock (the default) is one clock for the whole fleet: no guard.
+        clock = self._clock
+        if self._db_clock or not isinstance(clock, WallClock):
+            return None
+        return StepGuard(clock)
 
     @_wakeups.default
     def _new_wakeups(self) -> Wakeups:
@@ -361,7 +370,12 @@ class PostgresQueue(SQLQueue):
             return _claimed(cur)[0]
 
     def _renew_rows(
-        self, conn: psycopg.Connection[Row], leases: Sequence[Lease], lease_us: int, now: Any
+        self,
+        conn: psycopg.Connection[Row],
+        leases: Sequence[Lease],
+        lease_us: int,
+        now: Any,
+        lease_now: Any,
     ) -> list[Row]:
         params = {
             "ids": [each.item_id for each in leases],
@@ -369,6 +383,7 @@ class PostgresQueue(SQLQueue):
             "owners": [each.worker_id for each in leases],
             "lease_us": lease_us,
             "now": now,
+            "lease_now": lease_now,
         }
         return conn.execute(_Q["renew_many"], params).fetchall()
 

@@ -25,7 +25,7 @@ import attrs
 import trio
 import trio_util
 
-from ..._clock import Clock, SystemClock
+from ..._clock import Clock, StepGuard, SystemClock, WallClock
 from ..._errors import QueueError, QueueFailed
 from ...job import MAX_ERRORS, Lease, RateLimit, WorkItem
 from ...job._model import BOOL, SECONDS, TIME
@@ -97,28 +97,31 @@ _ORD = operator.itemgetter("ord")
 
 
 @functools.cache
-def _values_query(name: str, width: int, size: int) -> str:
+def _values_query(name: str, width: int, size: int, head: int) -> str:
     """The template query *name* for *size* rows of *width* values: its ``{rows}`` filled in
-    with ``(?3, ?4, ...), ...``, numbered after the query's own ``?1`` and ``?2``."""
+    with ``(?3, ?4, ...), ...``, numbered after the query's own *head* parameters (``?1``,
+    ``?2``, ...)."""
+    first = head + 1
     rows = ", ".join(
-        "(" + ", ".join(f"?{3 + n * width + k}" for k in range(width)) + ")" for n in range(size)
+        "(" + ", ".join(f"?{first + n * width + k}" for k in range(width)) + ")"
+        for n in range(size)
     )
     return _Q[name].replace("{rows}", rows)
 
 
-def _values_chunk(width: int) -> int:
+def _values_chunk(width: int, head: int) -> int:
     """Rows per statement: the largest power of two whose parameters fit in any build."""
-    return 1 << ((_MAX_PARAMETERS - 2) // width).bit_length() - 1
+    return 1 << ((_MAX_PARAMETERS - head) // width).bit_length() - 1
 
 
 def _execute_values(
     conn: sqlite3.Connection,
     name: str,
-    head: tuple[Any, Any],
+    head: tuple[Any, ...],
     rows: Sequence[Sequence[Any]],
 ) -> list[sqlite3.Row]:
     """Run the template query *name* (see :func:`_values_query`) over *rows*, with *head* as
-    ``?1`` and ``?2``; the rows it returns.
+    ``?1``, ``?2``, ...; the rows it returns.
 
     One statement per chunk of rows, not one per row: stepping a statement from Python costs
     more than the write it makes. A chunk is padded with rows of NULLs (a NULL id matches
@@ -129,7 +132,7 @@ def _execute_values(
     if not rows:
         return returned
     width = len(rows[0])
-    chunk = _values_chunk(width)
+    chunk = _values_chunk(width, len(head))
     for start in range(0, len(rows), chunk):
         part = rows[start : start + chunk]
         size = 1 << (len(part) - 1).bit_length()
@@ -137,7 +140,7 @@ def _execute_values(
         for row in part:
             params += row
         params += _PADDING[: (size - len(part)) * width]
-        returned += conn.execute(_values_query(name, width, size), params).fetchall()
+        returned += conn.execute(_values_query(name, width, size, len(head)), params).fetchall()
     return returned
 
 
@@ -170,6 +173,7 @@ class SQLiteQueue(SQLQueue):
     _conn: sqlite3.Connection = attrs.field(alias="conn")
     _reader: sqlite3.Connection = attrs.field(alias="reader")
     _clock: Clock = attrs.field(alias="clock")
+    _guard: StepGuard | None = attrs.field(init=False)
     _identity: tuple[int, int] | None = attrs.field(alias="identity")
     _watch_interval: float | None = attrs.field(alias="watch_interval", default=None)
     _where: str = attrs.field(init=False)
@@ -435,6 +439,10 @@ class SQLiteQueue(SQLQueue):
         cur.execute(_enqueue_rows_query(tuple(varying), keyed), params)
         return cur.rowcount, from_us(now)
 
+    @_guard.default
+    def _new_guard(self) -> StepGuard | None:
+        return StepGuard(self._clock) if isinstance(self._clock, WallClock) else None
+
     def _claim_in(self, conn: sqlite3.Connection, params: dict[str, Any]) -> list[WorkItem]:
         # The claim's lease version, from the database's counter, and the queue's rate limit
         # if it has one (see claim_version). Rows as tuples: the cheapest to build and unpack.
@@ -466,12 +474,17 @@ class SQLiteQueue(SQLQueue):
         return json.dumps([to_us(start) for start in starts])
 
     def _renew_rows(
-        self, conn: sqlite3.Connection, leases: Sequence[Lease], lease_us: int, now: int
+        self,
+        conn: sqlite3.Connection,
+        leases: Sequence[Lease],
+        lease_us: int,
+        now: int,
+        lease_now: int,
     ) -> Iterable[sqlite3.Row]:
         return _execute_values(
             conn,
             "renew_many",
-            (now, lease_us),
+            (now, lease_us, lease_now),
             [(each.item_id, each.version, each.worker_id) for each in leases],
         )
 

@@ -57,10 +57,10 @@ class SQLWorker(SettleBatch, SingleWrites):
         raise NotImplementedError  # pragma: no cover
 
     def _renew_rows(
-        self, conn: Any, leases: Sequence[Lease], lease_us: int, now: Any
+        self, conn: Any, leases: Sequence[Lease], lease_us: int, now: Any, lease_now: Any
     ) -> Iterable[Row]:
-        """Renew *leases*; the rows renewed (``id, lease_version, lease_owner,
-        cancel_requested``)."""
+        """Renew *leases* (a keyed one only while live at *lease_now*); the rows renewed
+        (``id, lease_version, lease_owner, cancel_requested``)."""
         raise NotImplementedError  # pragma: no cover
 
     def _before_wait(self) -> None:
@@ -99,13 +99,15 @@ class SQLWorker(SettleBatch, SingleWrites):
         self, spec_ids: Sequence[str], worker_id: str, lease: float, limit: int, queue: str
     ) -> dict[str, Any]:
         """``claim_due``'s statement parameters, checked."""
+        now = self._now()
         return {
             "queue": queue,
             "spec_ids": self._ids(spec_ids),
             "worker_id": worker_id,
             "lease_us": _sql.duration_us("lease", lease, positive=True),
             "limit": _sql.check_limit(limit),
-            "now": self._now(),
+            "now": now,
+            "lease_now": self._lease_now(now, 2 * lease),
             "rated": False,  # PostgreSQL's claim: see claim_due
         }
 
@@ -129,6 +131,7 @@ class SQLWorker(SettleBatch, SingleWrites):
             await trio.lowlevel.checkpoint()
             return {}
         now = self._now()
+        lease_now = self._lease_now(now, 2 * lease)
 
         def run(conn: Any) -> dict[tuple[str, int, str], bool]:
             with self._write(conn):
@@ -136,7 +139,7 @@ class SQLWorker(SettleBatch, SingleWrites):
                     (row["id"], row["lease_version"], row["lease_owner"]): bool(
                         row["cancel_requested"]
                     )
-                    for row in self._renew_rows(conn, leases, lease_us, now)
+                    for row in self._renew_rows(conn, leases, lease_us, now, lease_now)
                 }
 
         held = await self._run(run, lane=Lane.WORKER)
@@ -252,10 +255,12 @@ class SQLWorker(SettleBatch, SingleWrites):
         the :meth:`_change_mark` read just before on the same connection, and, while every
         one of *queues* is held back by its rate limit, the seconds until the first frees
         (else None): no write can make work due before that."""
+        now = self._now()
         params = {
             "spec_ids": self._ids(spec_ids),
             "queues": None if queues is None else self._ids(queues),
-            "now": self._now(),
+            "now": now,
+            "lease_now": self._lease_now(now),
         }
         query = self._queries["next_due_at"]
 

@@ -256,7 +256,7 @@ WITH rate AS MATERIALIZED (
     -- is read lazily), from the partial index over running keyed rows.
     SELECT concurrency_key AS k, count(*) AS n FROM trio_supervise_items
     WHERE state = 'running' AND concurrency_key IS NOT NULL
-      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+      AND lease_expires_at > coalesce(%(lease_now)s::timestamptz, now())
     GROUP BY concurrency_key
 ), queued AS (
     -- The window's queued rows: a walk of the claim index (queued rows only) in order.
@@ -278,7 +278,7 @@ WITH rate AS MATERIALIZED (
     SELECT c.id, c.concurrency_key, c.priority, c.due_at FROM trio_supervise_items AS c
     WHERE c.queue = %(queue)s AND c.state = 'running'
       AND c.spec_id = ANY(%(spec_ids)s::text[])
-      AND c.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+      AND c.lease_expires_at <= coalesce(%(lease_now)s::timestamptz, now())
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
@@ -325,7 +325,7 @@ WITH live AS MATERIALIZED (
     -- is read lazily), from the partial index over running keyed rows.
     SELECT concurrency_key AS k, count(*) AS n FROM trio_supervise_items
     WHERE state = 'running' AND concurrency_key IS NOT NULL
-      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+      AND lease_expires_at > coalesce(%(lease_now)s::timestamptz, now())
     GROUP BY concurrency_key
 )
 SELECT k.key FROM (
@@ -346,7 +346,7 @@ SELECT k.key FROM (
                 SELECT c.concurrency_key, c.priority, c.due_at, c.id FROM trio_supervise_items AS c
                 WHERE c.queue = %(queue)s AND c.state = 'running'
                   AND c.spec_id = ANY(%(spec_ids)s::text[])
-                  AND c.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+                  AND c.lease_expires_at <= coalesce(%(lease_now)s::timestamptz, now())
                   AND c.concurrency_key IS NOT NULL
                   AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
                 ORDER BY c.priority, c.due_at, c.id
@@ -378,7 +378,7 @@ WITH live AS MATERIALIZED (
     -- is read lazily), from the partial index over running keyed rows.
     SELECT concurrency_key AS k, count(*) AS n FROM trio_supervise_items
     WHERE state = 'running' AND concurrency_key IS NOT NULL
-      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+      AND lease_expires_at > coalesce(%(lease_now)s::timestamptz, now())
     GROUP BY concurrency_key
 ), queued AS (
     -- claim_due's window, as there: queued rows from the claim index, expired ones from the
@@ -408,7 +408,7 @@ WITH live AS MATERIALIZED (
     FROM trio_supervise_items AS c
     WHERE c.queue = %(queue)s AND c.state = 'running'
       AND c.spec_id = ANY(%(spec_ids)s::text[])
-      AND c.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+      AND c.lease_expires_at <= coalesce(%(lease_now)s::timestamptz, now())
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
@@ -493,7 +493,7 @@ UPDATE trio_supervise_items AS i SET
 FROM unnest(%(ids)b::text[], %(versions)b::bigint[], %(owners)b::text[]) AS l(id, version, owner)
 WHERE i.id = l.id AND i.lease_version = l.version AND i.lease_owner = l.owner
   AND i.state = 'running'
-  AND (i.concurrency_key IS NULL OR i.lease_expires_at > coalesce(%(now)s::timestamptz, now()))
+  AND (i.concurrency_key IS NULL OR i.lease_expires_at > coalesce(%(lease_now)s::timestamptz, now()))
 RETURNING i.id, i.lease_version, i.lease_owner, i.cancel_requested;
 
 -- name: mark_error
@@ -661,7 +661,7 @@ WITH blocked AS MATERIALIZED (
         row_number() OVER (PARTITION BY concurrency_key ORDER BY lease_expires_at DESC) AS nth
     FROM trio_supervise_items
     WHERE state = 'running' AND concurrency_key IS NOT NULL
-      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+      AND lease_expires_at > coalesce(%(lease_now)s::timestamptz, now())
 ), due AS NOT MATERIALIZED (
     -- The queued rows of the specs (the spec index) and the running ones (the lease index,
     -- which alone holds them: schema 0007).

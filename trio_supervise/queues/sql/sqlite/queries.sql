@@ -216,12 +216,12 @@ WITH window_rows AS MATERIALIZED (
     FROM trio_supervise_items AS c
     WHERE queue = :queue AND state IN ('queued', 'running')
       AND spec_id IN (SELECT value FROM json_each(:spec_ids))
-      AND CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END <= :now
+      AND CASE WHEN state = 'queued' THEN due_at <= :now ELSE lease_expires_at <= :lease_now END
       AND NOT EXISTS (SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = :queue)
       AND (c.concurrency_key IS NULL OR (
           SELECT count(*) FROM trio_supervise_items AS r
           WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
-            AND r.lease_expires_at > :now
+            AND r.lease_expires_at > :lease_now
       ) < c.concurrency_limit)
     ORDER BY priority, due_at, id
     LIMIT :limit
@@ -240,7 +240,7 @@ WHERE id IN (
     WHERE w.concurrency_key IS NULL OR (
         SELECT count(*) FROM trio_supervise_items AS r
         WHERE r.state = 'running' AND r.concurrency_key = w.concurrency_key
-          AND r.lease_expires_at > :now
+          AND r.lease_expires_at > :lease_now
     ) + (
         SELECT count(*) FROM window_rows AS e
         WHERE e.concurrency_key = w.concurrency_key
@@ -252,9 +252,9 @@ RETURNING {item_columns};
 -- name: renew_many
 -- Fenced on (id, version, owner) and the running state; rows that come back are renewed. A
 -- template, as settle_many below: {rows} is one "(?, ?, ?)" per lease, in the columns of l;
--- ?1 is now, ?2 is lease_us. A keyed row's expired lease is not renewed: its slot was free from
--- the moment it expired (a claim may have given it to another item of the key), so the late
--- owner must stop.
+-- ?1 is now, ?2 is lease_us, ?3 lease_now (the time that judges an expiry, see StepGuard). A
+-- keyed row's expired lease is not renewed: its slot was free from the moment it expired (a
+-- claim may have given it to another item of the key), so the late owner must stop.
 WITH l (id, version, owner) AS (VALUES {rows})
 UPDATE trio_supervise_items SET
     lease_expires_at = ?1 + ?2,
@@ -262,7 +262,7 @@ UPDATE trio_supervise_items SET
 FROM l
 WHERE trio_supervise_items.id = l.id AND trio_supervise_items.lease_version = l.version
   AND trio_supervise_items.lease_owner = l.owner AND trio_supervise_items.state = 'running'
-  AND (concurrency_key IS NULL OR lease_expires_at > ?1)
+  AND (concurrency_key IS NULL OR lease_expires_at > ?3)
 RETURNING id, lease_version, lease_owner, cancel_requested;
 
 -- name: mark_error
@@ -390,7 +390,7 @@ WITH blocked AS (
     SELECT concurrency_key AS k, lease_expires_at AS until,
         row_number() OVER (PARTITION BY concurrency_key ORDER BY lease_expires_at DESC) AS nth
     FROM trio_supervise_items
-    WHERE state = 'running' AND concurrency_key IS NOT NULL AND lease_expires_at > :now
+    WHERE state = 'running' AND concurrency_key IS NOT NULL AND lease_expires_at > :lease_now
 )
 SELECT t.at, (t.at - :now) / 1000000.0 AS wait, (
     -- Every queue waited on is rate-limited and its window full: nothing can be claimed
