@@ -38,8 +38,26 @@ MEASURES = (
     "P10p",
     "P11",
     "P11m",
+    "P13s",
+    "P13rs",
+    "P13p",
+    "P13rp",
 )
-NEEDS_DSN = {"P2", "P2f", "P6", "P7", "P8", "P8c", "P14", "P14f", "P9p", "P9hp", "P10p"}
+NEEDS_DSN = {
+    "P2",
+    "P2f",
+    "P6",
+    "P7",
+    "P8",
+    "P8c",
+    "P14",
+    "P14f",
+    "P9p",
+    "P9hp",
+    "P10p",
+    "P13p",
+    "P13rp",
+}
 
 
 RETIRED = {"P5"}
@@ -49,7 +67,7 @@ DEFAULT = tuple(measure for measure in MEASURES if measure not in RETIRED)
 
 def run(config: Config, only: Sequence[str] = DEFAULT) -> list[Result]:
     """Run the measures in *only* (in the canonical order) and return their results."""
-    from . import bulk, inflight, memory, postgres, scale, sqlite, supervision
+    from . import bulk, flow, inflight, memory, postgres, scale, sqlite, supervision
 
     wanted = set(only)
     steps: list[tuple[set[str], Callable[[Config], Result | list[Result]]]] = [
@@ -66,6 +84,8 @@ def run(config: Config, only: Sequence[str] = DEFAULT) -> list[Result]:
         ({"P10s"}, bulk.p10s),
         ({"P10p"}, bulk.p10p),
         ({"P11", "P11m"}, inflight.p11),
+        ({"P13s", "P13rs"}, flow.p13s),
+        ({"P13p", "P13rp"}, flow.p13p),
     ]
     results: list[Result] = []
     for ids, step in steps:

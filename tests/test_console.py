@@ -401,6 +401,21 @@ async def test_the_status_page_has_queues_and_schedules_panels(console: Console)
     )
 
 
+async def test_the_queues_panel_shows_rate_limits(console: Console) -> None:
+    """A rate-limited queue shows its limit, and while its window is full, until when."""
+    from trio_supervise import RateLimit
+
+    await console.queue.set_rate_limit("mail", RateLimit(1, 30))
+    await console.queue.set_rate_limit("news", RateLimit(5, 0.5))
+    await console.queue.enqueue("mail", queue="mail")
+    await console.queue.enqueue("mail", queue="mail")
+    await console.queue.claim_due(["mail"], "w", 60, 5, queue="mail")
+    page = await console.page("/")
+    assert re.search(r"<tr><td>news</td><td>active</td>.*?<td>5/500ms</td>", page)
+    assert re.search(r"<td>1/30s, throttled until \d{4}-\d\d-\d\d [0-9:]+ UTC", page)
+    assert re.search(r"<tr><td>default</td>.*?<td>none</td>", page)
+
+
 # -- read-only and credentials ---------------------------------------------------------------------
 
 

@@ -699,6 +699,31 @@ async def test_a_paused_queues_due_items_count_in_its_lag(autojump_clock: trio.a
     assert _sample(body, "trio_supervise_named_queue_items", queue="mail", state="running") == 1.0
 
 
+async def test_a_rate_limited_queue_exports_its_limit_and_when_it_is_throttled(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The rate and its period per limited queue; throttled 1 while the window holds items
+    back, 0 once it frees (and for a queue without a limit)."""
+    from trio_supervise import RateLimit
+
+    queue = MemoryQueue()
+    await queue.set_rate_limit("mail", RateLimit(1, 30))
+    await queue.enqueue("mail", queue="mail")
+    await queue.enqueue("mail", queue="mail")
+    await queue.enqueue("report")
+    await queue.claim_due(["mail"], "w", 60, 5, queue="mail")
+    app = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_named_queue_throttled", queue="mail") == 1.0
+    assert _sample(body, "trio_supervise_named_queue_throttled", queue="default") == 0.0
+    assert _sample(body, "trio_supervise_named_queue_rate_limit", queue="mail") == 1.0
+    assert _sample(body, "trio_supervise_named_queue_rate_period_seconds", queue="mail") == 30.0
+    assert _sample(body, "trio_supervise_named_queue_rate_limit", queue="default") is None
+    await trio.sleep(30)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_named_queue_throttled", queue="mail") == 0.0
+
+
 async def test_schedules_export_their_next_and_last_fire(autojump_clock: trio.abc.Clock) -> None:
     """next fire from the cron and the queue's clock; last fire once one has an item."""
     from trio_supervise import Schedule, TrioClock

@@ -124,6 +124,39 @@ async def test_a_concurrency_key_limits_a_runner_across_its_slots(
     assert queue.claims < 16
 
 
+async def test_a_rate_limit_spaces_the_starts_and_the_runner_waits_without_spinning(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Ten quick mail items under 3 per 10 s (set by the runner's settings), four slots: they
+    start in threes, 10 s apart, while default's items start at once; waiting for the window
+    costs no claims (next_due_at says when it frees)."""
+    queue = CountingQueue()
+    driver = Recorder()
+    for n in range(10):
+        await queue.enqueue("job", item_id=f"mail-{n}", queue="mail", config={"sleep": 0.5})
+    for n in range(2):
+        await queue.enqueue("job", item_id=f"web-{n}", config={"sleep": 0.5})
+    runner = make_runner(
+        queue, driver, queues={"default": 2, "mail": 4}, rate_limits={"mail": "3/10s"}
+    )
+    async with running(runner):
+        await trio.sleep(35)
+    starts = sorted(t[0] for i, t in driver.starts.items() if i.startswith("mail"))
+    assert starts == [0.0] * 3 + [10.0] * 3 + [20.0] * 3 + [30.0]
+    assert (driver.starts["web-0"], driver.starts["web-1"]) == ([0.0], [0.0])
+    assert queue.claims < 30
+    [mail] = [info for info in await queue.list_queues() if info.name == "mail"]
+    assert mail.rate_limit == ts.RateLimit(3, 10)
+
+
+def test_runner_settings_read_rate_limits_and_refuse_bad_ones() -> None:
+    """``rate_limits`` takes RateLimits or their short form; a bad one names queue and rule."""
+    settings = ts.RunnerSettings(worker_id="w", rate_limits={"mail": "100/1m"})
+    assert settings.rate_limits == {"mail": ts.RateLimit(100, 60)}
+    with pytest.raises(ValueError, match="rate_limits: queue 'mail': rate must be N/PERIOD"):
+        ts.RunnerSettings(worker_id="w", rate_limits={"mail": "lots"})
+
+
 async def test_a_driver_declares_a_concurrency_key_per_tenant() -> None:
     """A driver's concurrency_key template ("{tenant}") and limit apply in
     DriverRegistry.enqueue; an explicit key wins; no tenant means no key."""

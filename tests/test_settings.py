@@ -140,6 +140,10 @@ def test_environment_errors_name_the_field_path_and_the_rule(
         ("jitter_seed = 1.5\n", "jitter_seed: expected int, got float"),
         ('[runner]\nqueues = "x"\n', "runner.queues: expected a table of names to values"),
         ("[runner]\nqueues = [1]\n", "runner.queues: expected a table of names to values"),
+        (
+            '[runner.rate_limits]\nmail = "fast"\n',
+            "runner.rate_limits: rate must be N/PERIOD",
+        ),
     ],
 )
 def test_file_errors_name_the_field_path_and_the_rule(
@@ -301,6 +305,16 @@ def test_runner_settings_are_layered_like_the_rest(tmp_path: Path) -> None:
     assert settings.runner.lease == 30.0
     assert settings.runner.concurrency == 8
     assert settings.runner.worker_id == default_worker_id()
+
+
+def test_rate_limits_are_read_from_a_table_of_short_forms(tmp_path: Path) -> None:
+    """``[runner.rate_limits]`` maps queue names to rates written ``N/PERIOD``; shown so."""
+    from trio_supervise import RateLimit
+
+    path = write(tmp_path, '[runner.rate_limits]\nmail = "100/60s"\nsms = "5/500ms"\n')
+    settings = load_settings(path, env={})
+    assert settings.runner.rate_limits == {"mail": RateLimit(100, 60), "sms": RateLimit(5, 0.5)}
+    assert settings.redacted()["runner"]["rate_limits"] == {"mail": "100/60s", "sms": "5/500ms"}
 
 
 def test_one_field_of_a_nested_table_keeps_the_other_defaults() -> None:

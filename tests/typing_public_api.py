@@ -269,6 +269,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         settle_batch=50,
         error_history=10,
         queues={"default": 5, "mail": 2},
+        rate_limits={"mail": ts.RateLimit(100, 60.0)},
         outcome_log_rate=2.5,
         tracing=False,
     )
@@ -419,6 +420,8 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         concurrency_limit=2,
         tags=["garden", "daily"],
         traceparent=None,
+        start_by=when,
+        debounce=False,
     )
     item = ts.WorkItem(
         id="x",
@@ -452,8 +455,9 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         concurrency_limit=None,
         tags=("garden",),
         traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        start_by=None,
     )
-    ts.Enqueued(item=item, created=True)
+    ts.Enqueued(item=item, created=True, replaced=False)
     error = ts.ItemError(
         item_id="x",
         spec_id="water",
@@ -462,7 +466,16 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         entry=ts.ErrorEntry(at=when, worker="w", attempt=1, error="boom"),
     )
     assert_type(error.cursor, str)
-    ts.QueueInfo(name="garden", paused=True, paused_at=when, counts={ts.ItemState.QUEUED: 1})
+    rate: ts.RateLimit = ts.RateLimit(limit=100, period=60.0)
+    assert rate == ts.RateLimit.parse("100/60s")
+    ts.QueueInfo(
+        name="garden",
+        paused=True,
+        paused_at=when,
+        counts={ts.ItemState.QUEUED: 1},
+        rate_limit=rate,
+        throttled_until=when,
+    )
     ts.Lease(item_id="x", version=1, worker_id="w")
     ts.Settlement(
         item_id="x",

@@ -73,6 +73,7 @@ from .queues import LeaseStatus as LeaseStatus
 from .queues import MemoryQueue as MemoryQueue
 from .queues import NewItem as NewItem
 from .queues import QueueInfo as QueueInfo
+from .queues import RateLimit as RateLimit
 from .queues import SettleKind as SettleKind
 from .queues import Settlement as Settlement
 from .queues import UniqueScope as UniqueScope
@@ -159,6 +160,7 @@ __all__ = [
     "QueueError",
     "QueueFailed",
     "QueueInfo",
+    "RateLimit",
     "QueueUnavailable",
     "RecentError",
     "Reschedule",

@@ -60,6 +60,7 @@ def item_fields(item: WorkItem) -> list[tuple[str, str]]:
         ("spec", item.spec_id),
         ("state", str(item.state) + (" (cancel requested)" if item.cancel_requested else "")),
         ("due", due_text(item)),
+        ("start by", "-" if item.start_by is None else f"{stamp(item.start_by)} UTC"),
         ("tenant", item.tenant_id),
         ("subject", item.subject_id),
         ("queue", item.queue),

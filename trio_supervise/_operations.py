@@ -31,7 +31,8 @@ import datetime as dt
 
 from ._errors import SuperviseError
 from .maintenance import Schedule, fire_now
-from .queues import ItemState, WorkItem, WorkQueue
+from .queues import ItemState, RateLimit, WorkItem, WorkQueue
+from .queues._ports import Capability, RateLimitStore, capabilities_of
 
 __all__ = [
     "ActionRefused",
@@ -123,6 +124,19 @@ async def resume_queue(queue: WorkQueue, name: str) -> tuple[bool, str]:
     """Resume the named queue; whether it changed, and a sentence saying so."""
     changed = await queue.resume_queue(name)
     return changed, f"resumed {name}" if changed else f"{name} was not paused"
+
+
+async def set_rate_limit(queue: WorkQueue, name: str, rate: RateLimit | None) -> tuple[bool, str]:
+    """Set (or with None lift) the named queue's rate limit fleet-wide; whether the store
+    keeps rate limits (False: nothing changed), and a sentence saying what happened."""
+    if Capability.RATE_LIMITS not in capabilities_of(queue) or not isinstance(
+        queue, RateLimitStore
+    ):
+        return False, f"this store keeps no rate limits: {name} is unchanged"
+    await queue.set_rate_limit(name, rate)
+    if rate is None:
+        return True, f"{name} has no rate limit"
+    return True, f"{name}: at most {rate.limit} starts in any {rate.period:g} s ({rate})"
 
 
 async def fire_schedule(queue: WorkQueue, schedule: Schedule) -> tuple[WorkItem, str]:

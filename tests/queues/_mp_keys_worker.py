@@ -17,7 +17,8 @@ from pathlib import Path
 import trio
 
 import trio_supervise as ts
-from trio_supervise.queues import PostgresQueue, SQLiteQueue, WorkItem, WorkQueue
+from tests.queues._mp_runner import no_context, open_from_argv, run_between_go_and_stop
+from trio_supervise.queues import WorkItem
 
 
 class Recorder:
@@ -39,19 +40,8 @@ class Recorder:
         return ts.Stop()
 
 
-async def no_context() -> None:
-    return None
-
-
 async def main(argv: list[str]) -> None:
-    queue: WorkQueue
-    if argv[0] == "sqlite":
-        queue = await SQLiteQueue.connect(argv[1], migrate=False)
-        rest = argv[2:]
-    else:
-        queue = await PostgresQueue.connect(argv[1], schema=argv[2], pool_size=3, listen=False)
-        rest = argv[3:]
-    worker_id, out_dir = rest[0], Path(rest[1])
+    queue, worker_id, out_dir = await open_from_argv(argv, listen=False)
     registry: ts.DriverRegistry[None] = ts.DriverRegistry()
     registry.register(Recorder(out_dir / f"evals-{worker_id}"))
     runner = ts.WorkflowRunner(
@@ -68,14 +58,7 @@ async def main(argv: list[str]) -> None:
         build_context=no_context,
         jitter=ts.Jitter(seed=1),
     )
-    (out_dir / f"ready-{worker_id}").touch()
-    while not (out_dir / "go").exists():  # noqa: ASYNC110 - another process makes the file
-        await trio.sleep(0.01)
-    async with queue, trio.open_nursery() as nursery:
-        await nursery.start(runner.run)
-        while not (out_dir / "stop").exists():  # noqa: ASYNC110 - the test makes the file
-            await trio.sleep(0.05)
-        runner.shutdown.begin()
+    await run_between_go_and_stop(queue, runner, worker_id, out_dir)
 
 
 if __name__ == "__main__":

@@ -218,3 +218,78 @@ def test_enqueue_warns_when_the_item_lands_where_nothing_serves_it(
         capsys, "items", "enqueue", "remind", "--queue", "reminders", "--database-url", url
     )
     assert (code, err) == (0, "")
+
+
+def test_queues_limit_sets_shows_and_lifts_a_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`queues limit NAME --rate 2/60s` is stored (a claim then takes 2 of 5), listed with the
+    time its window frees, and `--rate none` lifts it."""
+    url = f"sqlite:///{tmp_path}/q.db"
+    for _ in range(5):
+        assert (
+            run(capsys, "items", "enqueue", "job", "--queue", "mail", "--database-url", url)[0] == 0
+        )
+    code, out, _ = run(capsys, "queues", "limit", "mail", "--rate", "2/60s", "--database-url", url)
+    assert (code, out) == (0, "mail: at most 2 starts in any 60 s (2/60s)\n")
+
+    async def claim() -> int:
+        async with open_queue(url) as queue:
+            return len(await queue.claim_due(["job"], "w", 30, 10, queue="mail"))
+
+    assert trio.run(claim) == 2
+    assert trio.run(claim) == 0
+    code, out, _ = run(capsys, "queues", "list", "--database-url", url, "--json")
+    [mail] = json.loads(out)
+    assert mail["rate_limit"] == "2/60s"
+    assert mail["throttled_until"] is not None
+    code, out, _ = run(capsys, "queues", "list", "--database-url", url)
+    assert out.splitlines()[0].split()[-1] == "RATE"
+    assert "2/60s, throttled until " in out.splitlines()[1]
+    code, out, _ = run(capsys, "queues", "limit", "mail", "--rate", "none", "--database-url", url)
+    assert (code, out) == (0, "mail has no rate limit\n")
+    assert trio.run(claim) == 3
+
+
+@pytest.mark.parametrize(
+    ("rate", "rule"),
+    [
+        ("fast", "rate must be N/PERIOD, as 100/60s"),
+        ("0/1s", "rate limit must be an integer from 1 to 100000"),
+        ("5/0s", "rate period must be a number of seconds from 0.001"),
+    ],
+)
+def test_queues_limit_refuses_a_bad_rate(
+    rate: str, rule: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rate that is not N/PERIOD in range is a usage error (exit 2) naming the rule."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "queues",
+                "limit",
+                "mail",
+                "--rate",
+                rate,
+                "--database-url",
+                f"sqlite:///{tmp_path}/q.db",
+            ]
+        )
+    assert exit_info.value.code == 2
+    assert rule in capsys.readouterr().err
+
+
+def test_enqueue_debounce_replaces_the_pending_item(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`items enqueue --key K --debounce`: the queued holder takes the newest config, said so."""
+    url = f"sqlite:///{tmp_path}/q.db"
+    first = run(capsys, "items", "enqueue", "job", '{"v": 1}', "--id", "a", "--key", "k",
+                "--unique", "unfinished", "--debounce", "--database-url", url)  # fmt: skip
+    assert first[0] == 0
+    code, out, _ = run(capsys, "items", "enqueue", "job", '{"v": 2}', "--key", "k",
+                       "--unique", "unfinished", "--debounce", "--database-url", url)  # fmt: skip
+    assert code == 0
+    assert out.startswith("replaced: a (key k) takes this config, due ")
+    code, out, _ = run(capsys, "items", "show", "a", "--database-url", url, "--json")
+    assert json.loads(out)["config"] == {"v": 2}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sqlite3
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,7 +24,7 @@ import trio
 from trio_supervise.queues import PostgresQueue, SQLiteQueue, WorkQueue
 
 from .conftest import pg_schema
-from .test_multiprocess import started_workers
+from .test_multiprocess import run_until_done
 
 WORKER = Path(__file__).with_name("_mp_keys_worker.py")
 PROCESSES = 4
@@ -86,15 +85,7 @@ _COMPLETED = "SELECT count(*) FROM trio_supervise_items WHERE state = 'completed
 def _run_workers(
     args: list[str], out_dir: Path, done: Callable[[], bool], *, timeout: float = 60
 ) -> None:
-    with started_workers(WORKER, args, out_dir, PROCESSES) as procs:
-        deadline = time.monotonic() + timeout
-        while not done():
-            assert time.monotonic() < deadline, "the items were not all completed in time"
-            assert all(p.poll() is None for p in procs), "a worker died"
-            time.sleep(0.1)
-        (out_dir / "stop").touch()
-        for proc in procs:
-            assert proc.wait(timeout=30) == 0
+    run_until_done(WORKER, args, out_dir, PROCESSES, done, timeout=timeout)
 
 
 def _check_audit(rows: Iterable[tuple[str, str, str]]) -> None:

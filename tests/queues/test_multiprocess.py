@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,6 +65,28 @@ def started_workers(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def run_until_done(
+    worker: Path,
+    args: list[str],
+    out_dir: Path,
+    count: int,
+    done: Callable[[], bool],
+    *,
+    timeout: float = 60,
+) -> None:
+    """*count* processes of *worker* (a runner each, see ``_mp_runner``) until *done*, then
+    stopped (OUT_DIR/stop); each must exit 0."""
+    with started_workers(worker, args, out_dir, count) as procs:
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, "the items were not all completed in time"
+            assert all(p.poll() is None for p in procs), "a worker died"
+            time.sleep(0.1)
+        (out_dir / "stop").touch()
+        for proc in procs:
+            assert proc.wait(timeout=30) == 0
 
 
 def _run_workers(args: list[str], out_dir: Path) -> Counter[str]:

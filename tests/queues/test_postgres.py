@@ -57,6 +57,7 @@ _LITERALS = {
     "limit": "10",
     "worker_id": "'w'",
     "lease_us": "1000000",
+    "rated": "false",
 }
 
 
@@ -843,7 +844,7 @@ def test_a_claim_s_columns_are_read_by_name_and_a_missing_one_is_refused() -> No
         cancel_requested=True,
     )
     values.update(dict.fromkeys(("due_at", "created_at", "updated_at"), at))
-    values.update(lease_expires_at=None, unique_until=at)
+    values.update(lease_expires_at=None, unique_until=at, start_by=None)
     columns = (*fields, "keyed")  # the claims' own lists
     item = _item_decoder(columns, _CODEC)([*values.values(), 0])
     assert (item.config, item.result, item.state) == ({"n": 1}, "done", ItemState.RUNNING)

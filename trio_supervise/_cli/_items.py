@@ -118,7 +118,8 @@ def register(commands: Subparsers) -> None:
         "and that item is reported ('exists: ...'; exit 0). --from-file PATH (or - for stdin) "
         "adds one item per line, each a JSON object with enqueue's fields (spec_id, config, "
         "tenant_id, subject_id, due_at, item_id, idempotency_key, priority, queue, "
-        "evaluation_timeout, unique, concurrency_key, concurrency_limit, tags), in one "
+        "evaluation_timeout, unique, concurrency_key, concurrency_limit, tags, start_by, "
+        "debounce), in one "
         "transaction: a bad line is reported with its line "
         "number and field (exit 2) and nothing is written. Without --queue, --service "
         "MODULE:ATTR puts the item in the queue the spec's driver declares (else 'default'); "
@@ -141,6 +142,16 @@ def register(commands: Subparsers) -> None:
     enqueue.add_argument("--tenant", default="", help="tenant id")
     enqueue.add_argument("--subject", default="", help="subject id")
     enqueue.add_argument("--due", help="ISO 8601 datetime with a timezone, or +SECONDS")
+    enqueue.add_argument(
+        "--start-by",
+        metavar="WHEN",
+        help="a start deadline (as --due): claimed after it, the item goes dead unstarted",
+    )
+    enqueue.add_argument(
+        "--debounce",
+        action="store_true",
+        help="with --key: a queued item holding it takes this config and due time instead",
+    )
     enqueue.add_argument("--key", help="idempotency key")
     enqueue.add_argument(
         "--tag",
@@ -374,6 +385,8 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
             concurrency_limit=args.concurrency_limit,
             unique=args.unique,
             tags=args.tags or (),
+            start_by=when(args.start_by, queue.clock.now()),
+            debounce=args.debounce,
         )
         known = await known_queues(queue, settings, service)
         [done] = await queue.enqueue_many([entry])
@@ -392,6 +405,11 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
 def _outcome_line(done: Enqueued) -> str:
     """``enqueued ID (SPEC), due ...`` or ``exists: ID (key K, state S); config unchanged``."""
     item = done.item
+    if done.replaced:
+        return (
+            f"replaced: {printable(item.id)} (key {printable(item.idempotency_key)}) takes this "
+            f"config, due {stamp(item.due_at)} UTC"
+        )
     if not done.created:
         key = item.idempotency_key or item.released_key
         return (
@@ -418,6 +436,8 @@ _FILE_FIELDS = {
     "concurrency_limit": int,
     "tags": list,
     "traceparent": str,
+    "start_by": str,
+    "debounce": bool,
 }
 """The fields a line of --from-file may hold, and the JSON type each must have."""
 
@@ -438,6 +458,8 @@ def _enqueue_from_file(args: argparse.Namespace) -> int:
         "--concurrency-key": args.concurrency_key,
         "--concurrency-limit": args.concurrency_limit,
         "--tag": args.tags,
+        "--start-by": args.start_by,
+        "--debounce": args.debounce or None,
     }
     given = [name for name, value in per_item.items() if value is not None]
     if given:
@@ -532,12 +554,13 @@ def _entry_of(line: str, now: dt.datetime) -> NewItem:
             fields[name] = value
         elif wanted is float and isinstance(value, int | float) and not isinstance(value, bool):
             fields[name] = float(value)
-        elif isinstance(value, wanted) and not isinstance(value, bool):
+        elif isinstance(value, wanted) and (wanted is bool or not isinstance(value, bool)):
             fields[name] = value
         else:
             raise UserError(f"{name} must be {_TYPE_NAMES[wanted]}, got {json.dumps(value)}")
-    if "due_at" in fields:
-        fields["due_at"] = when(fields["due_at"], now)
+    for name in ("due_at", "start_by"):
+        if name in fields:
+            fields[name] = when(fields[name], now)
     for name in ("tenant_id", "subject_id", "queue", "priority", "unique"):
         if fields.get(name, 0) is None:
             del fields[name]  # null: the default
@@ -549,7 +572,13 @@ def _entry_of(line: str, now: dt.datetime) -> NewItem:
     return NewItem(**fields)
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    list: "a list",
+    bool: "true or false",
+}
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

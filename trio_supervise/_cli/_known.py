@@ -115,6 +115,8 @@ async def known_queues(
             use(info.name, "paused")
         if any(info.counts.values()):
             use(info.name, "holds items")
+        if info.rate_limit is not None:
+            use(info.name, "rate-limited")
     served = frozenset(settings.runner.queue_limits)
     if service is not None:
         for spec, name in service.spec_queues.items():

@@ -1,8 +1,10 @@
-"""``trio-supervise queues list | pause NAME | resume NAME``: named queues across the fleet.
+"""``trio-supervise queues list | pause NAME | resume NAME | limit NAME --rate N/PERIOD``: named
+queues across the fleet.
 
 A pause is stored in the database, so every worker on it stops claiming that queue at its next
-claim; items already running finish and settle as usual. ``register`` adds the verb group to the
-CLI's subcommands (one call in ``build_parser``).
+claim; items already running finish and settle as usual. A rate limit too: every worker's
+claims of the queue count against it (``docs/flow-control.md``). ``register`` adds the verb
+group to the CLI's subcommands (one call in ``build_parser``).
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import sys
 from typing import Any
 
 from .._describe import stamp
-from .._operations import pause_queue, resume_queue
-from ..job import ItemState, QueueInfo
+from .._operations import pause_queue, resume_queue, set_rate_limit
+from ..job import ItemState, QueueInfo, RateLimit
 from ..queues import WorkQueue
 from ._common import (
     AS_JSON,
@@ -51,6 +53,34 @@ def register(subparsers: Subparsers) -> None:
         parser.add_argument("name", metavar="NAME")
         add_service_option(parser, force=f"{verb} a queue nothing is known to use")
         parser.set_defaults(handler=_cmd_switch)
+    limit = verbs.add_parser(
+        "limit",
+        parents=[DATABASE, AS_JSON],
+        help="set or lift a queue's rate limit, fleet-wide",
+        description="At most N items of the named queue start in any PERIOD, across every "
+        "worker (a sliding window over the starts; see the flow control docs). --rate none "
+        "lifts the limit. Unknown names are refused as for pause; --force takes them.",
+    )
+    limit.add_argument("name", metavar="NAME")
+    limit.add_argument(
+        "--rate",
+        required=True,
+        type=_rate,
+        metavar="N/PERIOD",
+        help="at most N starts per PERIOD, as 100/60s, 10/s, 5/500ms, 1000/1h; or none",
+    )
+    add_service_option(limit, force="limit a queue nothing is known to use")
+    limit.set_defaults(handler=_cmd_limit)
+
+
+def _rate(text: str) -> RateLimit | None:
+    """``--rate``'s value: a :class:`RateLimit`, or None for ``none``."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return RateLimit.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _info_json(info: QueueInfo) -> dict[str, Any]:
@@ -59,7 +89,19 @@ def _info_json(info: QueueInfo) -> dict[str, Any]:
         "paused": info.paused,
         "paused_at": None if info.paused_at is None else info.paused_at.isoformat(),
         "counts": {str(state): n for state, n in sorted(info.counts.items())},
+        "rate_limit": None if info.rate_limit is None else str(info.rate_limit),
+        "throttled_until": (
+            None if info.throttled_until is None else info.throttled_until.isoformat()
+        ),
     }
+
+
+def _rate_shown(info: QueueInfo) -> str:
+    if info.rate_limit is None:
+        return "-"
+    if info.throttled_until is None:
+        return str(info.rate_limit)
+    return f"{info.rate_limit}, throttled until {stamp(info.throttled_until)} UTC"
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -74,10 +116,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
             printable(info.name),
             f"paused since {stamp(info.paused_at)} UTC" if info.paused else "active",
             *(f"{info.counts.get(state, 0):,}" for state in states),
+            _rate_shown(info),
         ]
         for info in infos
     ]
-    table(rows, ["queue", "status", *(str(state) for state in states)], sys.stdout)
+    table(rows, ["queue", "status", *(str(state) for state in states), "rate"], sys.stdout)
     if not infos:
         print("no queues yet: items go to 'default' unless enqueued with --queue")
     return EXIT_OK
@@ -97,6 +140,25 @@ def _cmd_switch(args: argparse.Namespace) -> int:
 
     changed, said = with_queue(args, body)
     _say(args, args.name, changed, printable(said))
+    return EXIT_OK
+
+
+def _cmd_limit(args: argparse.Namespace) -> int:
+    """``limit NAME --rate N/PERIOD``: sets the rate limit (``none`` lifts it)."""
+    service = service_of(args)
+    settings = settings_of(args)
+
+    async def body(queue: WorkQueue) -> tuple[bool, str]:
+        if not args.force:
+            (await known_queues(queue, settings, service)).refuse_unknown(args.name, "limit")
+        return await set_rate_limit(queue, args.name, args.rate)
+
+    changed, said = with_queue(args, body)
+    if args.json:
+        rate = None if args.rate is None else str(args.rate)
+        print(json.dumps({"queue": args.name, "changed": changed, "rate": rate}))
+    else:
+        print(printable(said))
     return EXIT_OK
 
 

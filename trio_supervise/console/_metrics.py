@@ -195,6 +195,21 @@ _QUEUE_FAMILIES: dict[str, tuple[str, str, list[str]]] = {
         "How many items of the named queue this service's runner evaluates at once.",
         ["queue"],
     ),
+    "throttled": (
+        "trio_supervise_named_queue_throttled",
+        "1 while the named queue's rate limit holds its items back (its window is full), else 0.",
+        ["queue"],
+    ),
+    "rate_limit": (
+        "trio_supervise_named_queue_rate_limit",
+        "How many items of the named queue may start in any rate period, fleet-wide.",
+        ["queue"],
+    ),
+    "rate_period": (
+        "trio_supervise_named_queue_rate_period_seconds",
+        "The period of the named queue's rate limit, in seconds.",
+        ["queue"],
+    ),
     "up": ("trio_supervise_queue_up", "1 if the queue answered the last scrape, else 0.", []),
 }
 """The queue collector's gauges: name, help and labels, in exposition order."""
@@ -215,7 +230,10 @@ class QueueDepthCollector:
     waiting for rescue; and, in a paused queue, a queued item past its due time), 0 when
     nothing is overdue. Likewise every named queue once seen: ``named_queue_items{queue,state}``,
     ``named_queue_paused{queue}``, ``named_queue_lag_seconds{queue}`` (a paused queue's lag
-    keeps growing while its items wait). While the queue does not answer, only
+    keeps growing while its items wait), ``named_queue_throttled{queue}`` (1 while its rate
+    limit holds its items back; their lag does not grow meanwhile: they are not due) and, for a
+    rate-limited queue, ``named_queue_rate_limit{queue}`` and
+    ``named_queue_rate_period_seconds{queue}``. While the queue does not answer, only
     ``queue_up 0`` is exported: zeros would claim an empty queue.
 
     :param limits: each queue the service's runner serves, with its concurrency, exported as
@@ -326,6 +344,10 @@ class QueueDepthCollector:
                 if info.paused_at is not None and info.paused:
                     paused_at.add_metric([label], info.paused_at.timestamp())
                 named_lag.add_metric([label], read.queue_lags.get(name, 0.0))
+                made["throttled"].add_metric([label], 0 if info.throttled_until is None else 1)
+                if info.rate_limit is not None:
+                    made["rate_limit"].add_metric([label], info.rate_limit.limit)
+                    made["rate_period"].add_metric([label], info.rate_limit.period)
         for name, concurrency in sorted((self.limits or {}).items()):
             limit.add_metric([_label(name)], concurrency)
         made["up"].add_metric([], 1 if self._up else 0)

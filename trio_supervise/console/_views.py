@@ -319,10 +319,21 @@ def queue_rows(view: QueueView, states: Sequence[ItemState]) -> Rows:
             "status": status,
             "counts": [str(info.counts.get(state, 0)) for state in states],
             "limit": "not served here" if limit is None else str(limit),
+            "rate": _rate_shown(info),
             "lag": _ago(view.lags.get(info.name)),
         }
 
     return rows([infos[name] for name in sorted(infos)], row, what="queue")
+
+
+def _rate_shown(info: QueueInfo) -> str:
+    """A queue's rate limit on the panel: ``100/60s``, throttled until when while it holds
+    items back; ``none``."""
+    if info.rate_limit is None:
+        return "none"
+    if info.throttled_until is None:
+        return str(info.rate_limit)
+    return f"{info.rate_limit}, throttled until {_stamp(info.throttled_until)}"
 
 
 def count_rows(counts: Mapping[tuple[str, ItemState], int], states: Sequence[ItemState]) -> Rows:

@@ -453,6 +453,8 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             and entry.concurrency_limit is None
             and entry.tags == ()
             and entry.traceparent is current
+            and entry.start_by is None
+            and entry.debounce is False
             and _plain_text(entry.tenant_id)
             and _plain_text(entry.subject_id)
             and (entry.idempotency_key is None or _plain_text(entry.idempotency_key))
@@ -481,15 +483,21 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             key, limit = check_concurrency(entry.concurrency_key, entry.concurrency_limit)
             tags = check_tags(entry.tags)
             traceparent = check_traceparent(entry.traceparent) or current
-            due_at = entry.due_at
-            if due_at is not None:
-                if not isinstance(due_at, dt.datetime):
-                    raise ValueError(f"due_at must be a datetime, got {due_at!r}")
-                if due_at.tzinfo is None or due_at.utcoffset() is None:
+            if entry.debounce is not False:
+                if entry.debounce is not True:
+                    raise ValueError(f"debounce must be True or False, got {entry.debounce!r}")
+                if entry.idempotency_key is None:
                     raise ValueError(
-                        f"due_at must be a timezone-aware datetime, got naive {due_at.isoformat()}"
+                        "debounce needs an idempotency_key: the key names the pending item "
+                        "the newest enqueue replaces"
                     )
-                due_at = utc(due_at)
+            due_at = _aware(entry.due_at, "due_at")
+            start_by = _aware(entry.start_by, "start_by")
+            if start_by is not None and due_at is not None and start_by < due_at:
+                raise ValueError(
+                    f"start_by must not be before due_at (it could never start), got start_by "
+                    f"{start_by.isoformat()} before due_at {due_at.isoformat()}"
+                )
         except ValueError as error:
             if len(entries) == 1:
                 raise
@@ -502,6 +510,7 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
             or limit is not entry.concurrency_limit
             or tags is not entry.tags
             or traceparent is not entry.traceparent
+            or start_by is not entry.start_by
         ):
             entry = attrs.evolve(
                 entry,
@@ -511,9 +520,21 @@ def check_entries(entries: Sequence[NewItem]) -> list[NewItem]:
                 concurrency_limit=limit,
                 tags=tags,
                 traceparent=traceparent,
+                start_by=start_by,
             )
         checked.append(entry)
     return checked
+
+
+def _aware(value: object, what: str) -> dt.datetime | None:
+    """*value* (a due time, a start deadline) as a UTC datetime; None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, dt.datetime):
+        raise ValueError(f"{what} must be a datetime, got {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} must be a timezone-aware datetime, got naive {value.isoformat()}")
+    return utc(value)
 
 
 def check_child(child: NewItem, *, what: str) -> NewItem:

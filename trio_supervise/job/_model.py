@@ -20,6 +20,7 @@ import attrs
 from .._clock import utc
 from ._fields import build_function, copy_function, field_names, replace_function
 from ._json import JSONValue, copy_json
+from ._rates import RateLimit
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -113,6 +114,10 @@ UNIQUE = "unique"
 """A :data:`UniqueScope`: stored as the scope's name and its period in microseconds."""
 TAGS = "tags"
 """A tuple of strings, stored as a JSON array."""
+OPTION = "option"
+"""An enqueue option that says how to write the item, not a column (``debounce``)."""
+DEADLINE = "deadline"
+"""A new item's timezone-aware datetime, or None for none (a :data:`TIME` is now when None)."""
 
 
 def _stored(kind: str, *columns: str) -> dict[str, Any]:
@@ -195,6 +200,11 @@ class WorkItem:
     traceparent: str | None = None
     """The W3C ``traceparent`` of the span current when the item was enqueued (with the
     ``otel`` extra), which its evaluations' spans continue; None without one."""
+    start_by: dt.datetime | None = attrs.field(
+        default=None, converter=attrs.converters.optional(utc), metadata=_stored(TIME)
+    )
+    """Its start deadline: claimed after it, the item is never evaluated but settled dead,
+    saying so (``docs/flow-control.md``); None: none."""
 
     @property
     def lease(self) -> Lease:
@@ -266,6 +276,13 @@ class NewItem:
     traceparent: str | None = None
     """A W3C ``traceparent`` for the item's evaluations to continue; None: the span current
     at the enqueue, if ``opentelemetry`` is in use and one is (else none)."""
+    start_by: dt.datetime | None = attrs.field(default=None, metadata=_stored(DEADLINE))
+    """A start deadline (timezone-aware, not before *due_at*): an item not started by then is
+    never started, but settled dead, saying so. Default: none."""
+    debounce: bool = attrs.field(default=False, metadata=_stored(OPTION))
+    """With *idempotency_key*: when a queued item holds the key, it takes this entry's config
+    and due time (the newest wins, ``Enqueued.replaced``); when a running one does, the key
+    moves to this entry's new item. Never a running item's config (``docs/flow-control.md``)."""
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -287,6 +304,8 @@ class EnqueueOptions(TypedDict, total=False):
     concurrency_limit: int | None
     tags: Sequence[str]
     traceparent: str | None
+    start_by: dt.datetime | None
+    debounce: bool
 
 
 def _check_options() -> None:
@@ -306,12 +325,17 @@ class Enqueued:
     item: WorkItem
     """The new item, or the existing one that holds the key."""
     created: bool
-    """False: an existing item holds the idempotency key, and nothing was written."""
+    """False: an existing item holds the idempotency key, and nothing was written (but see
+    *replaced*)."""
+    replaced: bool = False
+    """True: the entry asked to ``debounce``, and the queued item holding its key took its
+    config and due time."""
 
 
 @attrs.frozen(kw_only=True)
 class QueueInfo:
-    """One named queue: whether it is paused, and how many items it holds per state."""
+    """One named queue: whether it is paused, how many items it holds per state, and its rate
+    limit (with, while its window is full, when it lets a start in again)."""
 
     name: str
     paused: bool = False
@@ -319,6 +343,12 @@ class QueueInfo:
         default=None, converter=attrs.converters.optional(utc)
     )
     counts: Mapping[ItemState, int] = attrs.field(factory=dict)
+    rate_limit: RateLimit | None = None
+    """At most this many starts per period, fleet-wide (see ``docs/flow-control.md``)."""
+    throttled_until: dt.datetime | None = attrs.field(
+        default=None, converter=attrs.converters.optional(utc)
+    )
+    """While the rate limit holds its items back: when the next may start; else None."""
 
 
 @attrs.frozen

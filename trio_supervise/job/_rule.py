@@ -68,15 +68,37 @@ def attempts_exhausted(item: WorkItem, settings: SettlePolicy) -> Settlement | N
     )
 
 
+def start_deadline_passed(item: WorkItem) -> Settlement | None:
+    """A ``dead`` settlement if *item* was claimed after its ``start_by`` (the claim's time is
+    its ``updated_at``), saying so; else None."""
+    start_by = item.start_by
+    if start_by is None or item.updated_at <= start_by:
+        return None
+    return Settlement(
+        item_id=item.id,
+        lease_version=item.lease_version,
+        kind=SettleKind.DEAD,
+        error=(
+            f"{START_DEADLINE_PASSED}: start_by {start_by.isoformat()}, claimed "
+            f"{item.updated_at.isoformat()}; never started"
+        ),
+    )
+
+
+START_DEADLINE_PASSED = "start deadline passed"
+"""How the error of an item settled dead for its ``start_by`` begins."""
+
+
 def settlement_before(item: WorkItem, settings: SettlePolicy) -> Settlement | None:
     """What to write for a claimed *item* without evaluating it, or None to evaluate it.
 
     Claimed with ``cancel_requested`` set (its owner died before settling it): ``cancel``.
+    Claimed after its ``start_by``: ``dead``, never started late (:func:`start_deadline_passed`).
     Claimed more than ``max_attempts`` times: ``dead`` (:func:`attempts_exhausted`).
     """
     if item.cancel_requested:
         return Settlement(item_id=item.id, lease_version=item.lease_version, kind=SettleKind.CANCEL)
-    return attempts_exhausted(item, settings)
+    return start_deadline_passed(item) or attempts_exhausted(item, settings)
 
 
 def settlement_after(

@@ -18,6 +18,7 @@ from ..job import Lease as Lease
 from ..job import LeaseStatus as LeaseStatus
 from ..job import NewItem as NewItem
 from ..job import QueueInfo as QueueInfo
+from ..job import RateLimit as RateLimit
 from ..job import SettleKind as SettleKind
 from ..job import Settlement as Settlement
 from ..job import UniqueScope as UniqueScope
@@ -34,6 +35,7 @@ from ._ports import ErrorHistoryStore as ErrorHistoryStore
 from ._ports import MaintenanceStore as MaintenanceStore
 from ._ports import OperatorStore as OperatorStore
 from ._ports import ProducerStore as ProducerStore
+from ._ports import RateLimitStore as RateLimitStore
 from ._ports import SeedWrites as SeedWrites
 from ._ports import WorkerStore as WorkerStore
 from ._ports import WorkQueue as WorkQueue
@@ -51,6 +53,7 @@ __all__ = [
     "MaintenanceStore",
     "OperatorStore",
     "ProducerStore",
+    "RateLimitStore",
     "SeedWrites",
     "WorkerStore",
     "DEFAULT_CONCURRENCY_LIMIT",
@@ -64,6 +67,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "QueueInfo",
+    "RateLimit",
     "Enqueued",
     "ErrorEntry",
     "ItemError",

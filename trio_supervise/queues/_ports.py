@@ -39,6 +39,7 @@ from ..job import (
     LeaseStatus,
     NewItem,
     QueueInfo,
+    RateLimit,
     SettleKind,
     Settlement,
     WorkItem,
@@ -54,6 +55,7 @@ __all__ = [
     "MaintenanceStore",
     "OperatorStore",
     "ProducerStore",
+    "RateLimitStore",
     "SeedWrites",
     "SingleWrites",
     "WorkQueue",
@@ -103,6 +105,9 @@ class Capability(enum.StrEnum):
     """``wait_for_work`` returns by itself whenever work may have become claimable: on every
     write that can make work due, from anywhere, and at the next due time by Trio's clock, so
     a runner waits without polling."""
+    RATE_LIMITS = "rate-limits"
+    """``set_rate_limit(queue, rate)`` (:class:`RateLimitStore`): at most N starts per period
+    from a queue, fleet-wide, enforced in the claim (see ``docs/flow-control.md``)."""
     TRANSACTIONAL_ENQUEUE = "transactional-enqueue"
     """``enqueue_on(conn, ...)`` / ``enqueue_many_on(conn, entries)``: enqueue inside the
     application's own open transaction."""
@@ -238,6 +243,17 @@ class OperatorStore(Protocol):
 
     async def resume_queue(self, queue: str) -> bool:
         """Let *queue* be claimed again; False if it was not paused."""
+        ...
+
+
+@runtime_checkable
+class RateLimitStore(Protocol):
+    """Rate limits on named queues (:attr:`Capability.RATE_LIMITS`): kept by the store, so every
+    process claiming from it keeps them; ``list_queues`` shows them."""
+
+    async def set_rate_limit(self, queue: str, rate: RateLimit | None) -> None:
+        """Let at most ``rate.limit`` items of *queue* start in any ``rate.period`` seconds
+        (None: no limit). The starts recorded so far still count."""
         ...
 
 

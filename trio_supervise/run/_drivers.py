@@ -9,6 +9,7 @@ timeout applied) and turns the outcome into the settlement to write. See ``docs/
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import inspect
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -17,6 +18,7 @@ from typing import Any, Generic, Protocol, TypeAlias, TypeVar, overload
 import attrs
 import trio
 
+from .._clock import SystemClock
 from .._convert import structure_config
 from .._errors import ConfigError, DriverError
 from ..job import (
@@ -36,7 +38,7 @@ from ..job import (
     outcome_settlement,
     validate_spec_id,
 )
-from ..queues._ports import ProducerStore
+from ..queues._ports import ProducerStore, WorkerStore
 
 __all__ = [
     "AnyWorkflowDriver",
@@ -240,6 +242,18 @@ def _driver_concurrency(driver: object) -> tuple[str | None, int]:
     return template, DEFAULT_CONCURRENCY_LIMIT if limit is None else limit
 
 
+def _start_by(work_queue: ProducerStore, due_at: object, within: float) -> object:
+    """A driver's default start deadline: *within* seconds after *due_at*, else after now by
+    the store's clock (the system's for a store that has none). A bad *due_at* is left for
+    the store to refuse, naming it."""
+    if due_at is None:
+        clock = work_queue.clock if isinstance(work_queue, WorkerStore) else SystemClock()
+        due_at = clock.now()
+    if not isinstance(due_at, dt.datetime):
+        return None
+    return due_at + dt.timedelta(seconds=within)
+
+
 @attrs.define(eq=False)
 class DriverRegistry(Generic[ContextT]):
     """Which driver owns which spec id. Registration order never matters for dispatch."""
@@ -300,6 +314,7 @@ class DriverRegistry(Generic[ContextT]):
             check_priority(getattr(driver, "priority", 0))
             check_queue_name(getattr(driver, "queue", DEFAULT_QUEUE))
             check_timeout(getattr(driver, "timeout", None))
+            check_timeout(getattr(driver, "start_within", None), what="start_within")
             _driver_concurrency(driver)
         except ValueError as error:
             raise DriverError(f"driver '{name}': {error}") from None
@@ -326,8 +341,10 @@ class DriverRegistry(Generic[ContextT]):
         items of one tenant run at once; ``"smtp"``: of the whole driver), used when no
         ``concurrency_key`` is given here; a key that formats to ``""`` (no tenant) means no
         key. Its ``concurrency_limit`` (default 1) applies to every keyed item it enqueues
-        without a ``concurrency_limit``, an explicit key too. Every other keyword goes to
-        the store's ``enqueue`` as is.
+        without a ``concurrency_limit``, an explicit key too. Its ``start_within`` (seconds)
+        sets the ``start_by`` of an item enqueued without one: that long after its due time
+        (now, by the store's clock, without one). Every other keyword goes to the store's
+        ``enqueue`` as is.
         """
         driver = self._by_spec.get(spec_id)
         if priority is None:
@@ -346,6 +363,9 @@ class DriverRegistry(Generic[ContextT]):
             keyed = fields.get("concurrency_key") is not None
             if keyed and fields.get("concurrency_limit") is None:
                 fields["concurrency_limit"] = limit
+            within = getattr(driver, "start_within", None)
+            if within is not None and fields.get("start_by") is None:
+                fields["start_by"] = _start_by(work_queue, fields.get("due_at"), within)
         return await work_queue.enqueue(spec_id, priority=priority, queue=queue, **fields)
 
     def spec_ids(self) -> list[str]:

@@ -33,6 +33,7 @@ from ..job import (
     mark_parentless,
     settlement_after,
     settlement_before,
+    start_deadline_passed,
 )
 from ._drivers import ContextT, DriverRegistry, evaluate_item
 from ._flight import Control, Flights, InFlight
@@ -271,12 +272,15 @@ class Executor(Generic[ContextT]):
         error: str | None = None
         failure: Exception | None = None
         if entry.reason is None and (
-            item.cancel_requested or (item.attempt > (settings.max_attempts or item.attempt))
+            item.cancel_requested
+            or (item.attempt > (settings.max_attempts or item.attempt))
+            or item.start_by is not None
         ):
-            # Not evaluated (the rule's first half): cancelled, or claimed too often (say, its
-            # worker killed mid-evaluation every time): dead. _outcome observes it.
+            # Not evaluated (the rule's first half): cancelled, claimed after its start
+            # deadline, or claimed too often (say, its worker killed mid-evaluation every
+            # time): dead. _outcome observes it. (An item with a deadline it met is evaluated.)
             settlement = settlement_before(item, settings)
-        elif entry.reason is None:
+        if settlement is None and entry.reason is None:
             entry.evaluating_since = self.control.time() if since is None else since
             if self.tracer is not None:
                 return await self._evaluate_traced(item)
@@ -348,10 +352,13 @@ class Executor(Generic[ContextT]):
         if settlement.kind is _DEAD and settlement.error is not None and not failed:
             # Failed for good without an error of its own: by the evaluation itself (Discard,
             # a config that cannot fit, an outcome that cannot be stored), or unevaluated (it
-            # was claimed more than max_attempts times).
+            # was claimed more than max_attempts times, or after its start deadline).
             self.failures += 1
             observer.failed(item, first_line(settlement.error))
-            evaluated = attempts_exhausted(item, settings) is None
+            expired = item.start_by is not None and start_deadline_passed(item) is not None
+            evaluated = attempts_exhausted(item, settings) is None and not expired
+            if expired:
+                observer.metrics.count_expired(item.spec_id)
             log_dead(
                 observer.logger, settings.worker_id, item, settlement.error, evaluated=evaluated
             )

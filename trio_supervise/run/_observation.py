@@ -118,6 +118,7 @@ class RunnerMetrics:
     failed: Counter = attrs.field(init=False)
     cancelled: Counter = attrs.field(init=False)
     dead: Counter = attrs.field(init=False)
+    expired: Counter = attrs.field(init=False)
     renewals_failed: Counter = attrs.field(init=False)
     settlements_refused: Counter = attrs.field(init=False)
     settlements_abandoned: Counter = attrs.field(init=False)
@@ -145,6 +146,9 @@ class RunnerMetrics:
         self.failed = counter("items_failed", "Evaluations that failed (an item error).")
         self.cancelled = counter("items_cancelled", "Items cancelled on request.")
         self.dead = counter("items_dead", "Items dead after too many errors.")
+        self.expired = counter(
+            "items_expired", "Items claimed after their start deadline: dead, never started."
+        )
         self.renewals_failed = counter(
             "lease_renewals_failed", "Lease renewals that failed or found the lease lost."
         )
@@ -192,6 +196,10 @@ class RunnerMetrics:
         counter = self._settled.get(kind)
         if counter is not None:
             self.for_spec(counter, spec_id).inc()
+
+    def count_expired(self, spec_id: str) -> None:
+        """Count an item settled dead for its start deadline (it is counted dead too)."""
+        self.for_spec(self.expired, spec_id).inc()
 
     def tally_claimed(self, spec_id: str) -> None:
         """Count a claim at the next :meth:`flush`.

@@ -10,18 +10,18 @@ per :meth:`WorkflowRunner.run`, then drains on shutdown.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Generic
 
 import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
-from .._errors import DriverError
+from .._errors import DriverError, QueueError
 from .._lifecycle import Shutdown
 from .._policy import Jitter
-from ..job import StopReason, WorkItem
-from ..queues._ports import WorkerStore
+from ..job import RateLimit, StopReason, WorkItem
+from ..queues._ports import Capability, RateLimitStore, WorkerStore, capabilities_of
 from ._completer import BatchCompleter, _Accounts
 from ._drivers import ContextFactory, ContextT, DriverRegistry, open_context, raise_specific
 from ._executor import Executor, Pool
@@ -157,6 +157,8 @@ class WorkflowRunner(Generic[ContextT]):
             if self._registry.is_empty():
                 raise DriverError("the registry has no drivers: nothing to run")
             self._registry.validate_all()
+            if self._settings.rate_limits:
+                await set_rate_limits(self._queue, self._settings.rate_limits)
             tracer = tracer_for(self._settings)
             async with open_context(self._build_context) as context:
                 fatal: Exception | None = None
@@ -294,3 +296,16 @@ class WorkflowRunner(Generic[ContextT]):
                 self._settings.lease,
             )
         return len(held)
+
+
+async def set_rate_limits(queue: Any, limits: Mapping[str, RateLimit]) -> None:
+    """Set ``RunnerSettings.rate_limits`` on the store (which must keep them)."""
+    if Capability.RATE_LIMITS not in capabilities_of(queue) or not isinstance(
+        queue, RateLimitStore
+    ):
+        raise QueueError(
+            f"runner.rate_limits needs a store that keeps rate limits; {type(queue).__name__} "
+            "does not declare Capability.RATE_LIMITS"
+        )
+    for name, rate in limits.items():
+        await queue.set_rate_limit(name, rate)

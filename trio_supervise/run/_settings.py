@@ -7,8 +7,9 @@ from typing import Any
 
 import attrs
 
+from .._convert import converter
 from .._policy import RestartPolicy
-from ..job import DEFAULT_QUEUE, check_queue_name
+from ..job import DEFAULT_QUEUE, RateLimit, check_queue_name
 
 __all__ = ["PassStats", "RunnerSettings"]
 
@@ -61,6 +62,28 @@ def _queue_limits(value: object) -> Mapping[str, int] | None:
             )
         limits[name] = limit
     return limits
+
+
+def _rate_limits(value: object) -> Mapping[str, RateLimit] | None:
+    """``rate_limits``: queue names to :class:`RateLimit` s (or their ``"100/60s"`` form)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"rate_limits must be a mapping of queue names to rates ('100/60s'), got {value!r}"
+        )
+    limits = {}
+    for name, rate in value.items():
+        try:
+            limits[check_queue_name(name)] = RateLimit.parse(rate)
+        except ValueError as error:  # named as the field (settings: "runner.rate_limits: ...")
+            raise type(error)(f"rate_limits: queue {name!r}: {error}") from None
+    return limits
+
+
+# Settings files write a rate as text ("100/60s"), and read it back so.
+converter.register_structure_hook(RateLimit, lambda value, _: RateLimit.parse(value))
+converter.register_unstructure_hook(RateLimit, str)
 
 
 def _rate(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
@@ -124,6 +147,10 @@ class RunnerSettings:
         e.g. ``{"default": 20, "mail": 5}``: each queue is claimed on its own, so a flood in one
         never takes another's slots. None (the default) serves ``"default"`` with
         ``concurrency``.
+    :param rate_limits: rate limits to set on named queues when the runner starts, fleet-wide
+        (they stay in the store for every process), e.g. ``{"mail": "100/60s"}``: at most that
+        many starts of the queue in any period (``docs/flow-control.md``). None (the default)
+        sets none and leaves those set by others (``trio-supervise queues limit``) as they are.
     """
 
     worker_id: str = attrs.field(validator=_worker_id)
@@ -146,6 +173,7 @@ class RunnerSettings:
     settle_batch: int = attrs.field(default=100, validator=_count())
     error_history: int = attrs.field(default=50, validator=_count(minimum=0))
     queues: Mapping[str, int] | None = attrs.field(default=None, converter=_queue_limits)
+    rate_limits: Mapping[str, RateLimit] | None = attrs.field(default=None, converter=_rate_limits)
     outcome_log_rate: float = attrs.field(default=10.0, validator=_rate)
     tracing: bool | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))

@@ -16,10 +16,12 @@ from ...job import (
     ItemState,
     JSONValue,
     QueueInfo,
+    RateLimit,
     WorkItem,
     check_config,
     check_errors_page,
     check_queue_name,
+    check_rate,
     check_tags,
     item_errors,
     newest_errors,
@@ -102,15 +104,19 @@ class OperatorSide(MemoryState):
     async def list_queues(self) -> list[QueueInfo]:
         await trio.lowlevel.checkpoint()
         counts: dict[str, dict[ItemState, int]] = {name: {} for name in self._paused}
+        counts.update((name, {}) for name in self._rates)
         for item in self._items.values():
             per_state = counts.setdefault(item.queue, {})
             per_state[item.state] = per_state.get(item.state, 0) + 1
+        now = self._now()
         return [
             QueueInfo(
                 name=name,
                 paused=name in self._paused,
                 paused_at=self._paused.get(name),
                 counts=counts[name],
+                rate_limit=self._rates[name][0] if name in self._rates else None,
+                throttled_until=self._throttled(name, now),
             )
             for name in sorted(counts)
         ]
@@ -197,3 +203,16 @@ class OperatorSide(MemoryState):
         self._log("resume_queue", queue)
         self._changed()
         return True
+
+    async def set_rate_limit(self, queue: str, rate: RateLimit | None) -> None:
+        await trio.lowlevel.checkpoint()
+        check_queue_name(queue)
+        if rate is None:
+            self._rates.pop(queue, None)
+        else:
+            rate = check_rate(rate)
+            # The latest `limit` starts recorded so far count against the new limit.
+            starts = self._rates[queue][1][-rate.limit :] if queue in self._rates else []
+            self._rates[queue] = (rate, starts)
+        self._log("set_rate_limit", queue, rate=None if rate is None else str(rate))
+        self._changed()

@@ -15,6 +15,7 @@ from ...job import (
     SCOPE_PERIOD,
     SCOPE_UNFINISHED,
     Enqueued,
+    ItemState,
     NewItem,
     WorkItem,
     check_entries,
@@ -98,6 +99,8 @@ class ProducerSide(MemoryState, EnqueueFront):
         for index in sent:
             key = checked[index].idempotency_key
             if key is not None and (holder := self._holder(key, now)) is not None:
+                if checked[index].debounce and holder.state is ItemState.RUNNING:
+                    continue  # never replaced: a new item takes the key (released below)
                 existing[index] = holder
         written = [checked[index].item_id for index in sent if index not in existing]
         twice = repeated_id(written)
@@ -110,7 +113,7 @@ class ProducerSide(MemoryState, EnqueueFront):
         ids = iter(new_item_ids(now, len(sent)))
         for index in sent:
             if index in existing:
-                results[index] = Enqueued(item=self._out(existing[index]), created=False)
+                results[index] = self._debounced(checked[index], existing[index], now)
                 continue
             entry = checked[index]
             item = _own(
@@ -125,9 +128,24 @@ class ProducerSide(MemoryState, EnqueueFront):
             results[index] = Enqueued(item=self._out(item), created=True)
         for index, first in repeats.items():
             results[index] = Enqueued(item=results[first].item, created=False)
-        if any(done.created for done in results.values()):
+        if any(done.created or done.replaced for done in results.values()):
             self._changed()
         return [results[index] for index in range(len(checked))]
+
+    def _debounced(self, entry: NewItem, holder: WorkItem, now: dt.datetime) -> Enqueued:
+        """What *entry* does to the existing *holder* of its key: nothing, or with
+        ``debounce``, when the holder is queued (and not waiting for children), give it the
+        entry's config and due time."""
+        if not entry.debounce or holder.state is not ItemState.QUEUED or holder.waiting_children:
+            return Enqueued(item=self._out(holder), created=False)
+        item = self._requeue(
+            holder,
+            now if entry.due_at is None else entry.due_at,
+            now,
+            config={} if entry.config is None else entry.config,
+        )
+        self._log("debounce", item.id, at=now)
+        return Enqueued(item=self._out(item), created=False, replaced=True)
 
     def _insert_child(self, child: NewItem, now: dt.datetime, parent_id: str) -> WorkItem | None:
         """Store *child* (checked, with its id) as *parent_id*'s; None if its id exists or its

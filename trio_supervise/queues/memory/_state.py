@@ -18,7 +18,7 @@ import trio_util
 from ..._audit import AuditEntry
 from ..._clock import Clock, StepGuard, TrioClock, WallClock, utc
 from ..._errors import LeaseLost
-from ...job import ItemState, UnfrozenItem, WorkItem, copy_item
+from ...job import ItemState, RateLimit, UnfrozenItem, WorkItem, copy_item, throttled_until
 from ._events import QueueEvent, _detail_slots, _EventLog, _RawEvent, raw_appender
 
 __all__ = ["MemoryState"]
@@ -105,6 +105,8 @@ class MemoryState:
     """Per ``(spec id, queue)``, running items by ``(lease_expires_at, id)``."""
     _paused: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
     """Paused queues, with when they were paused."""
+    _rates: dict[str, tuple[RateLimit, list[dt.datetime]]] = attrs.field(init=False, factory=dict)
+    """Rate-limited queues: each one's limit and its latest starts, oldest first."""
     _last_fires: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
     _audit: list[AuditEntry] = attrs.field(init=False, factory=list)
     """The console's audit trail, in the order recorded (see ``_audit.py``)."""
@@ -149,6 +151,7 @@ class MemoryState:
         self._leased.clear()
         self._running_keyed.clear()
         self._paused.clear()
+        self._rates.clear()
         self._fan_in.clear()
         self._children_of.clear()
         self._entries.clear()
@@ -171,6 +174,14 @@ class MemoryState:
         clock that a step could make run ahead of its owners' renewals (see StepGuard)."""
         guard = self._guard
         return now if guard is None else utc(guard.now(hold))
+
+    def _throttled(self, queue: str, now: dt.datetime) -> dt.datetime | None:
+        """When *queue*'s rate limit lets a start in again, while it holds them back now."""
+        rated = self._rates.get(queue)
+        if rated is None:
+            return None
+        until = throttled_until(rated[1], rated[0])
+        return until if until is not None and until > now else None
 
     def _changed(self) -> None:
         self._changes.value += 1

@@ -23,9 +23,11 @@ from ...job import (
     SettleKind,
     Settlement,
     WorkItem,
+    admitted,
     append_error,
     check_child,
     check_json,
+    recorded,
     storable_text,
     unstorable_outcome,
 )
@@ -106,6 +108,26 @@ class WorkerSide(MemoryState, SingleWrites):
         if queue in self._paused:
             return []
         now = self._now()
+        rated = self._rates.get(queue)
+        if rated is None:
+            return self._claim_window(spec_ids, worker_id, lease, limit, queue, now)
+        # A rate-limited queue (see docs/flow-control.md): no more than its window lets start.
+        rate, starts = rated
+        kept, now, free = admitted(starts, rate, now)
+        claimed = self._claim_window(spec_ids, worker_id, lease, min(limit, free), queue, now)
+        if claimed:  # as the SQL backends: the log is written when items started
+            starts[:] = recorded(kept, now, len(claimed), rate)
+        return claimed
+
+    def _claim_window(
+        self,
+        spec_ids: Sequence[str],
+        worker_id: str,
+        lease: float,
+        limit: int,
+        queue: str,
+        now: dt.datetime,
+    ) -> list[WorkItem]:
         lease_now = self._lease_now(now, 2 * lease)
         wanted = set(spec_ids)
         # Running items whose lease has expired (rescue), in (priority, due_at, id) order.
@@ -475,7 +497,8 @@ class WorkerSide(MemoryState, SingleWrites):
 
     def _next_due_at(self, wanted: set[str], queues: set[str] | None) -> dt.datetime | None:
         times = []
-        now = self._lease_now(self._now())  # judges leases only: when a key frees
+        wall = self._now()  # judges rate limits' windows
+        now = self._lease_now(wall)  # judges leases only: when a key frees
         for heap_key, heap in self._queued.items():
             spec_id, queue = heap_key[0], heap_key[1]
             if (
@@ -486,9 +509,13 @@ class WorkerSide(MemoryState, SingleWrites):
                 continue
             entry = self._top(heap)
             if entry is not None:
-                # A heap's items share a key: blocked, none is claimable before it frees.
+                # A heap's items share a key: blocked, none is claimable before it frees; nor
+                # before their queue's rate limit lets a start in.
                 until = self._blocked_until(heap_key[3], heap_key[4], now)
-                times.append(entry[0] if until is None else max(entry[0], until))
+                when = entry[0] if until is None else max(entry[0], until)
+                if self._rates and (throttled := self._throttled(queue, wall)) is not None:
+                    when = max(when, throttled)
+                times.append(when)
         for (spec_id, queue), heap in self._leased.items():
             if (
                 spec_id not in wanted
@@ -498,8 +525,10 @@ class WorkerSide(MemoryState, SingleWrites):
                 continue
             if (entry := self._top(heap)) is None:
                 continue
+            # Nor before the queue's rate limit lets a start in (the same for all of them).
+            throttled = self._throttled(queue, wall) if self._rates else None
             if not self._running_keyed:
-                times.append(entry[0])
+                times.append(entry[0] if throttled is None else max(entry[0], throttled))
                 continue
             # A keyed expired lease may be blocked by its key: look at each (few run at once).
             live = self._entries
@@ -508,7 +537,7 @@ class WorkerSide(MemoryState, SingleWrites):
                     at = item.lease_expires_at
                     assert at is not None
                     until = self._blocked_until(item.concurrency_key, item.concurrency_limit, now)
-                    times.append(at if until is None else max(at, until))
+                    times.append(max(at, until or at, throttled or at))
         return min(times, default=None)
 
     async def wait_for_work(

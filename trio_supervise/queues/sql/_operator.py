@@ -31,7 +31,8 @@ from ...job import (
     newest_errors,
 )
 from .. import _sql
-from ._base import Lane, Row, SQLBase
+from ._base import Lane, Row
+from ._rates import SQLRates
 
 __all__ = ["SQLOperator"]
 
@@ -82,7 +83,7 @@ def _list_page(
 _list_order: Callable[[WorkItem], tuple[dt.datetime, str]] = operator.attrgetter("due_at", "id")
 
 
-class SQLOperator(SQLBase):
+class SQLOperator(SQLRates):
     """The operator port: reads and actions of a person, the CLI or a console."""
 
     # -- reads -------------------------------------------------------------------------------
@@ -163,21 +164,28 @@ class SQLOperator(SQLBase):
     async def list_queues(self) -> list[QueueInfo]:
         queries = self._queries
 
-        def run(conn: Any) -> tuple[list[Row], list[Row]]:
+        def run(conn: Any) -> tuple[list[Row], list[Row], list[Row]]:
             with self._snapshot(conn):
                 return (
                     conn.execute(queries["paused_queues"]).fetchall(),
                     conn.execute(queries["queue_counts"]).fetchall(),
+                    conn.execute(queries["queue_rates"]).fetchall(),
                 )
 
-        paused_rows, count_rows = await self._run(run, lane=Lane.READ)
+        paused_rows, count_rows, rate_rows = await self._run(run, lane=Lane.READ)
         paused = {row["queue"]: self._from_time(row["paused_at"]) for row in paused_rows}
-        counts: dict[str, dict[ItemState, int]] = {name: {} for name in paused}
+        rates = self._rates_read(rate_rows)
+        counts: dict[str, dict[ItemState, int]] = {name: {} for name in (*paused, *rates)}
         for row in count_rows:
             counts.setdefault(row["queue"], {})[ItemState(row["state"])] = row["n"]
         return [
             QueueInfo(
-                name=name, paused=name in paused, paused_at=paused.get(name), counts=counts[name]
+                name=name,
+                paused=name in paused,
+                paused_at=paused.get(name),
+                counts=counts[name],
+                rate_limit=rates[name][0] if name in rates else None,
+                throttled_until=rates[name][1] if name in rates else None,
             )
             for name in sorted(counts)
         ]

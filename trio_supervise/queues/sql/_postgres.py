@@ -204,6 +204,7 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
         {
             Capability.SETTLE_AND_CLAIM,
             Capability.TRANSACTIONAL_ENQUEUE,
+            Capability.RATE_LIMITS,
             Capability.AUDIT_TRAIL,
             Capability.ERROR_HISTORY,
         }
@@ -235,11 +236,45 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
     def _claim_rows(self, conn: psycopg.Connection[Row], params: dict[str, Any]) -> list[Any]:
         # The fast path: one autocommit statement leases the window's unkeyed rows and says how
         # many keyed ones it saw (a row with a NULL id when it leased none).
-        claimed, keyed = _claimed(_claim_cursor(conn).execute(_Q["claim_due"], params, binary=True))
+        claimed, keyed, rated = _claimed(
+            _claim_cursor(conn).execute(_Q["claim_due"], params, binary=True)
+        )
+        if rated:
+            return self._claim_rated_path(conn, params)
         left = params["limit"] - len(claimed)
         if not keyed or left <= 0:
             return claimed
         return claimed + self._claim_keyed(conn, {**params, "limit": left})
+
+    def _claim_rated_path(
+        self, conn: psycopg.Connection[Row], params: dict[str, Any]
+    ) -> list[WorkItem]:
+        # A rate-limited queue: under its limit's row lock (lock_rate), the claim as ever with
+        # rated set (keyed rows too), then the starts recorded; one transaction.
+        def claim(rated: dict[str, Any]) -> list[WorkItem]:
+            rated = {**rated, "rated": True}
+            cur = _claim_cursor(conn).execute(_Q["claim_due"], rated, binary=True)
+            claimed, keyed, _ = _claimed(cur)
+            left = rated["limit"] - len(claimed)
+            if keyed and left > 0:
+                claimed += self._claim_keyed(conn, {**rated, "limit": left})
+            return claimed
+
+        with conn.transaction():
+            row = conn.execute(_Q["lock_rate"], params).fetchone()
+            if row is None:  # the limit was lifted meanwhile: the next claim takes them
+                return []
+            return self._claim_rated(
+                conn, params, self._rate(row), list(row["starts"]), row["now"], claim
+            )
+
+    @staticmethod
+    def _starts_of(value: list[dt.datetime]) -> list[dt.datetime]:
+        return list(value)
+
+    @staticmethod
+    def _starts_value(starts: Sequence[dt.datetime]) -> list[dt.datetime]:
+        return list(starts)
 
     @staticmethod
     def _claim_keyed(conn: psycopg.Connection[Row], params: dict[str, Any]) -> list[Any]:
@@ -323,7 +358,7 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
             conn.execute(_SAVEPOINT)
             claiming = _claim_cursor(conn).execute(_Q["claim_due"], params, binary=True)
             rows = settling.fetchall()
-            claimed, keyed = _claimed(claiming)
+            claimed, keyed, rated = _claimed(claiming)
             due = woken_by(rows)
             if rows and any(row["parent_id"] is not None for row in rows):
                 # A child finished: its fan-in may make its parent due, and the claim must see
@@ -332,10 +367,12 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
                 conn.execute(_ROLLBACK_TO_SAVEPOINT)
                 due.extend(self._children_and_fan_in(conn, entries, rows, now))
                 claiming = _claim_cursor(conn).execute(_Q["claim_due"], params, binary=True)
-                claimed, keyed = _claimed(claiming)
+                claimed, keyed, rated = _claimed(claiming)
             self._notify(conn, due)
             left = params["limit"] - len(claimed)
-            if keyed and left > 0:
+            if rated:
+                claimed = self._claim_rated_path(conn, params)
+            elif keyed and left > 0:
                 claimed += self._claim_keyed(conn, {**params, "limit": left})
         return {entries[row["ord"] - 1][0] for row in rows}, claimed
 
@@ -368,9 +405,12 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
             # A mark during the query also moved the generation: the wait below returns at once.
             while not waiter.due:
                 generation = self._changes.value
-                at, wait, _ = await self._next_due(spec_ids, queues)
+                at, wait, _, held = await self._next_due(spec_ids, queues)
                 if at is not None and wait <= 0:
                     return
+                if held is not None:  # throttled: see SQLWorker.wait_for_work
+                    await trio.sleep(held)
+                    continue
                 with trio.move_on_after(math.inf if at is None else wait):
                     await self._wait_changed(generation, None)
 
@@ -405,15 +445,17 @@ def _claim_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[tuple[Any, ..
     return conn.cursor(row_factory=tuple_row)
 
 
-def _claimed(cur: psycopg.Cursor[tuple[Any, ...]]) -> tuple[list[WorkItem], int]:
-    """The items a claim statement on *cur* leased, and its ``keyed`` count (0 without one).
+def _claimed(cur: psycopg.Cursor[tuple[Any, ...]]) -> tuple[list[WorkItem], int, bool]:
+    """The items a claim statement on *cur* leased, its ``keyed`` count (0 without one) and
+    whether its queue is ``rated`` (it has a rate limit, and the statement left its rows out).
 
     ``claim_due`` returns one row with a NULL id when it leased nothing (for its count)."""
     rows = cur.fetchall()
     if not rows:
-        return [], 0
+        return [], 0, False
     columns = column_names(cur)
     decode = item_decoder(columns, _CODEC)
     id_at = columns.index("id")
     keyed = rows[0][columns.index("keyed")] if "keyed" in columns else 0
-    return [decode(row) for row in rows if row[id_at] is not None], keyed
+    rated = bool(rows[0][columns.index("rated")]) if "rated" in columns else False
+    return [decode(row) for row in rows if row[id_at] is not None], keyed, rated

@@ -23,6 +23,7 @@ from ..._errors import DuplicateItem, ItemNotFound, QueueError
 from ...job import (
     Enqueued,
     EnqueueOptions,
+    ItemState,
     NewItem,
     WorkItem,
     check_entries,
@@ -59,6 +60,8 @@ class EnqueueBatch:
 
 _ID = NEW_ROW_COLUMNS.index("id")
 _KEY = NEW_ROW_COLUMNS.index("idempotency_key")
+_CONFIG = NEW_ROW_COLUMNS.index("config")
+_DUE_AT = NEW_ROW_COLUMNS.index("due_at")
 
 
 class _IdTaken(Exception):
@@ -184,8 +187,11 @@ class EnqueueCore(SQLBase):
         """Position in ``rows`` -> the existing item holding its key."""
         pending = list(range(len(rows)))
         keyed = any(each[_KEY] is not None for each in rows)
+        debounced = {pos for pos, index in enumerate(batch.sent) if batch.entries[index].debounce}
+        replaced: set[int] = set()
+        """Positions whose key's queued holder took their config and due time."""
         if keyed:
-            pending = self._take_keys(cur, rows, pending, found, now)
+            pending = self._take_keys(cur, rows, pending, found, now, debounced, replaced)
         explicit = [rows[pos][_ID] for pos in pending if batch.entries[batch.sent[pos]].item_id]
         twice = repeated_id(explicit)
         if twice is not None:
@@ -235,7 +241,7 @@ class EnqueueCore(SQLBase):
             stored = {row["id"] for row in cur.execute(queries["existing_ids"], {"ids": ids})}
             missing = [pos for pos in pending if rows[pos][_ID] not in stored]
             written.update(pos for pos in pending if rows[pos][_ID] in stored)
-            pending = self._take_keys(cur, rows, missing, found, now)
+            pending = self._take_keys(cur, rows, missing, found, now, debounced, replaced)
         if pending:  # pragma: no cover - the key changed hands five times during one enqueue
             key = rows[pending[0]][_KEY]
             raise QueueError(f"the holder of idempotency key {key!r} kept changing; try again")
@@ -251,7 +257,9 @@ class EnqueueCore(SQLBase):
                     due.add(item.spec_id)
                 sent_done.append(Enqueued(item=item, created=True))
             else:
-                sent_done.append(Enqueued(item=found[pos], created=False))
+                if pos in replaced:
+                    due.add(found[pos].spec_id)  # due sooner, maybe: a wake-up to look
+                sent_done.append(Enqueued(item=found[pos], created=False, replaced=pos in replaced))
         if not batch.repeats:  # every entry was sent: the common case
             return sent_done, sorted(due)
         by_sent = dict(zip(batch.sent, sent_done, strict=True))
@@ -286,9 +294,13 @@ class EnqueueCore(SQLBase):
         positions: Sequence[int],
         found: dict[int, WorkItem],
         now: Any,
+        debounced: set[int],
+        replaced: set[int],
     ) -> list[int]:
         """Release the lapsed holders of the keys at *positions* and record the live holders
-        in *found*; the positions left to insert."""
+        in *found*; the positions left to insert. A *debounced* position whose holder is
+        queued gives it its config and due time (recorded in *replaced*); one whose holder is
+        running takes the key from it (the running item is never changed otherwise)."""
         queries = self._queries
         keys = self._ids(sorted({rows[pos][_KEY] for pos in positions} - {None}))
         cur.execute(queries["release_keys"], {"keys": keys, "now": now})
@@ -297,11 +309,34 @@ class EnqueueCore(SQLBase):
         left = []
         for pos in positions:
             holder = holders.get(rows[pos][_KEY])
+            if holder is not None and pos in debounced:
+                holder, took = self._debounce(cur, rows[pos], holder, now)
+                if took:
+                    replaced.add(pos)
             if holder is None:
                 left.append(pos)
             else:
                 found[pos] = holder
         return left
+
+    def _debounce(
+        self, cur: Any, row: tuple[Any, ...], holder: WorkItem, now: Any
+    ) -> tuple[WorkItem | None, bool]:
+        """A debounced entry (*row*) meets its key's *holder*: a queued holder takes the row's
+        config and due time (the item as written, True); a running one gives up the key (None:
+        the row is to be inserted); else the holder as it is (a claim or a settlement may have
+        moved it since it was read: the statements check its state again)."""
+        queries = self._queries
+        if holder.state is ItemState.QUEUED and not holder.waiting_children:
+            params = {"id": holder.id, "config": row[_CONFIG], "due_at": row[_DUE_AT], "now": now}
+            updated = self._one(cur.execute(queries["debounce"], params))
+            if updated is not None:
+                return updated, True
+        released = (
+            holder.state is ItemState.RUNNING
+            and cur.execute(queries["release_running_key"], {"id": holder.id}).fetchone()
+        )
+        return (None, False) if released else (holder, False)
 
 
 class OutboxWrites(EnqueueCore):

@@ -30,7 +30,18 @@ from ...job import (
     stored_columns,
     stored_kind,
 )
-from ...job._model import ERRORS, JSON, NEW_ID, SECONDS, STATE, TAGS, TIME, UNIQUE
+from ...job._model import (
+    DEADLINE,
+    ERRORS,
+    JSON,
+    NEW_ID,
+    OPTION,
+    SECONDS,
+    STATE,
+    TAGS,
+    TIME,
+    UNIQUE,
+)
 
 __all__ = [
     "NEW_ROW_COLUMNS",
@@ -140,7 +151,9 @@ def item_decoder(
 
 
 _NEW_FIELDS = tuple(
-    (field, stored_kind(field), stored_columns(field)) for field in attrs.fields(NewItem)
+    (field, stored_kind(field), stored_columns(field))
+    for field in attrs.fields(NewItem)
+    if stored_kind(field) != OPTION  # how to write the item, not a column of it
 )
 
 NEW_ROW_COLUMNS: tuple[str, ...] = tuple(
@@ -182,7 +195,11 @@ it has none, its uniqueness scope's columns from *known* or *scope*."""
 def row_encoder(codec: Codec) -> RowEncoder:
     """The :data:`RowEncoder` of a dialect: one loop of straight-line code over the entries
     (a bulk enqueue builds 10,000 rows per call)."""
-    write = {**_WRITE, TIME: f"now if $value is None else ({codec.encode_time})"}
+    write = {
+        **_WRITE,
+        TIME: f"now if $value is None else ({codec.encode_time})",
+        DEADLINE: f"None if $value is None else ({codec.encode_time})",
+    }
     values, lines = [], []
     for n, (field, kind, columns) in enumerate(_NEW_FIELDS):
         template = write.get(kind)

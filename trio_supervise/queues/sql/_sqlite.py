@@ -25,7 +25,8 @@ import trio_util
 
 from ..._clock import Clock, StepGuard, SystemClock, WallClock
 from ..._errors import QueueError, QueueFailed
-from ...job import MAX_ERRORS, Lease, WorkItem
+from ...job import MAX_ERRORS, Lease, RateLimit, WorkItem
+from ...job._model import BOOL, SECONDS, TIME
 from .. import _sql
 from .._ports import Capability
 from ._base import Lane
@@ -130,6 +131,7 @@ class SQLiteQueue(SQLiteEnqueue, SQLQueue):
             Capability.TRANSACTIONAL_ENQUEUE,
             Capability.AUDIT_TRAIL,
             Capability.ERROR_HISTORY,
+            Capability.RATE_LIMITS,
         }
     )
 
@@ -342,12 +344,34 @@ class SQLiteQueue(SQLiteEnqueue, SQLQueue):
         return StepGuard(self._clock) if isinstance(self._clock, WallClock) else None
 
     def _claim_in(self, conn: sqlite3.Connection, params: dict[str, Any]) -> list[WorkItem]:
-        # The claim's lease version, from the database's counter (see next_version). Rows as
-        # tuples: the cheapest to build and to unpack.
+        # The claim's lease version, from the database's counter, and the queue's rate limit
+        # if it has one (see claim_version). Rows as tuples: the cheapest to build and unpack.
         cur = conn.cursor()
         cur.row_factory = None
-        cur.execute(_Q["claim_due"], {**params, "version": next_number(conn, "next_version")})
-        return self._all(cur)
+        version, rate = cur.execute(_Q["claim_version"], params).fetchone()
+        if rate is None:
+            cur.execute(_Q["claim_due"], {**params, "version": version})
+            return self._all(cur)
+        limit, period_us, starts = json.loads(rate)
+
+        def claim(rated: dict[str, Any]) -> list[WorkItem]:
+            cur.execute(_Q["claim_due"], {**rated, "version": version})
+            return self._all(cur)
+
+        return self._claim_rated(
+            conn,
+            params,
+            RateLimit(limit, period_us / 1_000_000),
+            [from_us(start) for start in starts],
+            from_us(params["now"]),
+            claim,
+        )
+
+    def _starts_of(self, value: str) -> list[dt.datetime]:
+        return [from_us(start) for start in json.loads(value)]
+
+    def _starts_value(self, starts: Sequence[dt.datetime]) -> str:
+        return json.dumps([to_us(start) for start in starts])
 
     def _renew_rows(
         self,

@@ -108,6 +108,7 @@ class SQLWorker(SettleBatch, SingleWrites):
             "limit": _sql.check_limit(limit),
             "now": now,
             "lease_now": self._lease_now(now, 2 * lease),
+            "rated": False,  # PostgreSQL's claim: see claim_due
         }
 
     @staticmethod
@@ -249,9 +250,11 @@ class SQLWorker(SettleBatch, SingleWrites):
 
     async def _next_due(
         self, spec_ids: Sequence[str], queues: Sequence[str] | None, *, mark: bool = False
-    ) -> tuple[Any, float, Any]:
-        """The next claimable time (stored form), how many seconds away it is and, with
-        *mark*, the :meth:`_change_mark` read just before on the same connection."""
+    ) -> tuple[Any, float, Any, float | None]:
+        """The next claimable time (stored form), how many seconds away it is, with *mark*
+        the :meth:`_change_mark` read just before on the same connection, and, while every
+        one of *queues* is held back by its rate limit, the seconds until the first frees
+        (else None): no write can make work due before that."""
         now = self._now()
         params = {
             "spec_ids": self._ids(spec_ids),
@@ -261,17 +264,17 @@ class SQLWorker(SettleBatch, SingleWrites):
         }
         query = self._queries["next_due_at"]
 
-        def run(conn: Any) -> tuple[Any, float, Any]:
+        def run(conn: Any) -> tuple[Any, float, Any, float | None]:
             seen = self._change_mark(conn) if mark else None
             row = conn.execute(query, params).fetchone()
-            return row["at"], row["wait"], seen
+            return row["at"], row["wait"], seen, row["held"]
 
         return await self._run(run, lane=Lane.WAIT)
 
     async def next_due_at(
         self, spec_ids: Sequence[str], *, queues: Sequence[str] | None = None
     ) -> dt.datetime | None:
-        at, _, _ = await self._next_due(spec_ids, queues)
+        at, _, _, _ = await self._next_due(spec_ids, queues)
         return None if at is None else self._from_time(at)
 
     async def wait_for_work(
@@ -280,8 +283,13 @@ class SQLWorker(SettleBatch, SingleWrites):
         self._before_wait()
         while True:
             generation = self._changes.value
-            at, wait, mark = await self._next_due(spec_ids, queues, mark=True)
+            at, wait, mark, held = await self._next_due(spec_ids, queues, mark=True)
             if at is not None and wait <= 0:
                 return
+            if held is not None:
+                # Throttled: nothing the fleet writes makes work due sooner (only a change of
+                # the limit could; the caller's poll interval bounds the wait anyway).
+                await trio.sleep(held)
+                continue
             with trio.move_on_after(float("inf") if at is None else wait):
                 await self._wait_changed(generation, mark)

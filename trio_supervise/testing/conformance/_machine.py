@@ -12,7 +12,7 @@ from hypothesis.stateful import (
 )
 
 from ... import DuplicateItem
-from ...job import WAITING_DUE_AT, ItemState, NewItem, SettleKind, Settlement
+from ...job import WAITING_DUE_AT, ItemState, NewItem, RateLimit, SettleKind, Settlement
 from ...queues import Capability, SeedWrites, WorkQueue
 from ...queues._ports import capabilities_of
 from ._clock import START, ManualClock
@@ -39,6 +39,8 @@ class MachineState(RuleBasedStateMachine):
         self.seed = self.queue if isinstance(self.queue, SeedWrites) else None
         self.model: dict[str, Model] = {}
         self.paused: set[str] = set()
+        self.rates: dict[str, tuple[RateLimit, list[dt.datetime]]] = {}
+        """Rate-limited queues: the limit, and every claim's time since it was set."""
         self.serial = 0
 
     def teardown(self) -> None:
@@ -71,6 +73,23 @@ class MachineState(RuleBasedStateMachine):
             return None
         live = sorted(self.live(m.ckey), reverse=True)
         return live[m.climit - 1] if len(live) >= m.climit else None
+
+    def rate_free(self, queue: str) -> int | None:
+        """How many items of *queue* its rate limit lets start now (None: it has none): the
+        limit less the claims within the last period."""
+        if queue not in self.rates:
+            return None
+        rate, starts = self.rates[queue]
+        since = self.now() - dt.timedelta(seconds=rate.period)
+        return max(0, rate.limit - sum(1 for start in starts if start > since))
+
+    def throttled_until(self, queue: str) -> dt.datetime | None:
+        """While *queue*'s rate limit lets nothing start: when its limit-th latest claim leaves
+        the window."""
+        if self.rate_free(queue) != 0:  # None (no limit) or a free slot
+            return None
+        rate, starts = self.rates[queue]
+        return sorted(starts)[-rate.limit] + dt.timedelta(seconds=rate.period)
 
     def version(self, item: Model, which: str) -> int:
         if which == "old" and item.old_versions:
@@ -254,6 +273,9 @@ class MachineState(RuleBasedStateMachine):
             concurrency_key=ckey,
             concurrency_limit=None if ckey is None else CLIMITS[ckey],
             tags=TAGS[: n % 3],
+            # Every third item has a start deadline, a few seconds after it is due.
+            start_by=self.now() + dt.timedelta(seconds=offset + 3) if n % 3 == 1 else None,
+            debounce=key is not None and n % 4 == 3,
         )
         return entry, explicit
 
@@ -281,8 +303,13 @@ class MachineState(RuleBasedStateMachine):
             if key is not None:
                 firsts[key] = index
             live = holder(key)
-            if live is not None:
-                plan.append(("existing", live.id))
+            if live is not None and not (entry.debounce and live.state is ItemState.RUNNING):
+                # A debounced entry gives a queued holder its config and due time; a running
+                # holder gives it the key (a new item, below); any other holder is kept.
+                replaces = entry.debounce and live.state is ItemState.QUEUED
+                plan.append(
+                    ("replace" if replaces and not live.waiting_children else "existing", live.id)
+                )
                 continue
             assert entry.item_id is not None
             if entry.item_id in self.model or entry.item_id in new_ids:
@@ -294,6 +321,12 @@ class MachineState(RuleBasedStateMachine):
             if what == "repeat":
                 results.append((results[arg][0], False))
             elif what == "existing":
+                results.append((arg, False))
+            elif what == "replace":
+                assert entry.due_at is not None
+                replaced = self.model[arg]
+                replaced.config = {} if entry.config is None else entry.config
+                replaced.due_at = entry.due_at
                 results.append((arg, False))
             else:
                 assert entry.item_id is not None
@@ -321,6 +354,7 @@ class MachineState(RuleBasedStateMachine):
                     ckey=entry.concurrency_key,
                     climit=entry.concurrency_limit,
                     timeout=entry.evaluation_timeout,
+                    start_by=entry.start_by,
                 )
                 results.append((entry.item_id, True))
         return results

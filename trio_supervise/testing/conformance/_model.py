@@ -61,6 +61,7 @@ class Model:
     parent_id: str | None = None
     waiting_children: int = 0
     tags: tuple[str, ...] = ()
+    start_by: dt.datetime | None = None
     waited_by: tuple[str, int] | None = None
     """The parent (id, lease version) whose wait this child still counts toward."""
 
@@ -123,6 +124,7 @@ class Model:
             self.unique_until,
             self.released_key,
             self.tags,
+            self.start_by,
         )
 
 
@@ -154,6 +156,7 @@ def view(item: WorkItem) -> tuple[Any, ...]:
         item.unique_until,
         item.released_key,
         item.tags,
+        item.start_by,
     )
 
 

@@ -21,10 +21,13 @@ from ...job import (
     Lease,
     LeaseStatus,
     NewItem,
+    RateLimit,
     SettleKind,
     WorkItem,
     child_item_id,
 )
+from ...queues import Capability, RateLimitStore
+from ...queues._ports import capabilities_of
 from ._machine import MachineState
 from ._model import (
     CKEYS,
@@ -90,6 +93,8 @@ class ProducerRules(MachineState):
                 concurrency_key=entry.concurrency_key,
                 concurrency_limit=entry.concurrency_limit,
                 tags=entry.tags,
+                start_by=entry.start_by,
+                debounce=entry.debounce,
             )
 
         got = outcome(self.portal, call)
@@ -176,6 +181,8 @@ class WorkerRules(MachineState):
         """The ids a claim takes now, in order (see :meth:`claim`)."""
         now = self.now()
         live = {key: len(self.live(key)) for key in CLIMITS}
+        if (free := self.rate_free(queue)) is not None:
+            limit = min(limit, free)
         window = sorted(
             (
                 m
@@ -211,6 +218,14 @@ class WorkerRules(MachineState):
             m.attempt += 1
         for key, key_limit in CLIMITS.items():
             assert len(self.live(key)) <= key_limit
+        for queue in {item.queue for item in got} & self.rates.keys():
+            # A claim that started items keeps the claims still in the window and its own,
+            # the latest `limit` of them: all a window of one period needs.
+            rate, starts = self.rates[queue]
+            since = now - dt.timedelta(seconds=rate.period)
+            kept = [at for at in starts if at > since]
+            kept += [now] * sum(1 for item in got if item.queue == queue)
+            self.rates[queue] = (rate, kept[-rate.limit :])
 
     @rule(worker=st.sampled_from(WORKERS), lease=st.sampled_from(DURATIONS[1:]))
     def claim_everything(self, worker: str, lease: float) -> None:
@@ -610,6 +625,29 @@ class OperatorRules(MachineState):
         listed = self.portal.run(self.queue.list_queues)
         assert {info.name for info in listed if info.paused} == self.paused
 
+    @precondition(lambda self: Capability.RATE_LIMITS in capabilities_of(self.queue))
+    @rule(
+        queue=st.sampled_from(QUEUES),
+        rate=st.sampled_from([None, RateLimit(1, 2.0), RateLimit(2, 5.0)]),
+    )
+    def limit_rate(self, queue: str, rate: RateLimit | None) -> None:
+        """A rate limit is stored for the fleet; a new one counts the claims the store kept
+        under the old (its latest `limit` ones); None lifts it (and forgets them)."""
+        assert isinstance(self.queue, RateLimitStore)
+        self.portal.run(self.queue.set_rate_limit, queue, rate)
+        if rate is None:
+            self.rates.pop(queue, None)
+        else:
+            kept = self.rates[queue][1][-rate.limit :] if queue in self.rates else []
+            self.rates[queue] = (rate, kept)
+        listed = self.portal.run(self.queue.list_queues)
+        assert {i.name: i.rate_limit for i in listed if i.rate_limit} == {
+            name: limit for name, (limit, _) in self.rates.items()
+        }
+        assert {i.name: i.throttled_until for i in listed if i.throttled_until} == {
+            name: until for name in self.rates if (until := self.throttled_until(name))
+        }
+
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.5, 5.0]))
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
@@ -628,7 +666,11 @@ class OperatorRules(MachineState):
         assert dict(self.portal.run(self.queue.counts)) == counts
         for specs in (["a"], SPECS):
             times = [
-                at if (until := self.blocked_until(m)) is None else max(at, until)
+                max(
+                    at,
+                    self.blocked_until(m) or at,
+                    self.throttled_until(m.queue) or at,
+                )
                 for m in expected
                 if m.spec_id in specs
                 and m.queue not in self.paused

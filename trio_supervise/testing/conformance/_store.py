@@ -16,14 +16,17 @@ from ._children import ChildrenContract
 from ._claiming import ClaimingContract
 from ._clock import ManualClock
 from ._concurrency import ConcurrencyKeysContract
+from ._debounce import DebounceContract
 from ._error_history import ErrorHistoryContract
 from ._evaluation_ends import EvaluationEndsContract
 from ._identity import IdentityContract
 from ._producing import ProducingContract
+from ._rate_limits import RateLimitContract
 from ._retention import RetentionContract
 from ._settle_and_claim import SettleAndClaimContract
 from ._settling import CancellationContract, SettlingContract
 from ._snapshots import SnapshotReadsContract
+from ._start_by import StartByContract
 from ._stateful import ModelContract
 from ._support import Need, has, needed_by
 from ._tags import TagsContract
@@ -52,6 +55,9 @@ class StoreConformance(
     TraceContextContract,
     AuditContract,
     ErrorHistoryContract,
+    RateLimitContract,
+    StartByContract,
+    DebounceContract,
     ModelContract,
 ):
     """Every behaviour of the store contract (``docs/queues.md``) as tests, for any backend.

@@ -46,7 +46,7 @@ WITH inserted AS (
     INSERT INTO trio_supervise_items AS i (
         id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
         created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-        concurrency_key, concurrency_limit, tags, traceparent, incarnation
+        concurrency_key, concurrency_limit, tags, start_by, traceparent, incarnation
     )
     SELECT n.id,
         coalesce(n.spec_id, %(spec_id)s::text),
@@ -66,6 +66,7 @@ WITH inserted AS (
         coalesce(n.concurrency_key, %(concurrency_key)s::text),
         coalesce(n.concurrency_limit, %(concurrency_limit)s::int),
         coalesce(n.tags, %(tags)s::text)::jsonb,
+        coalesce(n.start_by, %(start_by)s::timestamptz),
         coalesce(n.traceparent, %(traceparent)s::text),
         -- One number of the sequence for the statement's rows (schema 0008).
         (SELECT nextval('trio_supervise_incarnations'))
@@ -76,10 +77,12 @@ WITH inserted AS (
         %(priority_array)s::int[], %(queue_array)b::text[], %(timeout_array)s::float8[],
         %(unique_scope_array)b::text[], %(period_us_array)s::bigint[],
         %(concurrency_key_array)b::text[], %(concurrency_limit_array)s::int[],
-        %(tags_array)b::text[], %(traceparent_array)b::text[]
+        %(tags_array)b::text[], %(start_by_array)s::timestamptz[],
+        %(traceparent_array)b::text[]
     ) AS n(
         id, spec_id, tenant_id, subject_id, config, due_at, idempotency_key, priority, queue,
-        timeout, unique_scope, period_us, concurrency_key, concurrency_limit, tags, traceparent
+        timeout, unique_scope, period_us, concurrency_key, concurrency_limit, tags, start_by,
+        traceparent
     )
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING i.queue, i.spec_id, i.concurrency_key IS NULL AS hinted,
@@ -111,6 +114,22 @@ WHERE idempotency_key = ANY(%(keys)s::text[])
       (unique_scope = 'unfinished' AND state IN ('completed', 'cancelled', 'dead'))
       OR (unique_scope = 'period' AND unique_until <= coalesce(%(now)s::timestamptz, now()))
   );
+
+-- name: debounce
+-- A debounced enqueue meets its key's queued holder (not one waiting for children): the holder
+-- takes the entry's config and due time (see docs/flow-control.md).
+UPDATE trio_supervise_items SET config = %(config)s::jsonb,
+    due_at = coalesce(%(due_at)s::timestamptz, %(now)s::timestamptz, now()),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND state = 'queued' AND waiting_children = 0
+RETURNING {item_columns};
+
+-- name: release_running_key
+-- A debounced enqueue meets its key's running holder: the key moves to the new item (the
+-- running one keeps it as released_key, as a lapsed holder does).
+UPDATE trio_supervise_items SET released_key = idempotency_key, idempotency_key = NULL
+WHERE id = %(id)s AND state = 'running' AND idempotency_key IS NOT NULL
+RETURNING id;
 
 -- name: holders
 SELECT {item_columns} FROM trio_supervise_items WHERE idempotency_key = ANY(%(keys)s::text[]);
@@ -228,8 +247,14 @@ RETURNING {item_columns}, due_at <= coalesce(%(now)s::timestamptz, now()) AS due
 -- so two claimers could each count zero running rows of a key and each take one. It reports
 -- how many keyed rows its window held instead (one row with a NULL id when it leased none);
 -- if any, the queue claims them with claim_keys and claim_keyed in one transaction. Without
--- keyed rows (the common case) a claim stays this one round trip.
-WITH live AS MATERIALIZED (
+-- keyed rows (the common case) a claim stays this one round trip. A rate-limited queue's rows
+-- are left out unless %(rated)s (the rated path, under the limit's row lock, passes it); the
+-- statement says whether the queue has a limit (rated), and the queue then claims that way.
+WITH rate AS MATERIALIZED (
+    -- The queue's rate limit, if it has one: its rows are claimed only by the rated path (see
+    -- lock_rate), which passes rated; here they are left out and the statement says so.
+    SELECT 1 FROM trio_supervise_queue_rates AS r WHERE r.queue = %(queue)s
+), live AS MATERIALIZED (
     -- Live leases per key, counted once per statement (and only if a keyed row asks: a CTE
     -- is read lazily), from the partial index over running keyed rows.
     SELECT concurrency_key AS k, count(*) AS n FROM trio_supervise_items
@@ -245,6 +270,7 @@ WITH live AS MATERIALIZED (
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
+      AND (%(rated)s::boolean OR NOT EXISTS (SELECT 1 FROM rate))
       AND (c.concurrency_key IS NULL OR coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit)
     ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
@@ -259,6 +285,7 @@ WITH live AS MATERIALIZED (
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
+      AND (%(rated)s::boolean OR NOT EXISTS (SELECT 1 FROM rate))
       AND (c.concurrency_key IS NULL OR coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit)
     ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
@@ -286,7 +313,8 @@ WITH live AS MATERIALIZED (
     RETURNING {item_columns:i}
 )
 SELECT claimed.*,
-    (SELECT count(*) FROM head WHERE head.concurrency_key IS NOT NULL) AS keyed
+    (SELECT count(*) FROM head WHERE head.concurrency_key IS NOT NULL) AS keyed,
+    NOT %(rated)s::boolean AND EXISTS (SELECT 1 FROM rate) AS rated
 FROM (VALUES (1)) AS one LEFT JOIN claimed ON true;
 
 -- name: claim_keys
@@ -367,6 +395,9 @@ WITH live AS MATERIALIZED (
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
+      AND (%(rated)s::boolean OR NOT EXISTS (
+          SELECT 1 FROM trio_supervise_queue_rates AS r WHERE r.queue = %(queue)s
+      ))
       AND (c.concurrency_key IS NULL OR (
           c.concurrency_key = ANY(%(keys)s::text[])
           AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
@@ -384,6 +415,9 @@ WITH live AS MATERIALIZED (
       AND NOT EXISTS (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
+      AND (%(rated)s::boolean OR NOT EXISTS (
+          SELECT 1 FROM trio_supervise_queue_rates AS r WHERE r.queue = %(queue)s
+      ))
       AND (c.concurrency_key IS NULL OR (
           c.concurrency_key = ANY(%(keys)s::text[])
           AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
@@ -414,6 +448,42 @@ WHERE i.id = ranked.id
   AND (ranked.concurrency_key IS NULL OR ranked.rank <= ranked.concurrency_limit - ranked.live)
 -- The same columns as claim_due's.
 RETURNING {item_columns:i};
+
+-- name: lock_rate
+-- The rated path of a claim (a queue with a rate limit; see docs/flow-control.md), statement 1
+-- in a transaction: the limit's row, locked until commit, so the fleet's claims of the queue
+-- take turns. FOR UPDATE reads the row as the previous holder committed it (its starts), and
+-- the claim that follows (claim_due with rated) takes its snapshot after the lock was granted.
+-- The time to claim at: the queue's clock, else the database's clock as it reads now (not the
+-- transaction's start, which may be before a wait for the lock).
+SELECT rate_limit, period_us, starts,
+    coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+FROM trio_supervise_queue_rates WHERE queue = %(queue)s
+FOR UPDATE;
+
+-- name: record_starts
+-- Statement 3 of the rated path: the starts after the claim.
+UPDATE trio_supervise_queue_rates SET starts = %(starts)s::timestamptz[],
+    throttled_until = %(throttled_until)s::timestamptz
+WHERE queue = %(queue)s;
+
+-- name: rate_of
+SELECT rate_limit, period_us, starts FROM trio_supervise_queue_rates WHERE queue = %(queue)s
+FOR UPDATE;
+
+-- name: set_rate
+INSERT INTO trio_supervise_queue_rates AS r (queue, rate_limit, period_us, starts, throttled_until)
+VALUES (%(queue)s, %(rate_limit)s, %(period_us)s, %(starts)s::timestamptz[],
+    %(throttled_until)s::timestamptz)
+ON CONFLICT (queue) DO UPDATE SET rate_limit = excluded.rate_limit,
+    period_us = excluded.period_us, starts = excluded.starts,
+    throttled_until = excluded.throttled_until;
+
+-- name: clear_rate
+DELETE FROM trio_supervise_queue_rates WHERE queue = %(queue)s;
+
+-- name: queue_rates
+SELECT queue, rate_limit, period_us, throttled_until FROM trio_supervise_queue_rates;
 
 -- name: renew_many
 -- Fenced on (id, version, owner) and the running state; rows that come back are renewed.
@@ -587,7 +657,8 @@ SELECT pg_notify(%(channel)s, spec_id) FROM unnest(%(spec_ids)s::text[]) AS n(sp
 -- nth = its limit). With no live keyed lease anywhere (blocked is empty: one probe of the
 -- partial key index) that changes nothing, and the plain minimum is all it computes; else the
 -- earliest time per (key, limit) meets blocked, a few rows (a correlated subquery would be
--- costed per row, past the JIT threshold, on every wait).
+-- costed per row, past the JIT threshold, on every wait). A full rate-limited queue
+-- (throttled) takes the second way too, per queue.
 WITH blocked AS MATERIALIZED (
     SELECT concurrency_key AS k, lease_expires_at AS until,
         row_number() OVER (PARTITION BY concurrency_key ORDER BY lease_expires_at DESC) AS nth
@@ -602,8 +673,14 @@ WITH blocked AS MATERIALIZED (
     UNION ALL
     SELECT lease_expires_at, concurrency_key, concurrency_limit, queue FROM trio_supervise_items
     WHERE state = 'running' AND spec_id = ANY(%(spec_ids)s::text[])
+), throttled AS MATERIALIZED (
+    -- Rate-limited queues whose window is full (see lock_rate): claimable no sooner than it
+    -- lets a claim in. None, mostly: one probe of a small table.
+    SELECT queue, throttled_until AS until FROM trio_supervise_queue_rates
+    WHERE throttled_until > coalesce(%(now)s::timestamptz, now())
 ), t AS MATERIALIZED (  -- computed once, though read twice below
-    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM blocked) THEN least(
+    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM blocked)
+        AND NOT EXISTS (SELECT 1 FROM throttled) THEN least(
         -- The plain minimum without reading every queued row: the earliest queued row, the
         -- first of a walk of the state index in due_at order, and the earliest lease among
         -- the running rows (the in-flight ones, few). least() skips a NULL.
@@ -622,17 +699,26 @@ WITH blocked AS MATERIALIZED (
               AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
         )
     ) ELSE (
-        SELECT min(greatest(c.base, b.until))
+        SELECT min(greatest(c.base, b.until, r.until))
         FROM (
-            SELECT min(base) AS base, concurrency_key, concurrency_limit FROM due
+            SELECT min(base) AS base, concurrency_key, concurrency_limit, queue FROM due
             WHERE (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
               AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
-            GROUP BY concurrency_key, concurrency_limit
+            GROUP BY concurrency_key, concurrency_limit, queue
         ) AS c
         LEFT JOIN blocked AS b ON b.k = c.concurrency_key AND b.nth = c.concurrency_limit
+        LEFT JOIN throttled AS r ON r.queue = c.queue
     ) END AS at
 )
-SELECT t.at, extract(epoch FROM t.at - coalesce(%(now)s::timestamptz, now()))::float8 AS wait
+SELECT t.at, extract(epoch FROM t.at - coalesce(%(now)s::timestamptz, now()))::float8 AS wait,
+    -- Every queue waited on is throttled (see throttled): nothing can be claimed before the
+    -- earliest of them frees, whatever is written meanwhile (held: seconds to it).
+    (
+        SELECT CASE WHEN count(*) = (SELECT count(DISTINCT q) FROM unnest(%(queues)s::text[]) AS q)
+            THEN extract(epoch FROM min(r.until) - coalesce(%(now)s::timestamptz, now()))::float8
+        END
+        FROM throttled AS r WHERE r.queue = ANY(%(queues)s::text[])
+    ) AS held
 FROM t;
 
 -- name: pause_queue

@@ -42,6 +42,7 @@ CREATE TABLE trio_supervise_items (
     incarnation      bigint      NOT NULL DEFAULT nextval('trio_supervise_incarnations'),
     parent_incarnation bigint,
     tags             jsonb       NOT NULL DEFAULT '[]'::jsonb,
+    start_by         timestamptz,
     traceparent      text,
     CONSTRAINT trio_supervise_items_lease_check
         CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
@@ -110,6 +111,18 @@ CREATE TABLE trio_supervise_schedules (
 CREATE TABLE trio_supervise_paused_queues (
     queue     text        PRIMARY KEY,
     paused_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Rate-limited queues (schema 0011): at most rate_limit claims in any period_us, fleet-wide
+-- (docs/flow-control.md). starts: the latest claims' times (oldest first, at most rate_limit
+-- of them), written by the claims, which take turns on the row's lock; throttled_until: while
+-- that log is full, when it lets a claim in again (what next_due_at waits for).
+CREATE TABLE trio_supervise_queue_rates (
+    queue           text          PRIMARY KEY,
+    rate_limit      integer       NOT NULL,
+    period_us       bigint        NOT NULL,
+    starts          timestamptz[] NOT NULL DEFAULT '{}',
+    throttled_until timestamptz
 );
 
 -- Exact item counts per (spec, queue, state), so that counts() and the queues' counts (every

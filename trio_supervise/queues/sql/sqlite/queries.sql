@@ -26,11 +26,11 @@ INSERT INTO trio_supervise_schema_version (version, applied_at) VALUES (:version
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit, tags, traceparent, incarnation
+    concurrency_key, concurrency_limit, tags, start_by, traceparent, incarnation
 ) VALUES (
     :id, :spec_id, :tenant_id, :subject_id, :config, 'queued', :due_at, :idempotency_key,
     :now, :now, :priority, :queue, :timeout, :unique_scope, :now + :period_us,
-    :concurrency_key, :concurrency_limit, :tags, :traceparent, :incarnation
+    :concurrency_key, :concurrency_limit, :tags, :start_by, :traceparent, :incarnation
 )
 ON CONFLICT (idempotency_key) DO NOTHING;
 
@@ -47,11 +47,12 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 INSERT INTO trio_supervise_items (
     id, spec_id, tenant_id, subject_id, config, state, due_at, idempotency_key,
     created_at, updated_at, priority, queue, timeout, unique_scope, unique_until,
-    concurrency_key, concurrency_limit, tags, traceparent, incarnation
+    concurrency_key, concurrency_limit, tags, start_by, traceparent, incarnation
 )
 SELECT {id}, {spec_id}, {tenant_id}, {subject_id}, {config}, 'queued', {due_at},
     {idempotency_key}, :now, :now, {priority}, {queue}, {timeout}, {unique_scope},
-    :now + {period_us}, {concurrency_key}, {concurrency_limit}, {tags}, {traceparent},
+    :now + {period_us}, {concurrency_key}, {concurrency_limit}, {tags}, {start_by},
+    {traceparent},
     :incarnation
 FROM json_each(:rows) AS r
 WHERE true
@@ -62,6 +63,37 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- write transaction.
 UPDATE trio_supervise_counters SET next_version = next_version + 1
 RETURNING next_version - 1 AS version;
+
+-- name: claim_version
+-- A claim's lease version (next_version), and its queue's rate limit with the starts it
+-- recorded (NULL for a queue without one), in the one statement a claim took before rate
+-- limits: an unlimited queue's claim costs one index probe more, no statement.
+UPDATE trio_supervise_counters SET next_version = next_version + 1
+RETURNING next_version - 1 AS version, (
+    SELECT json_array(r.rate_limit, r.period_us, json(r.starts))
+    FROM trio_supervise_queue_rates AS r WHERE r.queue = :queue
+) AS rate;
+
+-- name: record_starts
+-- A rate-limited queue's starts after a claim (see docs/flow-control.md), in its transaction.
+UPDATE trio_supervise_queue_rates SET starts = :starts, throttled_until = :throttled_until
+WHERE queue = :queue;
+
+-- name: rate_of
+SELECT rate_limit, period_us, starts FROM trio_supervise_queue_rates WHERE queue = :queue;
+
+-- name: set_rate
+INSERT INTO trio_supervise_queue_rates (queue, rate_limit, period_us, starts, throttled_until)
+VALUES (:queue, :rate_limit, :period_us, :starts, :throttled_until)
+ON CONFLICT (queue) DO UPDATE SET rate_limit = excluded.rate_limit,
+    period_us = excluded.period_us, starts = excluded.starts,
+    throttled_until = excluded.throttled_until;
+
+-- name: clear_rate
+DELETE FROM trio_supervise_queue_rates WHERE queue = :queue;
+
+-- name: queue_rates
+SELECT queue, rate_limit, period_us, throttled_until FROM trio_supervise_queue_rates;
 
 -- name: next_incarnation
 -- An incarnation never given before, for an insert's rows (schema 0005), inside the caller's
@@ -78,6 +110,20 @@ WHERE idempotency_key IN (SELECT value FROM json_each(:keys))
       (unique_scope = 'unfinished' AND state IN ('completed', 'cancelled', 'dead'))
       OR (unique_scope = 'period' AND unique_until <= :now)
   );
+
+-- name: debounce
+-- A debounced enqueue meets its key's queued holder (not one waiting for children): the holder
+-- takes the entry's config and due time (see docs/flow-control.md).
+UPDATE trio_supervise_items SET config = :config, due_at = :due_at, updated_at = :now
+WHERE id = :id AND state = 'queued' AND waiting_children = 0
+RETURNING {item_columns};
+
+-- name: release_running_key
+-- A debounced enqueue meets its key's running holder: the key moves to the new item (the
+-- running one keeps it as released_key, as a lapsed holder does).
+UPDATE trio_supervise_items SET released_key = idempotency_key, idempotency_key = NULL
+WHERE id = :id AND state = 'running' AND idempotency_key IS NOT NULL
+RETURNING id;
 
 -- name: holders
 SELECT {item_columns} FROM trio_supervise_items
@@ -338,22 +384,36 @@ LIMIT :limit;
 -- name: next_due_at
 -- Also returns how far away that is, in seconds by the queue's clock. A keyed row whose key is
 -- at its limit is claimable no sooner than its key frees, with no write in between: when the
--- limit-th latest live lease of the key expires (blocked.until, nth = its limit).
+-- limit-th latest live lease of the key expires (blocked.until, nth = its limit). A row of a
+-- rate-limited queue whose window is full, no sooner than the window lets a claim in
+-- (throttled_until); with no rate limit anywhere that probe is not made.
 WITH blocked AS (
     SELECT concurrency_key AS k, lease_expires_at AS until,
         row_number() OVER (PARTITION BY concurrency_key ORDER BY lease_expires_at DESC) AS nth
     FROM trio_supervise_items
     WHERE state = 'running' AND concurrency_key IS NOT NULL AND lease_expires_at > :lease_now
 )
-SELECT t.at, (t.at - :now) / 1000000.0 AS wait
+SELECT t.at, (t.at - :now) / 1000000.0 AS wait, (
+    -- Every queue waited on is rate-limited and its window full: nothing can be claimed
+    -- before the earliest of them frees, whatever is written meanwhile (held: seconds to it).
+    SELECT CASE WHEN count(*) = (SELECT count(DISTINCT value) FROM json_each(:queues))
+        THEN (min(r.throttled_until) - :now) / 1000000.0 END
+    FROM trio_supervise_queue_rates AS r
+    WHERE :queues IS NOT NULL AND r.throttled_until > :now
+      AND r.queue IN (SELECT value FROM json_each(:queues))
+) AS held
 FROM (
-    SELECT min(CASE WHEN c.concurrency_key IS NULL THEN c.base ELSE max(c.base, coalesce((
+    SELECT min(max(CASE WHEN c.concurrency_key IS NULL THEN c.base ELSE max(c.base, coalesce((
         SELECT b.until FROM blocked AS b
         WHERE b.k = c.concurrency_key AND b.nth = c.concurrency_limit
-    ), c.base)) END) AS at
+    ), c.base)) END, CASE WHEN (SELECT 1 FROM trio_supervise_queue_rates LIMIT 1) IS NULL THEN 0
+        ELSE coalesce((
+            SELECT r.throttled_until FROM trio_supervise_queue_rates AS r
+            WHERE r.queue = c.queue AND r.throttled_until > :now
+        ), 0) END)) AS at
     FROM (
         SELECT CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END AS base,
-            concurrency_key, concurrency_limit
+            concurrency_key, concurrency_limit, queue
         FROM trio_supervise_items
         WHERE state IN ('queued', 'running')
           AND spec_id IN (SELECT value FROM json_each(:spec_ids))

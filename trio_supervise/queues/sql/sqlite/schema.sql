@@ -38,6 +38,7 @@ CREATE TABLE trio_supervise_items (
     incarnation      INTEGER NOT NULL DEFAULT 0,
     parent_incarnation INTEGER,
     tags             TEXT    NOT NULL DEFAULT '[]',
+    start_by         INTEGER,
     traceparent      TEXT,
     CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
@@ -96,6 +97,18 @@ CREATE TABLE trio_supervise_paused_queues (
     queue     TEXT    PRIMARY KEY NOT NULL,
     paused_at INTEGER NOT NULL
 );
+
+-- Rate-limited queues (schema 0008): at most rate_limit claims in any period_us, fleet-wide
+-- (docs/flow-control.md). starts: the latest claims' times (a JSON array, oldest first, at
+-- most rate_limit of them), written by the claims under the write lock; throttled_until: while
+-- that log is full, when it lets a claim in again (what next_due_at waits for).
+CREATE TABLE trio_supervise_queue_rates (
+    queue           TEXT    PRIMARY KEY NOT NULL,
+    rate_limit      INTEGER NOT NULL,
+    period_us       INTEGER NOT NULL,
+    starts          TEXT    NOT NULL DEFAULT '[]',
+    throttled_until INTEGER
+) WITHOUT ROWID;
 
 -- Exact item counts per (spec, queue, state), kept by the triggers below, so that counts() and
 -- the queues' counts (every /metrics scrape and status page) read a few rows, not every item
