@@ -80,10 +80,6 @@ from ._outcomes import Stop as Stop
 from ._outcomes import dead_settlement as dead_settlement
 from ._outcomes import mark_parentless as mark_parentless
 from ._outcomes import outcome_settlement as outcome_settlement
-from ._recent import ItemError as ItemError
-from ._recent import check_errors_page as check_errors_page
-from ._recent import item_errors as item_errors
-from ._recent import newest_errors as newest_errors
 from ._rates import MAX_RATE_LIMIT as MAX_RATE_LIMIT
 from ._rates import MAX_RATE_PERIOD as MAX_RATE_PERIOD
 from ._rates import RateLimit as RateLimit
@@ -91,6 +87,10 @@ from ._rates import admitted as admitted
 from ._rates import check_rate as check_rate
 from ._rates import recorded as recorded
 from ._rates import throttled_until as throttled_until
+from ._recent import ItemError as ItemError
+from ._recent import check_errors_page as check_errors_page
+from ._recent import item_errors as item_errors
+from ._recent import newest_errors as newest_errors
 from ._rule import START_DEADLINE_PASSED as START_DEADLINE_PASSED
 from ._rule import SettlePolicy as SettlePolicy
 from ._rule import StopReason as StopReason

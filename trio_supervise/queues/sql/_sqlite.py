@@ -11,7 +11,9 @@ migrations, errors) is ``_sqlite_db.py``; what the queue promises is in ``docs/q
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
+import json
 import math
 import operator
 import os
@@ -26,7 +28,6 @@ import trio_util
 from ..._clock import Clock, StepGuard, SystemClock, WallClock
 from ..._errors import QueueError, QueueFailed
 from ...job import MAX_ERRORS, Lease, RateLimit, WorkItem
-from ...job._model import BOOL, SECONDS, TIME
 from .. import _sql
 from .._ports import Capability
 from ._base import Lane
@@ -39,9 +40,9 @@ from ._sqlite_db import (
     Transaction,
     connect_file,
     file_identity,
+    from_us,
     map_error,
     migrate_connection,
-    next_number,
     open_file,
     schema_version,
     to_us,
