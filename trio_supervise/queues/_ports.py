@@ -28,6 +28,8 @@ from ..job import (
     Enqueued,
     EnqueueOptions,
     ItemState,
+    Journal,
+    JournalEntry,
     JSONValue,
     Lease,
     LeaseStatus,
@@ -42,6 +44,7 @@ from ..job import (
 __all__ = [
     "BatchWrites",
     "Capability",
+    "DurableJournal",
     "EnqueueFront",
     "MaintenanceStore",
     "OperatorStore",
@@ -97,6 +100,9 @@ class Capability(enum.StrEnum):
     TRANSACTIONAL_ENQUEUE = "transactional-enqueue"
     """``enqueue_on(conn, ...)`` / ``enqueue_many_on(conn, entries)``: enqueue inside the
     application's own open transaction."""
+    DURABLE_JOURNAL = "durable-journal"
+    """The :class:`DurableJournal` port: each item incarnation's journal of steps, sleeps and
+    waits, written fenced by the lease version, and events sent to items."""
 
 
 @runtime_checkable
@@ -246,6 +252,32 @@ class MaintenanceStore(Protocol):
 
     async def last_fires(self, names: Sequence[str]) -> dict[str, dt.datetime]:
         """The last fire recorded for each of the schedules *names* that has one."""
+        ...
+
+
+@runtime_checkable
+class DurableJournal(Protocol):
+    """What a durable workflow uses (declared as :attr:`Capability.DURABLE_JOURNAL`).
+
+    Each item incarnation has a journal of positions 0, 1, ... (an item id used again starts
+    with none); it is deleted with its item (``delete``, ``prune``) and kept by ``retry``.
+    """
+
+    async def read_journal(self, item_id: str) -> Journal:
+        """The journal of *item_id*'s current incarnation and the events sent to it, in one
+        snapshot; :class:`ItemNotFound` if there is no such item."""
+        ...
+
+    async def record_entry(self, item_id: str, lease_version: int, entry: JournalEntry) -> None:
+        """Write *entry* at its position, fenced: only while *lease_version* holds the running
+        item (else :class:`LeaseLost`, nothing written). A position is written once, except
+        a pending wait, which its resolution replaces; :class:`ItemStateError` otherwise."""
+        ...
+
+    async def send_event(self, item_id: str, name: str, payload: JSONValue = None) -> None:
+        """Keep an event for *item_id*'s current incarnation. A queued item waiting for *name*
+        is due at once (and runners are woken). :class:`ItemNotFound` for an unknown item,
+        :class:`ItemStateError` for a finished one; nothing is kept then."""
         ...
 
 

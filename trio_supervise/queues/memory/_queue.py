@@ -11,6 +11,7 @@ import trio
 
 from ..._clock import Clock, TrioClock
 from .._ports import Capability, declared
+from ._durable import DurableSide
 from ._maintenance import MaintenanceSide
 from ._operator import OperatorSide
 from ._producer import ProducerSide
@@ -20,7 +21,7 @@ __all__ = ["MemoryQueue"]
 
 
 @attrs.define(eq=False)
-class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide):
+class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide, DurableSide):
     """The whole :class:`WorkQueue` protocol in memory; inspectable and resettable.
 
     Everything happens in the Trio thread with no await in the middle of a write, so each method
@@ -43,10 +44,10 @@ class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide):
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        """``SETTLE_AND_CLAIM``; ``SERIAL_WRITES`` while :attr:`serial_writes` (a runner then
+        """``SETTLE_AND_CLAIM`` and ``DURABLE_JOURNAL``; ``SERIAL_WRITES`` while :attr:`serial_writes` (a runner then
         settles and claims in one :meth:`settle_and_claim`); ``EXACT_WAKEUPS`` while
         :attr:`exact_wakeups`."""
-        found = {Capability.SETTLE_AND_CLAIM}
+        found = {Capability.SETTLE_AND_CLAIM, Capability.DURABLE_JOURNAL}
         if self.serial_writes:
             found.add(Capability.SERIAL_WRITES)
         if self.exact_wakeups:

@@ -222,7 +222,11 @@ class PostgresQueue(SQLQueue):
 
     _queries: ClassVar[Mapping[str, str]] = _Q
     _declared: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.SETTLE_AND_CLAIM, Capability.TRANSACTIONAL_ENQUEUE}
+        {
+            Capability.SETTLE_AND_CLAIM,
+            Capability.TRANSACTIONAL_ENQUEUE,
+            Capability.DURABLE_JOURNAL,
+        }
     )
 
     _backend: ClassVar[_sql.Backend] = "postgres"

@@ -158,7 +158,12 @@ class SQLiteQueue(SQLQueue):
     """The :class:`WorkQueue` protocol on one SQLite file. Open it with :meth:`connect`."""
 
     _declared: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.SETTLE_AND_CLAIM, Capability.SERIAL_WRITES, Capability.TRANSACTIONAL_ENQUEUE}
+        {
+            Capability.SETTLE_AND_CLAIM,
+            Capability.SERIAL_WRITES,
+            Capability.TRANSACTIONAL_ENQUEUE,
+            Capability.DURABLE_JOURNAL,
+        }
     )
 
     _path: str = attrs.field(alias="path")

@@ -15,6 +15,7 @@ from ._children import ChildrenContract
 from ._claiming import ClaimingContract
 from ._clock import ManualClock
 from ._concurrency import ConcurrencyKeysContract
+from ._durable import DurableJournalContract
 from ._evaluation_ends import EvaluationEndsContract
 from ._identity import IdentityContract
 from ._producing import ProducingContract
@@ -46,6 +47,7 @@ class StoreConformance(
     RetentionContract,
     SnapshotReadsContract,
     TagsContract,
+    DurableJournalContract,
     ModelContract,
 ):
     """Every behaviour of the store contract (``docs/queues.md``) as tests, for any backend.
