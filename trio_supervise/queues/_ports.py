@@ -263,6 +263,11 @@ class DurableJournal(Protocol):
     with none); it is deleted with its item (``delete``, ``prune``) and kept by ``retry``.
     """
 
+    @property
+    def clock(self) -> Clock:
+        """Where this store reads "now" from (a workflow's sleeps and deadlines)."""
+        ...
+
     async def read_journal(self, item_id: str) -> Journal:
         """The journal of *item_id*'s current incarnation and the events sent to it, in one
         snapshot; :class:`ItemNotFound` if there is no such item."""

@@ -88,8 +88,8 @@ class DurableSide(MemoryState):
             entry.kind is EntryKind.WAIT and entry.pending and entry.name == name
             for entry in self._journals.get(item_id, {}).values()
         )
-        if waiting and item.state is ItemState.QUEUED and not item.waiting_children:
-            if item.due_at > now:
-                self._put(item, now, due_at=now)
+        queued = item.state is ItemState.QUEUED and not item.waiting_children
+        if waiting and queued and item.due_at > now:
+            self._put(item, now, due_at=now)
         self._log("send_event", item_id, name=name)
         self._changed()

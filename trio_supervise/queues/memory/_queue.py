@@ -44,9 +44,9 @@ class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide, Durab
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        """``SETTLE_AND_CLAIM`` and ``DURABLE_JOURNAL``; ``SERIAL_WRITES`` while :attr:`serial_writes` (a runner then
-        settles and claims in one :meth:`settle_and_claim`); ``EXACT_WAKEUPS`` while
-        :attr:`exact_wakeups`."""
+        """``SETTLE_AND_CLAIM`` and ``DURABLE_JOURNAL``; ``SERIAL_WRITES`` while
+        :attr:`serial_writes` (a runner then settles and claims in one
+        :meth:`settle_and_claim`); ``EXACT_WAKEUPS`` while :attr:`exact_wakeups`."""
         found = {Capability.SETTLE_AND_CLAIM, Capability.DURABLE_JOURNAL}
         if self.serial_writes:
             found.add(Capability.SERIAL_WRITES)
