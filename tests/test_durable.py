@@ -133,7 +133,7 @@ async def test_an_event_sent_before_the_wait_is_kept_and_one_sent_later_wakes_th
     """The first wait takes the event sent before it at once; the second suspends the item
     until its event is sent two days later, which makes it due at once."""
 
-    @durable_workflow("events", config_type=Job, event_recheck=dt.timedelta(days=30))
+    @durable_workflow("events", config_type=Job)
     async def events(wf: Workflow[Any], config: Job) -> list[Any]:
         got: list[Any] = []
         got.append(await wf.wait_for_event("a", timeout=dt.timedelta(days=7)))

@@ -3,14 +3,12 @@ durable sleeps, events from outside and a checked replay, over the same runner a
 The public names are re-exported by ``trio_supervise``; see ``docs/durable.md``.
 """
 
-from ._driver import DEFAULT_EVENT_RECHECK as DEFAULT_EVENT_RECHECK
 from ._driver import DurableWorkflow as DurableWorkflow
 from ._driver import durable_workflow as durable_workflow
 from ._workflow import Suspended as Suspended
 from ._workflow import Workflow as Workflow
 
 __all__ = [
-    "DEFAULT_EVENT_RECHECK",
     "DurableWorkflow",
     "Suspended",
     "Workflow",

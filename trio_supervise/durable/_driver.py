@@ -9,7 +9,6 @@ wait's wake time. A replay that does not match its journal is ``Discard``-ed (de
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -22,14 +21,10 @@ from ..queues._ports import Capability, DurableJournal, capabilities_of
 from ..run._current import evaluating_store
 from ._workflow import Suspended, Workflow
 
-__all__ = ["DEFAULT_EVENT_RECHECK", "DurableWorkflow", "durable_workflow"]
+__all__ = ["DurableWorkflow", "durable_workflow"]
 
 ConfigT = TypeVar("ConfigT")
 ResultT = TypeVar("ResultT")
-
-DEFAULT_EVENT_RECHECK = dt.timedelta(hours=1)
-"""How long a suspended wait sleeps at most before it looks at its events again (see
-``docs/durable.md``: an event sent while the evaluation that suspends is ending)."""
 
 WorkflowFunction = Callable[[Workflow[Any], ConfigT], Awaitable[Any]]
 
@@ -45,7 +40,6 @@ class DurableWorkflow(Generic[ConfigT]):
     queue: str = DEFAULT_QUEUE
     priority: int = 0
     timeout: float | None = None
-    event_recheck: dt.timedelta = DEFAULT_EVENT_RECHECK
     jitter: Jitter = attrs.field(factory=Jitter)
     """Spreads the steps' retry backoffs (keyed by item, position and step)."""
     store: DurableJournal | None = None
@@ -75,7 +69,6 @@ class DurableWorkflow(Generic[ConfigT]):
             entries={entry.position: entry for entry in journal.entries},
             events=journal.events,
             jitter=self.jitter,
-            recheck=self.event_recheck,
         )
         try:
             result = await self.function(wf, config)
@@ -86,15 +79,13 @@ class DurableWorkflow(Generic[ConfigT]):
         return Stop(result=result)
 
 
-def _check_arguments(name: object, config_type: object, event_recheck: object) -> None:
+def _check_arguments(name: object, config_type: object) -> None:
     """Refuse bad arguments of :func:`durable_workflow`, naming the argument and the rule."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     validate_spec_id(name)
     if not (isinstance(config_type, type) and attrs.has(config_type)):
         raise TypeError(f"config_type must be an attrs class, got {config_type!r}")
-    if not isinstance(event_recheck, dt.timedelta) or event_recheck <= dt.timedelta(0):
-        raise ValueError(f"event_recheck must be a positive timedelta, got {event_recheck!r}")
 
 
 def durable_workflow(
@@ -104,18 +95,16 @@ def durable_workflow(
     queue: str = DEFAULT_QUEUE,
     priority: int = 0,
     timeout: float | None = None,
-    event_recheck: dt.timedelta = DEFAULT_EVENT_RECHECK,
     jitter: Jitter | None = None,
 ) -> Callable[[WorkflowFunction[ConfigT]], DurableWorkflow[ConfigT]]:
     """Make ``async def fn(wf: Workflow, config: ConfigT)`` the durable workflow *name*.
 
     The decorated name is the workflow's driver: register it (``Service(drivers=[onboard])``)
     and enqueue items of spec *name* with a config of *config_type* (an attrs class). *queue*,
-    *priority* and *timeout* (seconds per evaluation) are a driver's. *event_recheck* bounds how
-    long a wait stays suspended before it reads its events again; *jitter* spreads step retries
-    (default: a random seed per process).
+    *priority* and *timeout* (seconds per evaluation) are a driver's; *jitter* spreads step
+    retries (default: a random seed per process).
     """
-    _check_arguments(name, config_type, event_recheck)
+    _check_arguments(name, config_type)
 
     def decorate(function: WorkflowFunction[ConfigT]) -> DurableWorkflow[ConfigT]:
         return DurableWorkflow(
@@ -125,7 +114,6 @@ def durable_workflow(
             queue=queue,
             priority=priority,
             timeout=timeout,
-            event_recheck=event_recheck,
             jitter=Jitter() if jitter is None else jitter,
         )
 

@@ -24,6 +24,7 @@ from .._convert import converter, unstructure
 from .._errors import ReplayMismatch, StepFailed
 from .._policy import Jitter, RestartPolicy
 from ..job import (
+    WAITING_DUE_AT,
     EntryKind,
     ItemEvent,
     JournalEntry,
@@ -96,7 +97,6 @@ class Workflow(Generic[ContextT]):
     _entries: dict[int, JournalEntry] = attrs.field(alias="entries")
     _events: tuple[ItemEvent, ...] = attrs.field(alias="events")
     _jitter: Jitter = attrs.field(alias="jitter")
-    _recheck: dt.timedelta = attrs.field(alias="recheck")
     _position: int = attrs.field(init=False, default=0)
 
     def now(self) -> dt.datetime:
@@ -188,8 +188,10 @@ class Workflow(Generic[ContextT]):
         once *timeout* has passed without one (None: no timeout).
 
         Events sent before the workflow waits are kept, and taken in the order sent, one per
-        wait of that name. Until one comes the item is suspended (nothing held); an event's
-        arrival makes it due at once. The payload is structured into *payload_type* if given.
+        wait of that name. Until one comes the item is suspended (nothing held), due at the
+        deadline (without a timeout, never: ``WAITING_DUE_AT``); an event's arrival makes it
+        due at once. The payload is structured into *payload_type* if given (a JSON ``null``
+        payload reads as None, as a timeout does).
         """
         if timeout is not None:
             _check_period(timeout, "timeout")
@@ -215,8 +217,7 @@ class Workflow(Generic[ContextT]):
         elif deadline is not None and now >= deadline:
             result = None
         else:
-            look_again = now + self._recheck
-            raise Suspended(look_again if deadline is None else min(deadline, look_again))
+            raise Suspended(WAITING_DUE_AT if deadline is None else deadline)
         await self._record(
             JournalEntry(
                 position=position,

@@ -15,6 +15,8 @@ from ._harness import open_harness as open_harness
 from ._harness import run_scenario as run_scenario
 from ._history import Entry as Entry
 from ._history import History as History
+from ._virtual import VirtualSQLiteQueue as VirtualSQLiteQueue
+from ._virtual import open_virtual_sqlite as open_virtual_sqlite
 
 __all__ = [
     "DEFAULT_EPOCH",
@@ -24,7 +26,9 @@ __all__ = [
     "History",
     "MemoryQueue",
     "TrioClock",
+    "VirtualSQLiteQueue",
     "harness_runner_settings",
     "open_harness",
+    "open_virtual_sqlite",
     "run_scenario",
 ]

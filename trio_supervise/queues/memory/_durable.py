@@ -88,6 +88,8 @@ class DurableSide(MemoryState):
             entry.kind is EntryKind.WAIT and entry.pending and entry.name == name
             for entry in self._journals.get(item_id, {}).values()
         )
+        if item.state is ItemState.RUNNING:
+            self._woken.add(item_id)  # its evaluation may have looked already: see _apply
         queued = item.state is ItemState.QUEUED and not item.waiting_children
         if waiting and queued and item.due_at > now:
             self._put(item, now, due_at=now)

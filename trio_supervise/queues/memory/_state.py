@@ -113,6 +113,9 @@ class MemoryState:
     """Per item id, its journal by position (one incarnation: dropped with the item)."""
     _item_events: dict[str, list[ItemEvent]] = attrs.field(init=False, factory=dict)
     """Per item id, the events sent to it, in order (dropped with the item)."""
+    _woken: set[str] = attrs.field(init=False, factory=set)
+    """Running items an event was sent to: their next reschedule is due at once (the SQL
+    backends' ``event_woken``); every settlement clears it."""
     _pushes: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
     _entries: dict[str, int] = attrs.field(init=False, factory=dict)
     """Per queued or running item, the push number of its one live heap entry."""
@@ -153,6 +156,7 @@ class MemoryState:
         self._entries.clear()
         self._journals.clear()
         self._item_events.clear()
+        self._woken.clear()
         self.events.clear()
         self._changed()
 
@@ -330,6 +334,7 @@ class MemoryState:
         self._children_of.pop(item.id, None)
         self._journals.pop(item.id, None)
         self._item_events.pop(item.id, None)
+        self._woken.discard(item.id)
         if item.idempotency_key is not None and self._keys.get(item.idempotency_key) == item.id:
             del self._keys[item.idempotency_key]
 

@@ -4,7 +4,9 @@ incarnation and go with their item (a trigger on delete; see the migrations).
 
 A journal write is one fenced statement (``record_entry``); when it writes nothing, the same
 transaction reads why. An event is kept and a queued item waiting for it made due in one
-transaction, which tells other processes (``NOTIFY`` on PostgreSQL).
+transaction, which tells other processes (``NOTIFY`` on PostgreSQL); an item running meanwhile
+is flagged (``event_woken``), so that its evaluation's reschedule is due at once: the
+evaluation may have looked for the event just before it came.
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ class SQLDurable(SQLBase):
                     "now": now,
                 }
                 conn.execute(queries["insert_event"], params)
+                conn.execute(queries["wake_running"], params)
                 woken = conn.execute(queries["wake_waiting"], params).fetchone()
                 if woken is not None:
                     self._notify(conn, [woken["spec_id"]])

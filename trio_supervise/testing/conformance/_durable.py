@@ -193,3 +193,19 @@ class DurableJournalContract:
         assert (await queue.get("wf")).due_at == START + dt.timedelta(seconds=5)
         [again] = await queue.claim_due(["spec"], "w", 30, 1)
         assert again.id == "wf"
+
+    @needs(Capability.DURABLE_JOURNAL)
+    async def test_an_event_sent_while_the_item_runs_makes_its_reschedule_due_at_once(
+        self, queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """The evaluation may have looked for the event just before it came: its reschedule
+        is due at once instead of at its time; the next reschedule is as asked again."""
+        item = await running(queue)
+        week = START + dt.timedelta(days=7)
+        clock.advance(5)
+        await journal(queue).send_event("wf", "approved", None)
+        await settle(queue, item, SettleKind.RESCHEDULE, at=week, config={})
+        assert (await queue.get("wf")).due_at == START + dt.timedelta(seconds=5)
+        [again] = await queue.claim_due(["spec"], "w", 30, 1)
+        await settle(queue, again, SettleKind.RESCHEDULE, at=week, config={})
+        assert (await queue.get("wf")).due_at == week

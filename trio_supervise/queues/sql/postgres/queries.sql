@@ -457,6 +457,7 @@ UPDATE trio_supervise_items AS i SET
         ELSE 'queued'
     END,
     due_at = CASE
+        WHEN s.kind = 'reschedule' AND i.event_woken THEN coalesce(%(now)s::timestamptz, now())
         WHEN s.kind = 'reschedule' THEN s.at
         WHEN s.kind IN ('continue', 'retry', 'release')
         THEN coalesce(%(now)s::timestamptz, now()) + s.delay_us * interval '1 microsecond'
@@ -487,6 +488,7 @@ UPDATE trio_supervise_items AS i SET
     END,
     lease_owner = NULL,
     lease_expires_at = NULL,
+    event_woken = false,
     updated_at = coalesce(%(now)s::timestamptz, now())
 -- The columns every entry fills come as array literals the client builds in one join each
 -- (see settle_params in sql/_postgres_arrays.py); the others travel in binary, and an array whose values
@@ -769,6 +771,12 @@ WHERE item_id = %(id)s AND incarnation = %(incarnation)s AND position = %(positi
 INSERT INTO trio_supervise_events (item_id, incarnation, name, payload, sent_at)
 VALUES (%(id)s, %(incarnation)s, %(name)s, %(payload)s::jsonb,
     coalesce(%(now)s::timestamptz, now()));
+
+-- name: wake_running
+-- An event for a running item: its evaluation's reschedule is due at once (settle_many). The
+-- item's row is held (journal_item_locked) from before the event is in, so a settlement either
+-- waits for this and sees the flag, or went first and the item is queued for wake_waiting.
+UPDATE trio_supervise_items SET event_woken = true WHERE id = %(id)s AND state = 'running';
 
 -- name: wake_waiting
 -- An event a queued item waits for (a pending wait of that name): due now.

@@ -42,6 +42,7 @@ CREATE TABLE trio_supervise_items (
     incarnation      bigint      NOT NULL DEFAULT nextval('trio_supervise_incarnations'),
     parent_incarnation bigint,
     tags             jsonb       NOT NULL DEFAULT '[]'::jsonb,
+    event_woken      boolean     NOT NULL DEFAULT false,
     CONSTRAINT trio_supervise_items_lease_check
         CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );

@@ -251,6 +251,8 @@ UPDATE trio_supervise_items SET
         ELSE 'queued'
     END,
     due_at = CASE
+        -- An event came while it ran (schema 0007): its reschedule is due at once.
+        WHEN s.kind = 'reschedule' AND trio_supervise_items.event_woken THEN ?1
         WHEN s.kind = 'reschedule' THEN s.at
         WHEN s.kind IN ('continue', 'retry', 'release') THEN ?1 + s.delay_us
         ELSE trio_supervise_items.due_at
@@ -278,6 +280,7 @@ UPDATE trio_supervise_items SET
     END,
     lease_owner = NULL,
     lease_expires_at = NULL,
+    event_woken = 0,
     updated_at = ?1
 FROM s
 WHERE trio_supervise_items.id = s.id AND trio_supervise_items.lease_version = s.version
@@ -474,6 +477,10 @@ WHERE item_id = :id AND incarnation = :incarnation AND position = :position;
 -- name: insert_event
 INSERT INTO trio_supervise_events (item_id, incarnation, name, payload, sent_at)
 VALUES (:id, :incarnation, :name, :payload, :now);
+
+-- name: wake_running
+-- An event for a running item: its evaluation's reschedule is due at once (settle_many).
+UPDATE trio_supervise_items SET event_woken = 1 WHERE id = :id AND state = 'running';
 
 -- name: wake_waiting
 -- An event a queued item waits for (a pending wait of that name): due now.

@@ -38,6 +38,7 @@ CREATE TABLE trio_supervise_items (
     incarnation      INTEGER NOT NULL DEFAULT 0,
     parent_incarnation INTEGER,
     tags             TEXT    NOT NULL DEFAULT '[]',
+    event_woken      INTEGER NOT NULL DEFAULT 0,
     CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
 );
 

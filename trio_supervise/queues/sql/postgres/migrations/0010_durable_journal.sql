@@ -3,6 +3,10 @@
 -- Both name the incarnation, so an item id used again never sees an earlier journal, and both
 -- go with their item when it is deleted or pruned (one trigger per statement).
 
+-- An event sent while its item runs: the evaluation's reschedule makes it due at once instead
+-- (the evaluation may have looked for the event before it came). Cleared by every settlement.
+ALTER TABLE trio_supervise_items ADD COLUMN event_woken boolean NOT NULL DEFAULT false;
+
 CREATE TABLE trio_supervise_journal (
     item_id     text        NOT NULL,
     incarnation bigint      NOT NULL,

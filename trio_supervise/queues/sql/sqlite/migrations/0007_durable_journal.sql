@@ -3,6 +3,10 @@
 -- Both name the incarnation, so an item id used again never sees an earlier journal, and both
 -- go with their item when it is deleted or pruned (the trigger).
 
+-- An event sent while its item runs: the evaluation's reschedule makes it due at once instead
+-- (the evaluation may have looked for the event before it came). Cleared by every settlement.
+ALTER TABLE trio_supervise_items ADD COLUMN event_woken INTEGER NOT NULL DEFAULT 0;
+
 CREATE TABLE trio_supervise_journal (
     item_id     TEXT    NOT NULL,
     incarnation INTEGER NOT NULL,
