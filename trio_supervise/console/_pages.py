@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from .._errors import ItemNotFound
+from .._operations import read_journal
 from ..queues import ItemState, WorkItem
 from ._actions import item_actions
 from ._auth import ConsoleKeys
@@ -31,6 +32,7 @@ from ._views import (
     due_row,
     error_row,
     item_page_context,
+    journal_context,
     lineage,
     list_row,
     queue_rows,
@@ -263,4 +265,5 @@ class Pages:
             actions=[] if self._app.read_only else item_actions(item, back),
             lineage=await lineage(queue, item),
             **item_page_context(item, children),
+            **journal_context(await read_journal(queue, item.id)),
         )
