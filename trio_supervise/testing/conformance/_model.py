@@ -63,6 +63,8 @@ class Model:
     tags: tuple[str, ...] = ()
     waited_by: tuple[str, int] | None = None
     """The parent (id, lease version) whose wait this child still counts toward."""
+    woken: bool = False
+    """An event was sent while it ran: its next reschedule is due at once (durable journals)."""
 
     def add_error(self, at: dt.datetime, error: str) -> None:
         """The history entry a failure writes: by the lease owner, at this attempt; bounded."""

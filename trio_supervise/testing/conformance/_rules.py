@@ -482,6 +482,25 @@ class OperatorRules(MachineState):
         assert isinstance(got, WorkItem)
         assert view(got) == m.view()
 
+    @precondition(lambda self: self.journals is not None)
+    @rule(index=st.integers(0, 99), missing=st.booleans())
+    def send_event(self, index: int, missing: bool) -> None:
+        """An event for an unknown item is refused, for a finished one too; one for a running
+        item makes its next reschedule due at once (a queued item waits for no event here)."""
+        journals = self.journals
+        assert journals is not None
+        if missing or not self.model:
+            assert outcome(self.portal, journals.send_event, "missing", "e", 1) is ItemNotFound
+            return
+        m = self.pick(index)
+        got = outcome(self.portal, journals.send_event, m.id, "e", {"n": index})
+        if m.state.finished:
+            assert got is ItemStateError
+            return
+        assert got is None
+        if m.state is ItemState.RUNNING:
+            m.woken = True
+
     @precondition(lambda self: self.model)
     @rule(index=st.integers(0, 99), offset=st.sampled_from([None, -1.0, 4.0]))
     def retry(self, index: int, offset: float | None) -> None:
