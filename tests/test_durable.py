@@ -313,3 +313,58 @@ async def test_a_runner_whose_step_record_is_refused_writes_nothing_more(
     assert (await queue.read_journal("s")).entries == ()
     # The refused record is the only write refused: no outcome was even tried.
     assert [e.op for e in queue.events if not e.applied] == ["record_entry"]
+
+
+def test_bad_arguments_are_refused_naming_them() -> None:
+    """A workflow's name and config type are checked where it is declared."""
+    with pytest.raises(ValueError, match="name must be a non-empty string"):
+        durable_workflow("", config_type=Job)
+    with pytest.raises(TypeError, match="config_type must be an attrs class"):
+        durable_workflow("x", config_type=dict)
+
+
+async def test_bad_durations_and_results_are_item_errors_naming_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A negative sleep, a wait whose timeout is not a timedelta, and a step whose result no
+    store can keep each fail the item with a message naming the argument or the step."""
+    queue = MemoryQueue()
+
+    @durable_workflow("bad", config_type=Job)
+    async def bad(wf: Workflow[Any], config: Job) -> None:
+        if config.who == "sleep":
+            await wf.sleep(dt.timedelta(seconds=-1))
+        elif config.who == "wait":
+            await wf.wait_for_event("e", timeout=5)  # type: ignore[arg-type]
+        else:
+            await wf.step("unstorable", object)
+
+    registry: DriverRegistry[None] = DriverRegistry()
+    registry.register(bad)
+    for who in ("sleep", "wait", "step"):
+        await queue.enqueue("bad", item_id=who, config={"who": who})
+    await run_due_pass(queue, registry, RunnerSettings(worker_id="w"), lambda: None)
+    errors = {i: queue.items[i].last_error or "" for i in ("sleep", "wait", "step")}
+    assert "duration must be a datetime.timedelta >= 0" in errors["sleep"]
+    assert "timeout must be a datetime.timedelta >= 0, got 5" in errors["wait"]
+    assert "step 'unstorable' result" in errors["step"]
+
+
+async def test_a_workflow_outside_a_runner_needs_a_store_with_journals() -> None:
+    """Evaluated by hand with no store bound, a workflow says what it needs."""
+
+    @durable_workflow("lost", config_type=Job)
+    async def lost(wf: Workflow[Any], config: Job) -> None:
+        await wf.step("s", lambda: 1)
+
+    from trio_supervise import DriverError, WorkItem
+
+    item = WorkItem(
+        id="x",
+        spec_id="lost",
+        due_at=dt.datetime.now(dt.UTC),
+        created_at=dt.datetime.now(dt.UTC),
+        updated_at=dt.datetime.now(dt.UTC),
+    )
+    with pytest.raises(DriverError, match="durable-journal capability"):
+        await lost.evaluate(None, item, Job())
