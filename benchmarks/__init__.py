@@ -13,6 +13,8 @@ See ``docs/benchmarks.md``. One module per family:
 - :mod:`benchmarks.scale`: P9 (claims and ``/metrics`` + ``/`` with a big table);
 - :mod:`benchmarks.bulk`: P10 (bulk enqueue against a multi-row INSERT floor);
 - :mod:`benchmarks.inflight`: P11 (10,000 leases in flight: renewal round, memory);
+- :mod:`benchmarks.durable`: P12 (durable workflow steps against the runner's items, SQLite and
+  PostgreSQL);
 - :mod:`benchmarks.supervision`: P5 (memory per idle supervised worker; retired, ``--only P5``).
 
 And beside them, :mod:`benchmarks.instructions` (``python -m benchmarks.instructions``): P1's and

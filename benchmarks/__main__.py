@@ -35,8 +35,10 @@ MEASURES = (
     "P10p",
     "P11",
     "P11m",
+    "P12s",
+    "P12p",
 )
-NEEDS_DSN = {"P2", "P2f", "P6", "P7", "P8", "P9p", "P9hp", "P10p"}
+NEEDS_DSN = {"P2", "P2f", "P6", "P7", "P8", "P9p", "P9hp", "P10p", "P12p"}
 
 
 RETIRED = {"P5"}
@@ -46,7 +48,7 @@ DEFAULT = tuple(measure for measure in MEASURES if measure not in RETIRED)
 
 def run(config: Config, only: Sequence[str] = DEFAULT) -> list[Result]:
     """Run the measures in *only* (in the canonical order) and return their results."""
-    from . import bulk, inflight, memory, postgres, scale, sqlite, supervision
+    from . import bulk, durable, inflight, memory, postgres, scale, sqlite, supervision
 
     wanted = set(only)
     steps: list[tuple[set[str], Callable[[Config], Result | list[Result]]]] = [
@@ -63,6 +65,8 @@ def run(config: Config, only: Sequence[str] = DEFAULT) -> list[Result]:
         ({"P10s"}, bulk.p10s),
         ({"P10p"}, bulk.p10p),
         ({"P11", "P11m"}, inflight.p11),
+        ({"P12s"}, durable.p12s),
+        ({"P12p"}, durable.p12p),
     ]
     results: list[Result] = []
     for ids, step in steps:
