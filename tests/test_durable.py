@@ -39,6 +39,18 @@ class User:
     number: int
 
 
+def steps_counted(runner: Any, workflow: str) -> dict[str, float]:
+    """The runner's ``trio_supervise_workflow_steps_total`` by outcome (those counted)."""
+    counted = {}
+    for outcome in ("ran", "replayed", "retried", "failed"):
+        value = runner.metrics.registry.get_sample_value(
+            "trio_supervise_workflow_steps_total", {"workflow": workflow, "outcome": outcome}
+        )
+        if value:
+            counted[outcome] = value
+    return counted
+
+
 async def finished(harness: Harness, item_id: str) -> Any:
     """Wait (at most 40 virtual days) until *item_id* is finished; return it."""
     states: dict[str, Any] = {}
@@ -71,9 +83,10 @@ async def test_steps_run_once_across_sleeps_and_their_results_come_back_typed(
         await wf.sleep(dt.timedelta(days=3))
         return {"user": user.name, "at": wf.now().isoformat()}
 
-    await harness.run_drivers(onboard)
+    runner = await harness.run_drivers(onboard)
     await harness.queue.enqueue("onboard", item_id="w", config={"who": "bob"})
     item = await finished(harness, "w")
+    assert steps_counted(runner, "onboard") == {"ran": 1, "replayed": 1}
     assert item.state is ItemState.COMPLETED
     assert ran == {"create": 1}
     assert seen == [User("bob", 7), User("bob", 7)]
@@ -117,12 +130,16 @@ async def test_a_failing_step_is_retried_by_its_policy_then_fails_the_item_namin
         await wf.step("broken", broken, retry=policy)
 
     settings = RunnerSettings(worker_id="w", poll_interval=3600, max_errors=2)
-    await harness.run_drivers(steps, settings=settings)
+    runner = await harness.run_drivers(steps, settings=settings)
     await harness.queue.enqueue("steps", item_id="s")
     item = await finished(harness, "s")
     assert item.state is ItemState.DEAD
     assert "step 'broken' failed after 3 attempts: ValueError: no such user" in item.last_error
     assert tries == {"first": 1, "flaky": 3, "broken": 6}  # 3 per evaluation, 2 evaluations
+    # /metrics: first and flaky ran once each and replayed once; flaky retried twice, broken
+    # twice per evaluation, and failed once per evaluation.
+    counted = steps_counted(runner, "steps")
+    assert counted == {"ran": 2, "replayed": 2, "retried": 6, "failed": 2}
     entries = (await harness.queue.read_journal("s")).entries
     assert [(e.name, e.attempts) for e in entries] == [("first", 1), ("flaky", 3)]
 

@@ -516,4 +516,5 @@ def durable_records(store: ts.DurableJournal, item: WorkItem) -> None:
         entries={0: entry},
         events=(event,),
         jitter=ts.Jitter(seed=1),
+        count=lambda outcome: None,
     )

@@ -18,7 +18,7 @@ from .._errors import DriverError, ReplayMismatch
 from .._policy import Jitter
 from ..job import DEFAULT_QUEUE, Discard, Outcome, Reschedule, Stop, WorkItem, validate_spec_id
 from ..queues._ports import Capability, DurableJournal, capabilities_of
-from ..run._current import evaluating_store
+from ..run._current import evaluating_metrics, evaluating_store
 from ._workflow import Suspended, Workflow
 
 __all__ = ["DurableWorkflow", "durable_workflow"]
@@ -52,6 +52,19 @@ class DurableWorkflow(Generic[ConfigT]):
     def validate_specs(self) -> None:
         """Every spec is usable (the decorator checked them)."""
 
+    def _counter(self) -> Callable[[str], None]:
+        """Counts this workflow's steps on the evaluating runner's metrics, if any."""
+        metrics = evaluating_metrics()
+        if metrics is None:
+            return _no_count
+        steps = metrics.workflow_steps
+        name = self.name
+
+        def count(outcome: str) -> None:
+            steps.labels(name, outcome).inc()
+
+        return count
+
     async def evaluate(self, context: Any, item: WorkItem, config: ConfigT) -> Outcome:
         store = self.store if self.store is not None else evaluating_store()
         if store is None or Capability.DURABLE_JOURNAL not in capabilities_of(store):
@@ -69,6 +82,7 @@ class DurableWorkflow(Generic[ConfigT]):
             entries={entry.position: entry for entry in journal.entries},
             events=journal.events,
             jitter=self.jitter,
+            count=self._counter(),
         )
         try:
             result = await self.function(wf, config)
@@ -77,6 +91,10 @@ class DurableWorkflow(Generic[ConfigT]):
         except ReplayMismatch as mismatch:
             raise Discard(str(mismatch)) from None
         return Stop(result=result)
+
+
+def _no_count(outcome: str) -> None:
+    """Counts nothing (a workflow evaluated outside a runner)."""
 
 
 def _check_arguments(name: object, config_type: object) -> None:

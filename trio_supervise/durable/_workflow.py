@@ -97,6 +97,9 @@ class Workflow(Generic[ContextT]):
     _entries: dict[int, JournalEntry] = attrs.field(alias="entries")
     _events: tuple[ItemEvent, ...] = attrs.field(alias="events")
     _jitter: Jitter = attrs.field(alias="jitter")
+    _count: Callable[[str], None] = attrs.field(alias="count", default=lambda outcome: None)
+    """Counts a step by outcome: ``ran``, ``replayed``, ``retried``, ``failed`` (the runner's
+    ``trio_supervise_workflow_steps_total``)."""
     _position: int = attrs.field(init=False, default=0)
 
     def now(self) -> dt.datetime:
@@ -137,6 +140,7 @@ class Workflow(Generic[ContextT]):
         position, recorded = self._take(EntryKind.STEP, name)
         wanted = result_type if result_type is not None else _declared_result(fn)
         if recorded is not None:
+            self._count("replayed")
             return _restored(recorded.result, wanted)
         started = self.now()
         attempt = 0
@@ -149,7 +153,9 @@ class Workflow(Generic[ContextT]):
                 break
             except Exception as error:
                 if retry is None or attempt > retry.max_restarts:
+                    self._count("failed")
                     raise StepFailed(self.name, name, attempt, describe_error(error)) from error
+                self._count("retried")
                 key = f"{self.item.id}:{position}:{name}"
                 await trio.sleep(retry.backoff(attempt, key=key, jitter=self._jitter))
         stored = check_json(unstructure(value), what=f"step {name!r} result")
@@ -164,6 +170,7 @@ class Workflow(Generic[ContextT]):
                 finished_at=self.now(),
             )
         )
+        self._count("ran")
         return value
 
     async def sleep(self, duration: dt.timedelta, *, name: str = "sleep") -> None:

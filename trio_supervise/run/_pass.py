@@ -101,7 +101,7 @@ async def run_due_pass(
                 await trio.lowlevel.checkpoint()  # the completer runs before anything is handed
                 async with trio.open_nursery() as evaluations:
                     pool = Pool.open(evaluations)
-                    bind_store(pool.context, queue)
+                    bind_store(pool.context, queue, observer.metrics)
                     pool.spawn = lambda: executor.evaluate_forever(pool)
                     for item in items:
                         pool.put(flights.add(item, claimed_at))

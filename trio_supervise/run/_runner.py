@@ -193,7 +193,7 @@ class WorkflowRunner(Generic[ContextT]):
         async with trio.open_nursery() as services:
             async with trio.open_nursery() as evaluations:
                 pool = Pool.open(evaluations)
-                bind_store(pool.context, self._queue)
+                bind_store(pool.context, self._queue, observer.metrics)
                 executor = Executor(
                     self._registry, control, flights, observer, self._jitter, completer, context
                 )
