@@ -506,6 +506,7 @@ def durable_records(store: ts.DurableJournal, item: WorkItem) -> None:
         timeout=None,
         jitter=ts.Jitter(seed=1),
         store=store,
+        hook=None,
     )
     ts.Workflow(
         name="water",
@@ -516,5 +517,6 @@ def durable_records(store: ts.DurableJournal, item: WorkItem) -> None:
         entries={0: entry},
         events=(event,),
         jitter=ts.Jitter(seed=1),
+        hook=None,
         count=lambda outcome: None,
     )

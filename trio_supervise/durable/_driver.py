@@ -44,6 +44,10 @@ class DurableWorkflow(Generic[ConfigT]):
     """Spreads the steps' retry backoffs (keyed by item, position and step)."""
     store: DurableJournal | None = None
     """Where journals are kept; None: the store of the runner evaluating the item."""
+    hook: Callable[[str, str, WorkItem], None] | None = None
+    """Called as ``hook(point, step, item)`` at a step's ``before-record`` and ``after-step``
+    points and at ``before-settle`` (the outcome made, not written): what
+    :class:`trio_supervise.testing.CrashPlan` uses to crash a workflow where a test says."""
 
     @property
     def spec_ids(self) -> Sequence[str]:
@@ -82,15 +86,19 @@ class DurableWorkflow(Generic[ConfigT]):
             entries={entry.position: entry for entry in journal.entries},
             events=journal.events,
             jitter=self.jitter,
+            hook=self.hook,
             count=self._counter(),
         )
+        outcome: Outcome
         try:
-            result = await self.function(wf, config)
+            outcome = Stop(result=await self.function(wf, config))
         except Suspended as suspended:
-            return Reschedule(suspended.at, item.config)
+            outcome = Reschedule(suspended.at, item.config)
         except ReplayMismatch as mismatch:
             raise Discard(str(mismatch)) from None
-        return Stop(result=result)
+        if self.hook is not None:
+            self.hook("before-settle", "", item)
+        return outcome
 
 
 def _no_count(outcome: str) -> None:

@@ -97,6 +97,9 @@ class Workflow(Generic[ContextT]):
     _entries: dict[int, JournalEntry] = attrs.field(alias="entries")
     _events: tuple[ItemEvent, ...] = attrs.field(alias="events")
     _jitter: Jitter = attrs.field(alias="jitter")
+    _hook: Callable[[str, str, WorkItem], None] | None = attrs.field(alias="hook", default=None)
+    """Called at a step's ``before-record`` (it returned, not recorded yet) and ``after-step``
+    (recorded) points with the step's name: the testing harness's crash points."""
     _count: Callable[[str], None] = attrs.field(alias="count", default=lambda outcome: None)
     """Counts a step by outcome: ``ran``, ``replayed``, ``retried``, ``failed`` (the runner's
     ``trio_supervise_workflow_steps_total``)."""
@@ -159,6 +162,8 @@ class Workflow(Generic[ContextT]):
                 key = f"{self.item.id}:{position}:{name}"
                 await trio.sleep(retry.backoff(attempt, key=key, jitter=self._jitter))
         stored = check_json(unstructure(value), what=f"step {name!r} result")
+        if self._hook is not None:
+            self._hook("before-record", name, self.item)
         await self._record(
             JournalEntry(
                 position=position,
@@ -171,6 +176,8 @@ class Workflow(Generic[ContextT]):
             )
         )
         self._count("ran")
+        if self._hook is not None:
+            self._hook("after-step", name, self.item)
         return value
 
     async def sleep(self, duration: dt.timedelta, *, name: str = "sleep") -> None:
