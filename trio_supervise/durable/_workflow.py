@@ -165,15 +165,13 @@ class Workflow(Generic[ContextT]):
         if self._hook is not None:
             self._hook("before-record", name, self.item)
         await self._record(
-            JournalEntry(
-                position=position,
-                kind=EntryKind.STEP,
-                name=name,
-                result=stored,
-                attempts=attempt,
-                started_at=started,
-                finished_at=self.now(),
-            )
+            position,
+            EntryKind.STEP,
+            name,
+            result=stored,
+            attempts=attempt,
+            started_at=started,
+            finished_at=self.now(),
         )
         self._count("ran")
         if self._hook is not None:
@@ -216,10 +214,7 @@ class Workflow(Generic[ContextT]):
         if recorded is None:
             deadline = None if timeout is None else now + timeout
             started = now
-            pending = JournalEntry(
-                position=position, kind=EntryKind.WAIT, name=name, started_at=now, wake_at=deadline
-            )
-            await self._record(pending)
+            await self._record(position, EntryKind.WAIT, name, started_at=now, wake_at=deadline)
             # Read again once the wait is recorded: an event sent since this evaluation began
             # is seen here, and one sent from now on finds the wait and wakes the item.
             events = (await self._store.read_journal(self.item.id)).events
@@ -233,15 +228,13 @@ class Workflow(Generic[ContextT]):
         else:
             raise Suspended(WAITING_DUE_AT if deadline is None else deadline)
         await self._record(
-            JournalEntry(
-                position=position,
-                kind=EntryKind.WAIT,
-                name=name,
-                result=result,
-                started_at=started,
-                finished_at=now,
-                wake_at=deadline,
-            )
+            position,
+            EntryKind.WAIT,
+            name,
+            result=result,
+            started_at=started,
+            finished_at=now,
+            wake_at=deadline,
         )
         return self._received(result, payload_type)
 
@@ -262,15 +255,7 @@ class Workflow(Generic[ContextT]):
         self._position += 1
         if recorded is None:
             now = self.now()
-            await self._record(
-                JournalEntry(
-                    position=position,
-                    kind=EntryKind.PATCH,
-                    name=patch_id,
-                    started_at=now,
-                    finished_at=now,
-                )
-            )
+            await self._record(position, EntryKind.PATCH, patch_id, started_at=now, finished_at=now)
         return True
 
     # -- internals ---------------------------------------------------------------------------
@@ -290,9 +275,11 @@ class Workflow(Generic[ContextT]):
         self._position += 1
         return position, recorded
 
-    async def _record(self, entry: JournalEntry) -> None:
+    async def _record(self, position: int, kind: EntryKind, name: str, **fields: Any) -> None:
+        """Record the entry at *position* (fenced by this evaluation's lease) and remember it."""
+        entry = JournalEntry(position=position, kind=kind, name=name, **fields)
         await self._store.record_entry(self.item.id, self.item.lease_version, entry)
-        self._entries[entry.position] = entry
+        self._entries[position] = entry
 
     async def _sleep(self, name: str, wake_at: Callable[[dt.datetime], dt.datetime]) -> None:
         position, recorded = self._take(EntryKind.SLEEP, name)
@@ -302,14 +289,7 @@ class Workflow(Generic[ContextT]):
         else:
             wake = wake_at(now)
             await self._record(
-                JournalEntry(
-                    position=position,
-                    kind=EntryKind.SLEEP,
-                    name=name,
-                    started_at=now,
-                    finished_at=wake,
-                    wake_at=wake,
-                )
+                position, EntryKind.SLEEP, name, started_at=now, finished_at=wake, wake_at=wake
             )
         if wake > now:
             raise Suspended(wake)
