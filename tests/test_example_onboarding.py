@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from examples.onboarding import SPEC_ID, Directory, onboard
+from examples.onboarding import SPEC_ID, Directory, build_service, onboard
 from trio_supervise import (
     DriverRegistry,
     ItemStateError,
@@ -125,3 +125,22 @@ async def test_a_month_on_sqlite_in_virtual_time(
         "approved",
         "send-welcome",
     ]
+
+
+async def test_the_service_onboards_in_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
+    """``build_service`` (what ``python -m examples.onboarding`` runs) on the harness's queue:
+    an approval sent on day 4 welcomes the user then."""
+    directory = Directory()
+    async with open_harness() as harness:
+        await harness.run_service(build_service(directory=directory))
+        await harness.queue.enqueue(SPEC_ID, item_id="eve", config={"email": "eve@example.com"})
+        await harness.advance(4 * DAY)
+        await harness.queue.send_event("eve", "approved", {"by": "ops"})
+        await harness.advance(60)
+        item = harness.queue.items["eve"]
+    assert item.result == {"user_id": "u1", "approved": True, "approved_by": "ops"}
+    assert item.updated_at == harness.at(4 * DAY)
+    [(key, email)] = directory.welcomed.items()
+    assert email == "eve@example.com"
+    assert key.startswith("eve:")  # the step's idempotency key: item, incarnation, position
+    assert key.endswith(":3:send-welcome")
