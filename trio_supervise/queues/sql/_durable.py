@@ -3,8 +3,11 @@ each item incarnation's journal and the events sent to it, in two tables that na
 incarnation and go with their item (a trigger on delete; see the migrations).
 
 A journal write is one fenced statement (``record_entry``); when it writes nothing, the same
-transaction reads why. An event is kept and a queued item waiting for it made due in one
-transaction, which tells other processes (``NOTIFY`` on PostgreSQL); an item running meanwhile
+transaction reads why. Writes made at once (workflows evaluated side by side) are written
+together, one transaction and one thread hop for the group (:class:`JournalWrites`).
+
+An event is kept and a queued item waiting for it made due in one transaction, which tells
+other processes (``NOTIFY`` on PostgreSQL); an item running meanwhile
 is flagged (``event_woken``), so that its evaluation's reschedule is due at once: the
 evaluation may have looked for the event just before it came.
 """
@@ -14,6 +17,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 from typing import Any
+
+import attrs
+import trio
 
 from ..._errors import ItemNotFound, ItemStateError, LeaseLost
 from ...job import (
@@ -27,7 +33,7 @@ from ...job import (
 )
 from ._base import Lane, Row, SQLBase
 
-__all__ = ["SQLDurable"]
+__all__ = ["JournalWrites", "SQLDurable"]
 
 
 def _loaded(value: Any) -> JSONValue:
@@ -35,8 +41,34 @@ def _loaded(value: Any) -> JSONValue:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
+@attrs.define(eq=False)
+class _Write:
+    """One ``record_entry`` waiting for its group's transaction."""
+
+    params: dict[str, Any]
+    done: bool = False
+    error: Exception | None = None
+    """Why it was refused (``LeaseLost``, ``ItemStateError``); None: recorded."""
+    alone: bool = False
+    """Its group's transaction failed: it is written again on its own."""
+
+
+@attrs.define(eq=False)
+class JournalWrites:
+    """A queue's journal writes waiting to be written together (a group commit): one writer at
+    a time takes every write waiting and records them in one transaction."""
+
+    waiting: list[_Write] = attrs.Factory(list)
+    writing: bool = False
+    turn: trio.Event = attrs.Factory(trio.Event)
+    """Set when the current writer's turn ends (then replaced)."""
+
+
 class SQLDurable(SQLBase):
     """The durable journal port: journals read, entries recorded fenced, events sent."""
+
+    _journal_writes: JournalWrites
+    """Each dialect's own (an attrs field)."""
 
     def _optional_time(self, value: dt.datetime | None) -> Any:
         return None if value is None else self._time(value)
@@ -83,45 +115,93 @@ class SQLDurable(SQLBase):
 
     async def record_entry(self, item_id: str, lease_version: int, entry: JournalEntry) -> None:
         entry = check_entry(entry)
-        params = {
-            "id": item_id,
-            "version": lease_version,
-            "position": entry.position,
-            "kind": str(entry.kind),
-            "name": entry.name,
-            "result": json.dumps(entry.result),
-            "attempts": entry.attempts,
-            "started_at": self._time(entry.started_at),
-            "finished_at": self._optional_time(entry.finished_at),
-            "wake_at": self._optional_time(entry.wake_at),
-        }
+        write = _Write(
+            {
+                "id": item_id,
+                "version": lease_version,
+                "position": entry.position,
+                "kind": str(entry.kind),
+                "name": entry.name,
+                "result": json.dumps(entry.result),
+                "attempts": entry.attempts,
+                "started_at": self._time(entry.started_at),
+                "finished_at": self._optional_time(entry.finished_at),
+                "wake_at": self._optional_time(entry.wake_at),
+            }
+        )
+        writes = self._journal_writes
+        writes.waiting.append(write)
+        try:
+            while not write.done:
+                if writes.writing:
+                    await writes.turn.wait()
+                else:
+                    await self._write_journal(writes)
+        finally:
+            if not write.done and write in writes.waiting:
+                writes.waiting.remove(write)  # cancelled before its turn: never written
+        if write.alone:
+            # Its group's transaction failed: written again on its own, so that it meets its
+            # own error (a dead connection, a value out of range) and no other entry's.
+            await self._run(lambda conn: self._record_group(conn, [write]), lane=Lane.WORKER)
+        if write.error is not None:
+            raise write.error
+
+    async def _write_journal(self, writes: JournalWrites) -> None:
+        """Write every journal entry waiting, in one transaction and one thread hop (a group
+        commit: workflows evaluated at once record their steps together); the next group
+        waits for this one's turn to end."""
+        writes.writing = True
+        group, writes.waiting = writes.waiting, []
+        try:
+            await self._run(lambda conn: self._record_group(conn, group), lane=Lane.WORKER)
+        except Exception:
+            for write in group:
+                write.done = write.alone = True
+        finally:
+            # Not written (this writer was cancelled before its statement ran): first in line
+            # for the next writer.
+            writes.waiting[:0] = [write for write in group if not write.done]
+            writes.writing = False
+            turn, writes.turn = writes.turn, trio.Event()
+            turn.set()
+
+    def _record_group(self, conn: Any, group: list[_Write]) -> None:
+        """Record each entry of *group*, fenced, in one transaction; each write learns its
+        outcome once the transaction commits. Run again on a dead connection: a write that
+        landed then reads as "recorded already", which a workflow never meets (it reads the
+        journal again after any error)."""
         queries = self._queries
-
-        def run(conn: Any) -> None:
-            with self._transaction(conn):
+        outcomes: list[Exception | None] = []
+        with self._transaction(conn):
+            for write in group:
+                params = write.params
                 if conn.execute(queries["record_entry"], params).fetchone() is not None:
-                    return
-                item = conn.execute(queries["journal_item"], {"id": item_id}).fetchone()
-                if item is None:
-                    raise LeaseLost(item_id, lease_version, "no such item")
-                if item["state"] != ItemState.RUNNING or item["lease_version"] != lease_version:
-                    raise LeaseLost(
-                        item_id,
-                        lease_version,
-                        f"item is {item['state']} at version {item['lease_version']}",
-                    )
-                there = conn.execute(
-                    queries["journal_position"],
-                    {"id": item_id, "incarnation": item["incarnation"], "position": entry.position},
-                ).fetchone()
-                raise ItemStateError(
-                    f"item {item_id!r}: journal position {entry.position} is recorded already "
-                    f"({there['kind']} {there['name']!r})"
-                )
+                    outcomes.append(None)
+                else:
+                    outcomes.append(self._refusal(conn, params))
+        for write, outcome in zip(group, outcomes, strict=True):
+            write.error, write.done, write.alone = outcome, True, False
 
-        # Retried on a dead connection: a write that landed reads as "recorded already" then,
-        # which the workflow never meets (it reads the journal again after any error).
-        await self._run(run, lane=Lane.WORKER)
+    def _refusal(self, conn: Any, params: dict[str, Any]) -> Exception:
+        """Why ``record_entry`` wrote nothing: a stale lease, or the position taken."""
+        queries = self._queries
+        item_id, version = params["id"], params["version"]
+        item = conn.execute(queries["journal_item"], {"id": item_id}).fetchone()
+        if item is None:
+            return LeaseLost(item_id, version, "no such item")
+        if item["state"] != ItemState.RUNNING or item["lease_version"] != version:
+            return LeaseLost(
+                item_id, version, f"item is {item['state']} at version {item['lease_version']}"
+            )
+        there = conn.execute(
+            queries["journal_position"],
+            {"id": item_id, "incarnation": item["incarnation"], "position": params["position"]},
+        ).fetchone()
+        return ItemStateError(
+            f"item {item_id!r}: journal position {params['position']} is recorded already "
+            f"({there['kind']} {there['name']!r})"
+        )
 
     async def send_event(self, item_id: str, name: str, payload: JSONValue = None) -> None:
         payload = check_event(name, payload)

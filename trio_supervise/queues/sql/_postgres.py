@@ -29,6 +29,7 @@ from .. import _sql
 from .._ports import Capability
 from .._sql import redact_dsn
 from ._base import Lane
+from ._durable import JournalWrites
 from ._outbox import psycopg_savepoint
 from ._postgres_arrays import settle_params
 from ._postgres_db import (
@@ -101,6 +102,7 @@ class PostgresQueue(SQLQueue):
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
     _closed: bool = attrs.field(init=False, default=False)
+    _journal_writes: JournalWrites = attrs.field(init=False, factory=JournalWrites)
     _wakeups: Wakeups = attrs.field(init=False)
 
     @_wakeups.default

@@ -32,6 +32,7 @@ from ...job._model import BOOL, SECONDS, TIME
 from .. import _sql
 from .._ports import Capability
 from ._base import Lane
+from ._durable import JournalWrites
 from ._outbox import sqlite_savepoint
 from ._queue import SQLQueue
 from ._rows import NEW_ROW_COLUMNS, NEW_ROW_KINDS, Codec
@@ -178,6 +179,7 @@ class SQLiteQueue(SQLQueue):
     _identity: tuple[int, int] | None = attrs.field(alias="identity")
     _watch_interval: float | None = attrs.field(alias="watch_interval", default=None)
     _where: str = attrs.field(init=False)
+    _journal_writes: JournalWrites = attrs.field(init=False, factory=JournalWrites)
     """The absolute path, as opened: a later ``chdir`` must not look like a deleted file."""
 
     @_where.default

@@ -7,6 +7,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+import trio
 
 from ... import ItemNotFound, ItemStateError, LeaseLost
 from ...job import EntryKind, ItemState, JournalEntry, SettleKind, Settlement, WorkItem
@@ -209,3 +210,46 @@ class DurableJournalContract:
         [again] = await queue.claim_due(["spec"], "w", 30, 1)
         await settle(queue, again, SettleKind.RESCHEDULE, at=week, config={})
         assert (await queue.get("wf")).due_at == week
+
+    @needs(Capability.DURABLE_JOURNAL)
+    async def test_entries_written_at_once_each_get_their_own_outcome(
+        self, queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """Entries recorded concurrently (workflows evaluated side by side) are fenced and
+        checked one by one, however a store groups them: the fresh ones recorded, a stale
+        owner's refused with LeaseLost, a taken position with ItemStateError."""
+        await queue.enqueue("spec", item_id="stale")
+        [old] = await queue.claim_due(["spec"], "w1", 30, 1)
+        clock.advance(31)
+        [new] = await queue.claim_due(["spec"], "w2", 30, 1)
+        assert (old.id, new.id) == ("stale", "stale")
+        for n in range(4):
+            await queue.enqueue("spec", item_id=f"wf{n}")
+        claimed = {item.id: item for item in await queue.claim_due(["spec"], "w1", 30, 10)}
+        taken = claimed["wf3"]
+        await journal(queue).record_entry("wf3", taken.lease_version, entry(0, name="first"))
+        outcomes: dict[str, str] = {}
+
+        async def record(item_id: str, version: int, position: int) -> None:
+            try:
+                await journal(queue).record_entry(item_id, version, entry(position))
+            except (LeaseLost, ItemStateError) as error:
+                outcomes[f"{item_id}@{position}"] = type(error).__name__
+            else:
+                outcomes[f"{item_id}@{position}"] = "recorded"
+
+        async with trio.open_nursery() as nursery:
+            for item_id, item in sorted(claimed.items()):
+                nursery.start_soon(record, item_id, item.lease_version, 0)
+            nursery.start_soon(record, "wf0", claimed["wf0"].lease_version, 1)
+            nursery.start_soon(record, "stale", old.lease_version, 0)
+        assert outcomes == {
+            "wf0@0": "recorded",
+            "wf0@1": "recorded",
+            "wf1@0": "recorded",
+            "wf2@0": "recorded",
+            "wf3@0": "ItemStateError",
+            "stale@0": "LeaseLost",
+        }
+        assert [e.position for e in (await journal(queue).read_journal("wf0")).entries] == [0, 1]
+        assert (await journal(queue).read_journal("stale")).entries == ()
