@@ -171,17 +171,20 @@ class SQLDurable(SQLBase):
         outcome once the transaction commits. Run again on a dead connection: a write that
         landed then reads as "recorded already", which a workflow never meets (it reads the
         journal again after any error)."""
-        queries = self._queries
-        outcomes: list[Exception | None] = []
         with self._transaction(conn):
-            for write in group:
-                params = write.params
-                if conn.execute(queries["record_entry"], params).fetchone() is not None:
-                    outcomes.append(None)
-                else:
-                    outcomes.append(self._refusal(conn, params))
+            recorded = self._insert_entries(conn, [write.params for write in group])
+            outcomes = [
+                None if ok else self._refusal(conn, write.params)
+                for write, ok in zip(group, recorded, strict=True)
+            ]
         for write, outcome in zip(group, outcomes, strict=True):
             write.error, write.done, write.alone = outcome, True, False
+
+    def _insert_entries(self, conn: Any, rows: list[dict[str, Any]]) -> list[bool]:
+        """Run ``record_entry`` for each of *rows* (in the caller's transaction); whether each
+        wrote its entry. PostgreSQL pipelines them (one round trip)."""
+        query = self._queries["record_entry"]
+        return [conn.execute(query, params).fetchone() is not None for params in rows]
 
     def _refusal(self, conn: Any, params: dict[str, Any]) -> Exception:
         """Why ``record_entry`` wrote nothing: a stale lease, or the position taken."""

@@ -411,6 +411,15 @@ class PostgresQueue(SQLQueue):
                 claimed += self._claim_keyed(conn, {**params, "limit": left})
         return {entries[row["ord"] - 1][0] for row in rows}, claimed
 
+    def _insert_entries(
+        self, conn: psycopg.Connection[Row], rows: list[dict[str, Any]]
+    ) -> list[bool]:
+        # A group of journal records in one round trip: every insert sent before the first
+        # result is read (psycopg's pipeline), inside the caller's transaction.
+        with conn.pipeline():
+            cursors = [conn.execute(_Q["record_entry"], params) for params in rows]
+            return [cursor.fetchone() is not None for cursor in cursors]
+
     def _set_parents(
         self, conn: psycopg.Connection[Row], children: Sequence[dict[str, Any]]
     ) -> None:
