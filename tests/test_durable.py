@@ -38,6 +38,13 @@ class User:
     number: int
 
 
+async def one_pass(queue: MemoryQueue, workflow: Any) -> Any:
+    """One due pass of *workflow* over *queue*; its stats."""
+    registry: DriverRegistry[None] = DriverRegistry()
+    registry.register(workflow)
+    return await run_due_pass(queue, registry, RunnerSettings(worker_id="w"), lambda: None)
+
+
 def steps_counted(runner: Any, workflow: str) -> dict[str, float]:
     """The runner's ``trio_supervise_workflow_steps_total`` by outcome (those counted)."""
     counted = {}
@@ -198,17 +205,14 @@ async def test_a_replay_asking_for_another_step_ends_the_item_dead_naming_both(
         await wf.sleep(dt.timedelta(hours=1))
         await wf.step("b" if version["n"] == 1 else "c", lambda: 2)
 
-    registry: DriverRegistry[None] = DriverRegistry()
-    registry.register(changing)
     await queue.enqueue("changing", item_id="x")
-    settings = RunnerSettings(worker_id="w")
-    await run_due_pass(queue, registry, settings, lambda: None)
+    await one_pass(queue, changing)
     await trio.sleep(3600)
-    await run_due_pass(queue, registry, settings, lambda: None)
+    await one_pass(queue, changing)
     assert queue.items["x"].state is ItemState.COMPLETED
     await queue.retry("x")
     version["n"] = 2
-    await run_due_pass(queue, registry, settings, lambda: None)
+    await one_pass(queue, changing)
     item = queue.items["x"]
     assert item.state is ItemState.DEAD
     assert item.last_error is not None
@@ -237,12 +241,8 @@ async def test_a_version_marker_keeps_old_items_on_the_old_path(
         await wf.sleep(dt.timedelta(hours=1), name="after")
         return path
 
-    registry: DriverRegistry[None] = DriverRegistry()
-    registry.register(versioned)
-    settings = RunnerSettings(worker_id="w")
-
     async def run() -> None:
-        await run_due_pass(queue, registry, settings, lambda: None)
+        await one_pass(queue, versioned)
 
     await queue.enqueue("versioned", item_id="old")
     await run()
@@ -276,8 +276,6 @@ async def test_a_stale_owner_records_nothing_and_its_evaluation_writes_nothing(
     async def slow_wf(wf: Workflow[Any], config: Job) -> None:
         await wf.step("slow", slow)
 
-    registry: DriverRegistry[None] = DriverRegistry()
-    registry.register(slow_wf)
     await queue.enqueue("slow", item_id="s")
     [claimed] = await queue.claim_due(["slow"], "other", 1, 1)
     item = queue.items["s"]
@@ -318,10 +316,8 @@ async def test_a_runner_whose_step_record_is_refused_writes_nothing_more(
     async def handed(wf: Workflow[Any], config: Job) -> None:
         await wf.step("hand-over", hand_over)
 
-    registry: DriverRegistry[None] = DriverRegistry()
-    registry.register(handed)
     await queue.enqueue("handed", item_id="s")
-    stats = await run_due_pass(queue, registry, RunnerSettings(worker_id="w"), lambda: None)
+    stats = await one_pass(queue, handed)
     assert stats.failed == 1
     item = queue.items["s"]
     assert (item.state, item.lease_owner, item.error_count) == (ItemState.RUNNING, "thief", 0)
@@ -354,11 +350,9 @@ async def test_bad_durations_and_results_are_item_errors_naming_them(
         else:
             await wf.step("unstorable", object)
 
-    registry: DriverRegistry[None] = DriverRegistry()
-    registry.register(bad)
     for who in ("sleep", "wait", "step"):
         await queue.enqueue("bad", item_id=who, config={"who": who})
-    await run_due_pass(queue, registry, RunnerSettings(worker_id="w"), lambda: None)
+    await one_pass(queue, bad)
     errors = {i: queue.items[i].last_error or "" for i in ("sleep", "wait", "step")}
     assert "duration must be a datetime.timedelta >= 0" in errors["sleep"]
     assert "timeout must be a datetime.timedelta >= 0, got 5" in errors["wait"]
