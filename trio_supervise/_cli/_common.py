@@ -172,16 +172,21 @@ def _escape(char: str) -> str:
 
 
 def printable(value: object) -> str:
-    """*value* as text safe for a terminal: controls, bidi overrides and surrogates escaped."""
+    """*value* as text safe for a terminal: controls, bidi overrides, surrogates and the line
+    and paragraph separators (U+2028, U+2029: they end a line) escaped."""
     text = "" if value is None else str(value)
     if text.isprintable():  # the common case, and a fast one
         return text
     return "".join(
         _escape(char)
-        if char in _BIDI_CONTROLS or unicodedata.category(char) in ("Cc", "Cs")
+        if char in _BIDI_CONTROLS or unicodedata.category(char) in _ESCAPED_CATEGORIES
         else char
         for char in text
     )
+
+
+_ESCAPED_CATEGORIES = ("Cc", "Cs", "Zl", "Zp")
+"""Controls, surrogates, and the line and paragraph separators."""
 
 
 def short(value: object, width: int) -> str:
