@@ -56,10 +56,10 @@ async def month(queue: Any, directory: Directory) -> dict[str, Any]:
 
 
 EXPECTED = {
-    "ann": ("completed", {"user_id": "u1", "approved": True, "approved_by": "ops"}, 5.0),
-    "bob": ("completed", {"user_id": "u2", "approved": False, "approved_by": None}, 10.0),
-    "cat": ("completed", {"user_id": "u3", "approved": True, "approved_by": "early"}, 3.0),
-    "dan": ("completed", {"user_id": "u4", "approved": False, "approved_by": None}, 10.0),
+    "ann": ("completed", {"user_id": "u-ann", "approved": True, "approved_by": "ops"}, 5.0),
+    "bob": ("completed", {"user_id": "u-bob", "approved": False, "approved_by": None}, 10.0),
+    "cat": ("completed", {"user_id": "u-cat", "approved": True, "approved_by": "early"}, 3.0),
+    "dan": ("completed", {"user_id": "u-dan", "approved": False, "approved_by": None}, 10.0),
 }
 
 
@@ -138,7 +138,7 @@ async def test_the_service_onboards_in_virtual_time(autojump_clock: trio.testing
         await harness.queue.send_event("eve", "approved", {"by": "ops"})
         await harness.advance(60)
         item = harness.queue.items["eve"]
-    assert item.result == {"user_id": "u1", "approved": True, "approved_by": "ops"}
+    assert item.result == {"user_id": "u-eve", "approved": True, "approved_by": "ops"}
     assert item.updated_at == harness.at(4 * DAY)
     [(key, email)] = directory.welcomed.items()
     assert email == "eve@example.com"

@@ -71,7 +71,9 @@ class Directory:
 
     def create_user(self, email: str) -> Account:
         self.created += 1
-        account = Account(user_id=f"u{len(self.accounts) + 1}", email=email)
+        # The id follows from the address, not from the order users arrive in: workflows run
+        # concurrently, so a counter would number them differently from run to run.
+        account = Account(user_id=f"u-{email.partition('@')[0]}", email=email)
         self.accounts[account.user_id] = account
         return account
 
