@@ -285,6 +285,15 @@ def test_chaos_metrics_are_read_from_the_exposition_or_said_missing() -> None:
 
 
 @pytest.mark.slow
+def test_the_r7_scenario_finds_the_contracts_its_goal_relies_on() -> None:
+    """R7's goal needs ``max_attempts`` and ``storable_text``; the check finds them in this
+    build (it read a module the redesign removed, and crashed the chaos run)."""
+    from benchmarks.chaos.scenarios import _contract
+
+    assert _contract("max_attempts")
+    assert _contract("storable_text")
+
+
 def test_the_r8_scenario_counts_and_shows_every_refused_write(tmp_path: Path) -> None:
     """R8 (two worker processes, one blocking its loop past the lease) ends by itself with
     nothing lost, and its refused writes counted on /metrics as often as the log says."""

@@ -173,11 +173,11 @@ def _contract(name: str) -> bool:
     import attrs
 
     import trio_supervise as ts
-    from trio_supervise.queues import _protocol
+    import trio_supervise.queues as queues
 
     if name == "max_attempts":
         return "max_attempts" in attrs.fields_dict(ts.RunnerSettings)
-    return hasattr(_protocol, name)
+    return hasattr(queues, name)
 
 
 def run_r7(
