@@ -50,6 +50,11 @@ from ._json import copy_json as copy_json
 from ._json import flat_json_copy as flat_json_copy
 from ._json import storable_text as storable_text
 from ._json import unstorable as unstorable
+from ._key_rates import KEY_TEMPLATE_FIELDS as KEY_TEMPLATE_FIELDS
+from ._key_rates import cap_of as cap_of
+from ._key_rates import check_key_rule as check_key_rule
+from ._key_rates import key_caps as key_caps
+from ._key_rates import rule_for as rule_for
 from ._model import DEFAULT_QUEUE as DEFAULT_QUEUE
 from ._model import ITEM_FIELDS as ITEM_FIELDS
 from ._model import MAX_ERRORS as MAX_ERRORS
@@ -80,10 +85,6 @@ from ._outcomes import Stop as Stop
 from ._outcomes import dead_settlement as dead_settlement
 from ._outcomes import mark_parentless as mark_parentless
 from ._outcomes import outcome_settlement as outcome_settlement
-from ._recent import ItemError as ItemError
-from ._recent import check_errors_page as check_errors_page
-from ._recent import item_errors as item_errors
-from ._recent import newest_errors as newest_errors
 from ._rates import MAX_RATE_LIMIT as MAX_RATE_LIMIT
 from ._rates import MAX_RATE_PERIOD as MAX_RATE_PERIOD
 from ._rates import RateLimit as RateLimit
@@ -91,6 +92,10 @@ from ._rates import admitted as admitted
 from ._rates import check_rate as check_rate
 from ._rates import recorded as recorded
 from ._rates import throttled_until as throttled_until
+from ._recent import ItemError as ItemError
+from ._recent import check_errors_page as check_errors_page
+from ._recent import item_errors as item_errors
+from ._recent import newest_errors as newest_errors
 from ._rule import START_DEADLINE_PASSED as START_DEADLINE_PASSED
 from ._rule import SettlePolicy as SettlePolicy
 from ._rule import StopReason as StopReason

@@ -20,6 +20,7 @@ from ._debounce import DebounceContract
 from ._error_history import ErrorHistoryContract
 from ._evaluation_ends import EvaluationEndsContract
 from ._identity import IdentityContract
+from ._key_rate_limits import KeyRateLimitContract
 from ._producing import ProducingContract
 from ._rate_limits import RateLimitContract
 from ._retention import RetentionContract
@@ -56,6 +57,7 @@ class StoreConformance(
     AuditContract,
     ErrorHistoryContract,
     RateLimitContract,
+    KeyRateLimitContract,
     StartByContract,
     DebounceContract,
     ModelContract,
