@@ -38,23 +38,27 @@ class SQLKeyRates(SQLRates):
 
     # -- the claim's side --------------------------------------------------------------------
 
-    def _key_caps(self, conn: Any, keys: Sequence[str], params: dict[str, Any]) -> KeyCaps:
-        """What each of *keys* may start now, from the rules and the keys' logs; in the
-        claim's transaction, under its lock."""
+    def _key_caps(
+        self, conn: Any, keys: Sequence[str], params: dict[str, Any]
+    ) -> tuple[KeyCaps, Any]:
+        """What each of *keys* may start now, from the rules and the keys' logs, and the time
+        they were judged by (the claim's "now"; PostgreSQL: the database's clock read under
+        the keys' locks, which the claim then uses); in the claim's transaction."""
         if not keys:
-            return {}
+            return {}, params["now"]
         rows = conn.execute(
             self._queries["key_rates_of"], {"keys": self._ids(list(keys)), "now": params["now"]}
         ).fetchall()
         if not rows:
-            return {}
+            return {}, params["now"]
         rules = {
             row["key"]: RateLimit(row["rate_limit"], row["period_us"] / 1_000_000)
             for row in rows
             if row["rate_limit"] is not None
         }
         logs = {row["key"]: self._starts_of(row["starts"]) for row in rows}
-        return key_caps(keys, rules, logs, self._from_time(rows[0]["now"]))
+        now = rows[0]["now"]
+        return key_caps(keys, rules, logs, self._from_time(now)), now
 
     @staticmethod
     def _caps_value(caps: KeyCaps) -> dict[str, int]:

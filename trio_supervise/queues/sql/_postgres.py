@@ -29,6 +29,7 @@ from .. import _sql
 from .._ports import Capability
 from .._sql import redact_dsn
 from ._base import Lane
+from ._key_rates import KeyCaps
 from ._outbox import psycopg_savepoint
 from ._postgres_arrays import settle_params
 from ._postgres_db import (
@@ -286,12 +287,18 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
         with conn.transaction():
             rows = conn.execute(_Q["claim_keys"], params).fetchall()
             keys = [row["key"] for row in rows]
-            caps = self._key_caps(conn, keys, params) if rows and rows[0]["key_rated"] else {}
-            if caps:
+            caps: KeyCaps = {}
+            now = params["now"]
+            if rows and rows[0]["key_rated"]:
+                caps, now = self._key_caps(conn, keys, params)
                 keys = [key for key in keys if cap_of(caps, key) > 0]
             if not keys:
                 return []
-            keyed = {**params, "keys": keys, "key_caps": json.dumps(self._caps_value(caps))}
+            # With key rates the claim is at the time they were judged by, so its items'
+            # updated_at are their starts as the keys' logs record them.
+            keyed = {**params, "now": now, "keys": keys}
+            if caps:
+                keyed["key_caps"] = json.dumps(self._caps_value(caps))
             claimed = _claimed(_claim_cursor(conn).execute(_Q["claim_keyed"], keyed, binary=True))[
                 0
             ]

@@ -355,7 +355,7 @@ class SQLiteQueue(SQLiteEnqueue, SQLQueue):
         caps = None
         if key_rated:
             keys = [row[0] for row in cur.execute(_Q["claimable_keys"], params).fetchall()]
-            caps = self._key_caps(conn, keys, params)
+            caps, _ = self._key_caps(conn, keys, params)
             params = {**params, "key_caps": json.dumps(self._caps_value(caps))}
 
         def claim(rated: dict[str, Any]) -> list[WorkItem]:
