@@ -272,12 +272,12 @@ WITH rate AS MATERIALIZED (
       )
       AND (%(rated)s::boolean OR NOT EXISTS (SELECT 1 FROM rate))
       AND (c.concurrency_key IS NULL OR (coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
-          AND NOT EXISTS (
-              -- A key whose rate limit's window is full (docs/flow-control.md); none, mostly.
-              SELECT 1 FROM trio_supervise_key_rates AS t
+          AND coalesce((
+              -- A key whose rate limit's window is full is left out (docs/flow-control.md):
+              -- a probe of the key's row by its primary key, for keyed rows only.
+              SELECT t.throttled_until FROM trio_supervise_key_rates AS t
               WHERE t.key = c.concurrency_key
-                AND t.throttled_until > coalesce(%(now)s::timestamptz, now())
-          )))
+          ), '-infinity') <= coalesce(%(now)s::timestamptz, now())))
     ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -293,12 +293,12 @@ WITH rate AS MATERIALIZED (
       )
       AND (%(rated)s::boolean OR NOT EXISTS (SELECT 1 FROM rate))
       AND (c.concurrency_key IS NULL OR (coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
-          AND NOT EXISTS (
-              -- A key whose rate limit's window is full (docs/flow-control.md); none, mostly.
-              SELECT 1 FROM trio_supervise_key_rates AS t
+          AND coalesce((
+              -- A key whose rate limit's window is full is left out (docs/flow-control.md):
+              -- a probe of the key's row by its primary key, for keyed rows only.
+              SELECT t.throttled_until FROM trio_supervise_key_rates AS t
               WHERE t.key = c.concurrency_key
-                AND t.throttled_until > coalesce(%(now)s::timestamptz, now())
-          )))
+          ), '-infinity') <= coalesce(%(now)s::timestamptz, now())))
     ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -356,11 +356,10 @@ SELECT k.key, EXISTS (
                   AND c.due_at <= coalesce(%(now)s::timestamptz, now())
                   AND c.concurrency_key IS NOT NULL
                   AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
-                  AND NOT EXISTS (
-                      SELECT 1 FROM trio_supervise_key_rates AS t
+                  AND coalesce((
+                      SELECT t.throttled_until FROM trio_supervise_key_rates AS t
                       WHERE t.key = c.concurrency_key
-                        AND t.throttled_until > coalesce(%(now)s::timestamptz, now())
-                  )
+                  ), '-infinity') <= coalesce(%(now)s::timestamptz, now())
                 ORDER BY c.priority, c.due_at, c.id
                 LIMIT %(limit)s
             )
@@ -372,11 +371,10 @@ SELECT k.key, EXISTS (
                   AND c.lease_expires_at <= coalesce(%(lease_now)s::timestamptz, now())
                   AND c.concurrency_key IS NOT NULL
                   AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
-                  AND NOT EXISTS (
-                      SELECT 1 FROM trio_supervise_key_rates AS t
+                  AND coalesce((
+                      SELECT t.throttled_until FROM trio_supervise_key_rates AS t
                       WHERE t.key = c.concurrency_key
-                        AND t.throttled_until > coalesce(%(now)s::timestamptz, now())
-                  )
+                  ), '-infinity') <= coalesce(%(now)s::timestamptz, now())
                 ORDER BY c.priority, c.due_at, c.id
                 LIMIT %(limit)s
             )
