@@ -229,8 +229,12 @@ class OperatorSide(MemoryState):
         # Each key's log stays while a rule holds it (the latest starts count against a
         # changed limit); a key no rule holds any more forgets its starts.
         rules = sorted(self._key_rules)
-        for held in [k for k in self._key_starts if rule_for(k, rules) is None]:
-            del self._key_starts[held]
+        for held in list(self._key_starts):
+            rule = rule_for(held, rules)
+            if rule is None:
+                del self._key_starts[held]
+            else:
+                self._key_starts[held] = self._key_starts[held][-self._key_rules[rule].limit :]
         self._log("set_key_rate_limit", key, rate=None if rate is None else str(rate))
         self._changed()
 
