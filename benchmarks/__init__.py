@@ -15,6 +15,8 @@ See ``docs/benchmarks.md``. One module per family:
 - :mod:`benchmarks.inflight`: P11 (10,000 leases in flight: renewal round, memory);
 - :mod:`benchmarks.flow`: P13 (an unlimited queue beside a rate-limited backlog) and P13r (the
   rate achieved against the limit), SQLite and PostgreSQL;
+- :mod:`benchmarks.durable`: P12 (durable workflow steps against the runner's items, SQLite and
+  PostgreSQL);
 - :mod:`benchmarks.supervision`: P5 (memory per idle supervised worker; retired, ``--only P5``).
 
 And beside them, :mod:`benchmarks.instructions` (``python -m benchmarks.instructions``): P1's and

@@ -38,6 +38,8 @@ MEASURES = (
     "P10p",
     "P11",
     "P11m",
+    "P12s",
+    "P12p",
     "P13s",
     "P13rs",
     "P13p",
@@ -55,6 +57,7 @@ NEEDS_DSN = {
     "P9p",
     "P9hp",
     "P10p",
+    "P12p",
     "P13p",
     "P13rp",
 }
@@ -67,7 +70,7 @@ DEFAULT = tuple(measure for measure in MEASURES if measure not in RETIRED)
 
 def run(config: Config, only: Sequence[str] = DEFAULT) -> list[Result]:
     """Run the measures in *only* (in the canonical order) and return their results."""
-    from . import bulk, flow, inflight, memory, postgres, scale, sqlite, supervision
+    from . import bulk, durable, flow, inflight, memory, postgres, scale, sqlite, supervision
 
     wanted = set(only)
     steps: list[tuple[set[str], Callable[[Config], Result | list[Result]]]] = [
@@ -84,6 +87,8 @@ def run(config: Config, only: Sequence[str] = DEFAULT) -> list[Result]:
         ({"P10s"}, bulk.p10s),
         ({"P10p"}, bulk.p10p),
         ({"P11", "P11m"}, inflight.p11),
+        ({"P12s"}, durable.p12s),
+        ({"P12p"}, durable.p12p),
         ({"P13s", "P13rs"}, flow.p13s),
         ({"P13p", "P13rp"}, flow.p13p),
     ]

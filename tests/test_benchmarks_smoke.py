@@ -558,3 +558,14 @@ def test_the_instructions_check_fails_past_five_percent_over_the_baseline() -> N
     assert over_baseline({"P4r": 1.0}, baseline) == [
         "P4r: no baseline in benchmarks/instructions_baseline.json"
     ]
+
+
+def test_the_durable_workflow_measure_reports_the_documented_shape() -> None:
+    """P12s (durable workflow steps against the runner's items, SQLite) runs at a tiny size
+    and reports one record, steps and items as documented."""
+    results = benchmarks_main.run(Config(tiny=True), ["P12s"])
+    records = benchmarks_main.as_json(results)
+    assert set(records) == {"P12s"}
+    check_record(records["P12s"])
+    assert records["P12s"]["steps"] == records["P12s"]["workflows"] * 10
+    assert "P12p" in benchmarks_main.NEEDS_DSN

@@ -591,3 +591,12 @@ def test_output_into_a_closed_pipe_exits_quietly_with_status_0(
     )
     assert (result.returncode, result.stderr) == (0, "")
     assert len(result.stdout.splitlines()) == 1
+
+
+def test_printable_escapes_the_line_and_paragraph_separators() -> None:
+    """U+2028 and U+2029 end a line (``str.splitlines``, many terminals): an error naming a
+    URL that holds one stays one line (Hypothesis found ``status --url .../\u2028``)."""
+    from trio_supervise._cli._common import printable
+
+    assert printable("a\u2028b\u2029c") == "a\\u2028b\\u2029c"
+    assert len(printable("http://127.0.0.1:1/\u2028 is unreachable").splitlines()) == 1

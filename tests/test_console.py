@@ -16,8 +16,10 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from trio_supervise import (
+    EntryKind,
     HttpSettings,
     ItemState,
+    JournalEntry,
     MemoryAuditTrail,
     MemoryQueue,
     NewItem,
@@ -557,3 +559,45 @@ async def test_a_service_console_shows_what_nothing_serves_and_records_actions()
     assert "<td>reminders (not served here)</td>" in page
     [entry] = audit.entries
     assert (entry.action, entry.target, entry.ok) == ("fire", "schedule:nightly", True)
+
+
+async def test_the_item_page_lists_a_durable_workflow_s_steps_and_events(
+    console: Console,
+) -> None:
+    """Each recorded step (when, how long, attempts, a short form of its result), the pending
+    wait and the events sent, escaped; an item without a journal shows no such section."""
+    queue = console.queue
+    await queue.enqueue("report", item_id="wf")
+    [claimed] = await queue.claim_due(["report"], "w1", 30, 1)
+    now = queue.clock.now()
+    await queue.record_entry(
+        "wf",
+        claimed.lease_version,
+        JournalEntry(
+            position=0,
+            kind=EntryKind.STEP,
+            name="create-user",
+            result={"user": "<ann>"},
+            attempts=2,
+            started_at=now,
+            finished_at=now,
+        ),
+    )
+    await queue.record_entry(
+        "wf",
+        claimed.lease_version,
+        JournalEntry(position=1, kind=EntryKind.WAIT, name="approved", started_at=now),
+    )
+    await queue.send_event("wf", "approved", {"by": "<b>ops</b>"})
+    page = await console.page("/items/wf")
+    assert "<h2>Steps</h2>" in page
+    assert re.search(
+        r"<td>0</td><td>step</td><td>create-user</td><td><code>[0-9: -]+ UTC, 0.000 s, "
+        r"2 attempts: \{&#34;user&#34;: &#34;&lt;ann&gt;&#34;\}</code>",
+        page,
+    )
+    assert "<td>approved</td><td><code>" in page
+    assert "waiting (deadline: no timeout)" in page
+    assert "&#34;&lt;b&gt;ops&lt;/b&gt;&#34;" in page
+    await queue.enqueue("report", item_id="plain")
+    assert "<h2>Steps</h2>" not in await console.page("/items/plain")

@@ -496,3 +496,62 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         ts.Stop(result={"ok": True}, children=[new]),
     ]
     assert_type(outcomes[0], ts.Continue | ts.Reschedule | ts.Stop)
+
+
+@ts.durable_workflow("water", config_type=Watering, queue="garden", priority=1, timeout=60.0)
+async def water(wf: ts.Workflow[Garden], config: Watering) -> float:
+    """A durable workflow: the decorator makes the driver, typed by its config."""
+    litres = await wf.step("measure", lambda: config.litres, retry=ts.RestartPolicy(1, 10))
+    assert_type(litres, Any)
+    await wf.sleep(dt.timedelta(hours=1))
+    await wf.sleep_until(wf.now() + dt.timedelta(hours=1), name="again")
+    payload = await wf.wait_for_event("rain", timeout=dt.timedelta(days=1), payload_type=Garden)
+    if await wf.patched("more-water"):
+        litres = litres * 2
+    assert_type(wf.step_key("measure"), str)
+    assert_type(wf.context, Garden)
+    return float(litres) if payload is None else 0.0
+
+
+def durable_records(store: ts.DurableJournal, item: WorkItem) -> None:
+    """The durable workflow's driver and journal records, built with every argument."""
+    assert_type(water, ts.DurableWorkflow[Watering])
+    registry: ts.DriverRegistry[Garden] = ts.DriverRegistry()
+    registry.register(water)
+    when = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    entry = ts.JournalEntry(
+        position=0,
+        kind=ts.EntryKind.STEP,
+        name="measure",
+        result=3.0,
+        attempts=1,
+        started_at=when,
+        finished_at=when,
+        wake_at=None,
+    )
+    event = ts.ItemEvent(name="rain", payload={"mm": 4}, sent_at=when)
+    journal = ts.Journal(entries=(entry,), events=(event,))
+    assert_type(journal.entries[0].pending, bool)
+    ts.DurableWorkflow(
+        name="water",
+        config_type=Watering,
+        function=water.function,
+        queue="garden",
+        priority=0,
+        timeout=None,
+        jitter=ts.Jitter(seed=1),
+        store=store,
+        hook=None,
+    )
+    ts.Workflow(
+        name="water",
+        item=item,
+        context=Garden(name="g"),
+        store=store,
+        clock=store.clock.now,
+        entries={0: entry},
+        events=(event,),
+        jitter=ts.Jitter(seed=1),
+        hook=None,
+        count=lambda outcome: None,
+    )

@@ -18,9 +18,11 @@ from ._errors import LeaseLost as LeaseLost
 from ._errors import QueueError as QueueError
 from ._errors import QueueFailed as QueueFailed
 from ._errors import QueueUnavailable as QueueUnavailable
+from ._errors import ReplayMismatch as ReplayMismatch
 from ._errors import SchemaError as SchemaError
 from ._errors import SettingsError as SettingsError
 from ._errors import StartFailed as StartFailed
+from ._errors import StepFailed as StepFailed
 from ._errors import SuperviseError as SuperviseError
 from ._errors import WorkerFailed as WorkerFailed
 from ._lifecycle import Shutdown as Shutdown
@@ -45,6 +47,9 @@ from .console import OperationsApp as OperationsApp
 from .console import StatusSource as StatusSource
 from .console import hash_password as hash_password
 from .console import serve_http as serve_http
+from .durable import DurableWorkflow as DurableWorkflow
+from .durable import Workflow as Workflow
+from .durable import durable_workflow as durable_workflow
 from .job import Continue as Continue
 from .job import Discard as Discard
 from .job import EvaluationTimedOut as EvaluationTimedOut
@@ -64,10 +69,15 @@ from .queues import DEFAULT_QUEUE as DEFAULT_QUEUE
 from .queues import MAX_ERRORS as MAX_ERRORS
 from .queues import MAX_PRIORITY as MAX_PRIORITY
 from .queues import MIN_PRIORITY as MIN_PRIORITY
+from .queues import DurableJournal as DurableJournal
 from .queues import Enqueued as Enqueued
+from .queues import EntryKind as EntryKind
 from .queues import ErrorEntry as ErrorEntry
 from .queues import ItemError as ItemError
+from .queues import ItemEvent as ItemEvent
 from .queues import ItemState as ItemState
+from .queues import Journal as Journal
+from .queues import JournalEntry as JournalEntry
 from .queues import Lease as Lease
 from .queues import LeaseStatus as LeaseStatus
 from .queues import MemoryQueue as MemoryQueue
@@ -127,12 +137,16 @@ __all__ = [
     "DriverError",
     "DriverRegistry",
     "DuplicateItem",
+    "DurableJournal",
+    "DurableWorkflow",
     "Enqueued",
+    "EntryKind",
     "ErrorEntry",
     "ItemError",
     "EvaluationTimedOut",
     "ErrorRecord",
     "HttpSettings",
+    "ItemEvent",
     "PostgresSettings",
     "Intensity",
     "ItemNotFound",
@@ -140,6 +154,8 @@ __all__ = [
     "ItemStateError",
     "Jitter",
     "JitterMode",
+    "Journal",
+    "JournalEntry",
     "JsonFormatter",
     "Lease",
     "LeaseLost",
@@ -163,6 +179,7 @@ __all__ = [
     "RateLimit",
     "QueueUnavailable",
     "RecentError",
+    "ReplayMismatch",
     "Reschedule",
     "RestartPolicy",
     "RestartType",
@@ -187,6 +204,7 @@ __all__ = [
     "ShutdownOrder",
     "StartFailed",
     "StatusSource",
+    "StepFailed",
     "Stop",
     "Strategy",
     "SuperviseError",
@@ -201,10 +219,12 @@ __all__ = [
     "WorkerFailed",
     "WorkerState",
     "WorkerStatus",
+    "Workflow",
     "WorkflowDriver",
     "WorkflowRunner",
     "__version__",
     "configure_logging",
+    "durable_workflow",
     "hash_password",
     "load_settings",
     "migrate",

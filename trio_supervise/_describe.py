@@ -11,9 +11,12 @@ import datetime as dt
 import json
 from collections.abc import Sequence
 
-from .queues import WorkItem
+from .queues import EntryKind, Journal, JournalEntry, WorkItem
 
-__all__ = ["children_text", "due_text", "item_fields", "stamp"]
+__all__ = ["children_text", "due_text", "item_fields", "journal_fields", "stamp"]
+
+SHORT_RESULT = 80
+"""How many characters of a recorded step result ``items show`` and the item page show."""
 
 
 def stamp(value: dt.datetime | None) -> str:
@@ -92,4 +95,48 @@ def item_fields(item: WorkItem) -> list[tuple[str, str]]:
         fields.append(("parent", item.parent_id))
     if item.traceparent is not None:
         fields.append(("trace", item.traceparent))
+    return fields
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= SHORT_RESULT else text[: SHORT_RESULT - 3] + "..."
+
+
+def entry_text(entry: JournalEntry) -> str:
+    """One journal entry for people: when it started, how long it took, and what it recorded
+    (a step's attempts and result, a sleep's wake time, a wait's outcome or deadline)."""
+    started = f"{stamp(entry.started_at)} UTC"
+    if entry.kind is EntryKind.SLEEP:
+        return f"{started}, until {stamp(entry.wake_at)} UTC"
+    if entry.kind is EntryKind.PATCH:
+        return f"{started}, version marker"
+    if entry.pending:
+        deadline = f"{stamp(entry.wake_at)} UTC" if entry.wake_at is not None else "no timeout"
+        return f"{started}, waiting (deadline: {deadline})"
+    assert entry.finished_at is not None
+    took = f"{(entry.finished_at - entry.started_at).total_seconds():.3f} s"
+    if entry.kind is EntryKind.WAIT:
+        got = entry.result
+        outcome = (
+            f"event {_short(got['event'])}"
+            if isinstance(got, dict) and "event" in got
+            else "timed out"
+        )
+        return f"{started}, {took}: {outcome}"
+    tries = "attempt" if entry.attempts == 1 else "attempts"
+    return f"{started}, {took}, {entry.attempts} {tries}: {_short(entry.result)}"
+
+
+def journal_fields(journal: Journal) -> list[tuple[str, str]]:
+    """A durable workflow's journal as ``(name, text)`` lines, one per entry in order (``step
+    0 create-user``), then one per event sent to the item."""
+    fields = [
+        (f"{entry.kind} {entry.position}", f"{entry.name}: {entry_text(entry)}")
+        for entry in journal.entries
+    ]
+    fields.extend(
+        (f"event {n}", f"{event.name} at {stamp(event.sent_at)} UTC: {_short(event.payload)}")
+        for n, event in enumerate(journal.events, start=1)
+    )
     return fields

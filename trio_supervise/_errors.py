@@ -13,9 +13,11 @@ __all__ = [
     "QueueError",
     "QueueFailed",
     "QueueUnavailable",
+    "ReplayMismatch",
     "SchemaError",
     "SettingsError",
     "StartFailed",
+    "StepFailed",
     "SuperviseError",
     "WorkerFailed",
 ]
@@ -128,3 +130,27 @@ class StartFailed(WorkerFailed):
 class ChildStateError(SuperviseError, RuntimeError):
     """A child management call does not fit the child's state (restarting a running child,
     deleting one that is not terminated)."""
+
+
+class StepFailed(SuperviseError):
+    """A durable workflow's step raised on every attempt its retry policy allows: an item error
+    naming the step (the item is retried, or goes dead, as any item error)."""
+
+    def __init__(self, workflow: str, step: str, attempts: int, error: str) -> None:
+        self.workflow = workflow
+        self.step = step
+        self.attempts = attempts
+        self.error = error
+        tries = "attempt" if attempts == 1 else "attempts"
+        super().__init__(
+            f"workflow {workflow!r}: step {step!r} failed after {attempts} {tries}: {error}"
+        )
+
+    def __reduce__(self) -> tuple[type[StepFailed], tuple[str, str, int, str]]:
+        return (type(self), (self.workflow, self.step, self.attempts, self.error))
+
+
+class ReplayMismatch(SuperviseError):
+    """A durable workflow asked for something other than what its journal recorded at that
+    position: its code changed under an item in flight without a version marker (the item goes
+    ``dead``: running on could repeat or skip work)."""

@@ -22,6 +22,9 @@ delete    any item not running; the store refuses one waiting for its children, 
 pause     a named queue, fleet-wide (claims stop at the next claim); resume undoes it.
 fire      a schedule: one item due now, with an id no regular fire has (see
           :func:`~trio_supervise.maintenance.fire_now`).
+event     a queued or running item of a store with durable journals: the event is kept for it
+          (a durable workflow waiting for it is due at once); an unknown or finished item, or a
+          store without journals, is refused.
 ========  =======================================================================================
 """
 
@@ -31,14 +34,22 @@ import datetime as dt
 
 from ._errors import SuperviseError
 from .maintenance import Schedule, fire_now
-from .queues import ItemState, RateLimit, WorkItem, WorkQueue
-from .queues._ports import Capability, KeyRateLimitStore, RateLimitStore, capabilities_of
+from .queues import ItemState, Journal, JSONValue, RateLimit, WorkItem, WorkQueue
+from .queues._ports import (
+    Capability,
+    DurableJournal,
+    KeyRateLimitStore,
+    RateLimitStore,
+    capabilities_of,
+)
 
 __all__ = [
     "ActionRefused",
     "cancel_item",
     "delete_item",
     "fire_schedule",
+    "read_journal",
+    "send_event",
     "pause_queue",
     "resume_queue",
     "retry_item",
@@ -159,3 +170,29 @@ async def fire_schedule(queue: WorkQueue, schedule: Schedule) -> tuple[WorkItem,
     """Enqueue *schedule*'s item due now, by hand."""
     item = await fire_now(queue, schedule)
     return item, f"fired {schedule.name}: {item.id} is due now in queue {item.queue}"
+
+
+def _journals(queue: WorkQueue) -> DurableJournal | None:
+    """*queue* as its durable journal port, or None if it declares none."""
+    if Capability.DURABLE_JOURNAL not in capabilities_of(queue):
+        return None
+    port: DurableJournal = queue  # type: ignore[assignment]
+    return port
+
+
+async def read_journal(queue: WorkQueue, item_id: str) -> Journal | None:
+    """*item_id*'s durable journal and events, or None when the store keeps none."""
+    port = _journals(queue)
+    return None if port is None else await port.read_journal(item_id)
+
+
+async def send_event(
+    queue: WorkQueue, item_id: str, name: str, payload: JSONValue
+) -> tuple[WorkItem, str]:
+    """Send event *name* to *item_id*; the item as it is now and a sentence saying so."""
+    port = _journals(queue)
+    if port is None:
+        raise ActionRefused(f"this store ({type(queue).__name__}) keeps no durable journals")
+    await port.send_event(item_id, name, payload)
+    item = await queue.get(item_id)
+    return item, f"sent event {name!r} to {item_id!r} ({item.state}, due {_stamp(item.due_at)})"

@@ -1337,3 +1337,26 @@ async def test_a_column_added_by_a_later_migration_leaves_running_workers_workin
                 )
             for n in range(7, 10):
                 await round_of_everything(queue, n)
+
+
+async def test_an_event_for_a_waiting_workflow_wakes_a_waiter_in_another_queue() -> None:
+    """send_event's NOTIFY: an event that makes a waiting item due wakes wait_for_work on
+    another connection."""
+    from trio_supervise.queues import EntryKind, JournalEntry
+
+    with pg_schema() as (dsn, schema):
+        clock = ManualClock()
+        async with (
+            await PostgresQueue.connect(dsn, clock=clock, schema=schema, migrate=True) as waiter,
+            await PostgresQueue.connect(dsn, clock=clock, schema=schema) as sender,
+        ):
+            await sender.enqueue("spec", item_id="wf")
+            [item] = await sender.claim_due(["spec"], "w", 30, 1)
+            week = clock.now() + dt.timedelta(days=7)
+            wait = JournalEntry(
+                position=0, kind=EntryKind.WAIT, name="go", started_at=clock.now(), wake_at=week
+            )
+            await sender.record_entry("wf", item.lease_version, wait)
+            await sender.reschedule("wf", item.lease_version, week, {})
+            await _wakes(waiter, lambda: sender.send_event("wf", "go", {"n": 1}))
+            assert (await sender.get("wf")).due_at == clock.now()

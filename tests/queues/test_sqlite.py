@@ -9,11 +9,14 @@ from typing import Any
 
 import attrs
 import pytest
+import trio
 
 from trio_supervise import QueueFailed, QueueUnavailable, SchemaError
 from trio_supervise.queues import (
     DEFAULT_DATABASE_URL,
+    EntryKind,
     ItemState,
+    JournalEntry,
     MemoryQueue,
     SettleKind,
     Settlement,
@@ -371,3 +374,47 @@ async def test_cancelling_a_finished_or_flagged_item_writes_nothing(tmp_path: Pa
         for item_id in ("done", "flagged"):
             assert await queue.request_cancel(item_id) == await queue.get(item_id)
         assert queue._conn.total_changes == changes
+
+
+async def test_a_journal_write_cancelled_before_its_group_is_written_is_never_written(
+    tmp_path: Path,
+) -> None:
+    """Journal writes made while another group is being written wait for its turn; one whose
+    evaluation is cancelled meanwhile is dropped from the next group (never written), and the
+    rest of that group is written."""
+    path = tmp_path / "queue.db"
+    queue = await SQLiteQueue.connect(path)
+    now = dt.datetime.now(dt.UTC)
+
+    def entry(name: str) -> JournalEntry:
+        return JournalEntry(
+            position=0, kind=EntryKind.STEP, name=name, started_at=now, finished_at=now
+        )
+
+    async with queue:
+        for item_id in ("a", "b", "c"):
+            await queue.enqueue("spec", item_id=item_id)
+        items = {i.id: i for i in await queue.claim_due(["spec"], "w", 30, 3)}
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # the first group waits for the write lock
+        b_scope = trio.CancelScope()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(queue.record_entry, "a", items["a"].lease_version, entry("a"))
+            await trio.sleep(0.05)  # a's group is in its thread, waiting for the lock
+
+            async def record_b() -> None:
+                with b_scope:
+                    await queue.record_entry("b", items["b"].lease_version, entry("b"))
+
+            nursery.start_soon(record_b)
+            nursery.start_soon(queue.record_entry, "c", items["c"].lease_version, entry("c"))
+            await trio.sleep(0.05)
+            b_scope.cancel()  # b waits for a's turn to end: cancelled, never written
+            await trio.sleep(0.05)
+            blocker.execute("COMMIT")
+        blocker.close()
+        written = {
+            item_id: [e.name for e in (await queue.read_journal(item_id)).entries]
+            for item_id in ("a", "b", "c")
+        }
+    assert written == {"a": ["a"], "b": [], "c": ["c"]}

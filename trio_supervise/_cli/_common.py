@@ -19,10 +19,10 @@ from typing import Any, TextIO, TypeAlias
 import trio
 
 from .._convert import unstructure
-from .._describe import children_text, item_fields, stamp
+from .._describe import children_text, item_fields, journal_fields, stamp
 from .._errors import ItemNotFound, SuperviseError
 from .._settings import MAX_COUNT, MAX_SECONDS, Settings, load_settings
-from ..queues import WorkItem, WorkQueue
+from ..queues import Journal, WorkItem, WorkQueue
 from ..queues._factory import open_queue
 from ..queues._sql import scrub_dsn
 
@@ -172,16 +172,21 @@ def _escape(char: str) -> str:
 
 
 def printable(value: object) -> str:
-    """*value* as text safe for a terminal: controls, bidi overrides and surrogates escaped."""
+    """*value* as text safe for a terminal: controls, bidi overrides, surrogates and the line
+    and paragraph separators (U+2028, U+2029: they end a line) escaped."""
     text = "" if value is None else str(value)
     if text.isprintable():  # the common case, and a fast one
         return text
     return "".join(
         _escape(char)
-        if char in _BIDI_CONTROLS or unicodedata.category(char) in ("Cc", "Cs")
+        if char in _BIDI_CONTROLS or unicodedata.category(char) in _ESCAPED_CATEGORIES
         else char
         for char in text
     )
+
+
+_ESCAPED_CATEGORIES = ("Cc", "Cs", "Zl", "Zp")
+"""Controls, surrogates, and the line and paragraph separators."""
 
 
 def short(value: object, width: int) -> str:
@@ -209,17 +214,26 @@ def item_json(item: WorkItem) -> dict[str, Any]:
 
 
 def print_item(
-    item: WorkItem, as_json: bool, children: Sequence[WorkItem] = (), *, complete: bool = True
+    item: WorkItem,
+    as_json: bool,
+    children: Sequence[WorkItem] = (),
+    *,
+    complete: bool = True,
+    journal: Journal | None = None,
 ) -> None:
     if as_json:
         document = item_json(item)
         if children:
             document["children"] = [child.id for child in children]
+        if journal is not None and (journal.entries or journal.events):
+            document["journal"] = unstructure(journal)
         print(json.dumps(document, indent=2, sort_keys=True))
         return
     fields = item_fields(item)
     if children:
         fields.append(("children", children_text(children, complete)))
+    if journal is not None:
+        fields.extend(journal_fields(journal))
     # The error history, oldest first, each with its (trimmed) traceback below it.
     fields.extend(
         (

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from .._convert import nested_too_deeply, nesting_exceeds
 from .._describe import due_text, stamp
 from .._errors import ConfigError, DuplicateItem
-from .._operations import cancel_item, retry_item
+from .._operations import cancel_item, read_journal, retry_item
 from .._settings import MAX_COUNT
 from ..job import (
     DEFAULT_QUEUE,
@@ -35,8 +35,8 @@ from ..job import (
     check_priority,
     first_line,
 )
-from ..queues import Enqueued, ItemState, NewItem, WorkItem, WorkQueue
-from . import _items_edit
+from ..queues import Enqueued, ItemState, Journal, NewItem, WorkItem, WorkQueue
+from . import _items_edit, _items_event
 from ._common import (
     AS_JSON,
     DATABASE,
@@ -212,6 +212,7 @@ def register(commands: Subparsers) -> None:
     moment.add_argument("--now", action="store_true", help="a queued item too: make it due now")
     retry.set_defaults(handler=_cmd_retry)
     _items_edit.register(actions)
+    _items_event.register(actions)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -302,15 +303,17 @@ _SHOWN_CHILDREN = 10_000
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    async def body(queue: WorkQueue) -> tuple[WorkItem, list[WorkItem]]:
+    async def body(queue: WorkQueue) -> tuple[WorkItem, list[WorkItem], Journal | None]:
         if args.key is not None:
             item = await queue.get_by_key(args.key)
         else:
             item = await queue.get(args.item_id)
-        return item, await queue.list_children(item.id, limit=_SHOWN_CHILDREN)
+        children = await queue.list_children(item.id, limit=_SHOWN_CHILDREN)
+        return item, children, await read_journal(queue, item.id)
 
-    item, children = with_queue(args, body)
-    print_item(item, args.json, children, complete=len(children) < _SHOWN_CHILDREN)
+    item, children, journal = with_queue(args, body)
+    complete = len(children) < _SHOWN_CHILDREN
+    print_item(item, args.json, children, complete=complete, journal=journal)
     return 0
 
 

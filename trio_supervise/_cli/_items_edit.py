@@ -90,7 +90,7 @@ def register(actions: Any) -> None:
         help="queue URL; default: settings database_url ($TRIO_SUPERVISE_DATABASE_URL)",
     )
     edit.add_argument(
-        "--config", dest="new_config", required=True, type=_config, metavar="JSON",
+        "--config", dest="new_config", required=True, type=json_value, metavar="JSON",
         help="the new config, a JSON value",
     )  # fmt: skip
     edit.set_defaults(handler=_cmd_edit)
@@ -105,9 +105,10 @@ def _age(text: str) -> float:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _config(text: str) -> Any:
+def json_value(text: str) -> Any:
+    """A command-line argument that must be a JSON value (a config, an event's payload)."""
     if nesting_exceeds(text):
-        raise argparse.ArgumentTypeError(nested_too_deeply("the config"))
+        raise argparse.ArgumentTypeError(nested_too_deeply("the value"))
     try:
         return json.loads(text)
     except ValueError as error:

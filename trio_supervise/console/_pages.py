@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from .._errors import ItemNotFound
+from .._operations import read_journal
 from ..queues import ErrorHistoryStore, ItemError, ItemState, WorkItem
 from ..queues._ports import Capability, capabilities_of
 from ._actions import item_actions
@@ -34,6 +35,7 @@ from ._views import (
     error_row,
     item_error_row,
     item_page_context,
+    journal_context,
     lineage,
     list_row,
     queue_rows,
@@ -326,4 +328,5 @@ class Pages:
             actions=[] if self._app.read_only else item_actions(item, back),
             lineage=await lineage(queue, item),
             **item_page_context(item, children),
+            **journal_context(await read_journal(queue, item.id)),
         )

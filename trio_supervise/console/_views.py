@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 import attrs
 import jinja2
 
-from .._describe import due_text, item_fields, stamp
+from .._describe import due_text, entry_text, item_fields, stamp
 from .._errors import ItemNotFound
 from ..maintenance import Schedule
-from ..queues import ItemState, QueueInfo, WorkItem, WorkQueue
+from ..queues import ItemState, Journal, QueueInfo, WorkItem, WorkQueue
 from ..supervision import WorkerStatus
 
 __all__ = [
@@ -400,6 +400,22 @@ async def lineage(queue: WorkQueue, item: WorkItem) -> list[dict[str, str | None
     if parent_id is not None and len(steps) >= _LINEAGE:
         steps.append({"id": None, "text": "…"})
     return steps[::-1]
+
+
+def journal_context(journal: Journal | None) -> dict[str, Any]:
+    """A durable workflow's journal for the item page: its steps (sleeps, waits, markers) in
+    order and the events sent to it; both empty for any other item."""
+    if journal is None:
+        return {"steps": [], "events": []}
+    steps = [
+        {"position": e.position, "kind": str(e.kind), "name": e.name, "text": entry_text(e)}
+        for e in journal.entries
+    ]
+    events = [
+        {"name": e.name, "at": f"{stamp(e.sent_at)} UTC", "payload": json.dumps(e.payload)}
+        for e in journal.events
+    ]
+    return {"steps": steps, "events": events}
 
 
 def item_page_context(item: WorkItem, children: Sequence[WorkItem]) -> dict[str, Any]:

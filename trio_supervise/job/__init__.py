@@ -44,6 +44,13 @@ from ._describe import application_frames as application_frames
 from ._describe import describe_error as describe_error
 from ._describe import describe_failure as describe_failure
 from ._describe import first_line as first_line
+from ._journal import MAX_JOURNAL_ENTRIES as MAX_JOURNAL_ENTRIES
+from ._journal import EntryKind as EntryKind
+from ._journal import ItemEvent as ItemEvent
+from ._journal import Journal as Journal
+from ._journal import JournalEntry as JournalEntry
+from ._journal import check_entry as check_entry
+from ._journal import check_event as check_event
 from ._json import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from ._json import check_json as check_json
 from ._json import copy_json as copy_json

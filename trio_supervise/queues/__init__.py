@@ -10,9 +10,13 @@ from ..job import MAX_PRIORITY as MAX_PRIORITY
 from ..job import MIN_PRIORITY as MIN_PRIORITY
 from ..job import WAITING_DUE_AT as WAITING_DUE_AT
 from ..job import Enqueued as Enqueued
+from ..job import EntryKind as EntryKind
 from ..job import ErrorEntry as ErrorEntry
 from ..job import ItemError as ItemError
+from ..job import ItemEvent as ItemEvent
 from ..job import ItemState as ItemState
+from ..job import Journal as Journal
+from ..job import JournalEntry as JournalEntry
 from ..job import JSONValue as JSONValue
 from ..job import Lease as Lease
 from ..job import LeaseStatus as LeaseStatus
@@ -31,6 +35,7 @@ from ._factory import open_queue as open_queue
 from ._factory import parse_queue_url as parse_queue_url
 from ._ports import AuditStore as AuditStore
 from ._ports import Capability as Capability
+from ._ports import DurableJournal as DurableJournal
 from ._ports import ErrorHistoryStore as ErrorHistoryStore
 from ._ports import KeyRateLimitStore as KeyRateLimitStore
 from ._ports import MaintenanceStore as MaintenanceStore
@@ -51,6 +56,11 @@ __all__ = [
     "AuditStore",
     "Capability",
     "ErrorHistoryStore",
+    "DurableJournal",
+    "EntryKind",
+    "ItemEvent",
+    "Journal",
+    "JournalEntry",
     "MaintenanceStore",
     "OperatorStore",
     "ProducerStore",

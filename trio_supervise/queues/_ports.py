@@ -34,6 +34,8 @@ from ..job import (
     EnqueueOptions,
     ItemError,
     ItemState,
+    Journal,
+    JournalEntry,
     JSONValue,
     Lease,
     LeaseStatus,
@@ -50,6 +52,7 @@ __all__ = [
     "AuditStore",
     "BatchWrites",
     "Capability",
+    "DurableJournal",
     "EnqueueFront",
     "ErrorHistoryStore",
     "MaintenanceStore",
@@ -122,6 +125,9 @@ class Capability(enum.StrEnum):
     ERROR_HISTORY = "error-history"
     """It is an :class:`ErrorHistoryStore`: ``recent_errors(limit=, before=)``, the entries of
     its items' error histories, newest first, in pages."""
+    DURABLE_JOURNAL = "durable-journal"
+    """The :class:`DurableJournal` port: each item incarnation's journal of steps, sleeps and
+    waits, written fenced by the lease version, and events sent to items."""
 
 
 @runtime_checkable
@@ -303,6 +309,37 @@ class MaintenanceStore(Protocol):
 
     async def last_fires(self, names: Sequence[str]) -> dict[str, dt.datetime]:
         """The last fire recorded for each of the schedules *names* that has one."""
+        ...
+
+
+@runtime_checkable
+class DurableJournal(Protocol):
+    """What a durable workflow uses (declared as :attr:`Capability.DURABLE_JOURNAL`).
+
+    Each item incarnation has a journal of positions 0, 1, ... (an item id used again starts
+    with none); it is deleted with its item (``delete``, ``prune``) and kept by ``retry``.
+    """
+
+    @property
+    def clock(self) -> Clock:
+        """Where this store reads "now" from (a workflow's sleeps and deadlines)."""
+        ...
+
+    async def read_journal(self, item_id: str) -> Journal:
+        """The journal of *item_id*'s current incarnation and the events sent to it, in one
+        snapshot; :class:`ItemNotFound` if there is no such item."""
+        ...
+
+    async def record_entry(self, item_id: str, lease_version: int, entry: JournalEntry) -> None:
+        """Write *entry* at its position, fenced: only while *lease_version* holds the running
+        item (else :class:`LeaseLost`, nothing written). A position is written once, except
+        a pending wait, which its resolution replaces; :class:`ItemStateError` otherwise."""
+        ...
+
+    async def send_event(self, item_id: str, name: str, payload: JSONValue = None) -> None:
+        """Keep an event for *item_id*'s current incarnation. A queued item waiting for *name*
+        is due at once (and runners are woken). :class:`ItemNotFound` for an unknown item,
+        :class:`ItemStateError` for a finished one; nothing is kept then."""
         ...
 
 

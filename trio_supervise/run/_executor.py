@@ -21,12 +21,12 @@ from typing import Any, Generic, Protocol
 import attrs
 import trio
 
+from .._errors import LeaseLost
 from .._policy import Jitter
 from ..job import (
     SettleKind,
     Settlement,
     StopReason,
-    WorkItem,
     attempts_exhausted,
     describe_failure,
     first_line,
@@ -283,7 +283,7 @@ class Executor(Generic[ContextT]):
         if settlement is None and entry.reason is None:
             entry.evaluating_since = self.control.time() if since is None else since
             if self.tracer is not None:
-                return await self._evaluate_traced(item)
+                return await self._evaluate_traced(entry)
             try:
                 settlement = await evaluate_item(
                     self.registry.for_spec(item.spec_id),
@@ -292,13 +292,16 @@ class Executor(Generic[ContextT]):
                     requeue_delay=settings.requeue_delay,
                 )
             except Exception as exc:
+                if _lost_own_lease(entry, exc):
+                    return None, None, None
                 error, failure = describe_failure(exc), exc
         return settlement, error, failure
 
     async def _evaluate_traced(
-        self, item: WorkItem
+        self, entry: InFlight
     ) -> tuple[Settlement | None, str | None, Exception | None]:
         """:meth:`_evaluate`'s driver call inside an OpenTelemetry span (see ``_tracing.py``)."""
+        item = entry.item
         settlement: Settlement | None = None
         error: str | None = None
         failure: Exception | None = None
@@ -311,7 +314,8 @@ class Executor(Generic[ContextT]):
                     requeue_delay=self.control.settings.requeue_delay,
                 )
             except Exception as exc:
-                error, failure = describe_failure(exc), exc
+                if not _lost_own_lease(entry, exc):
+                    error, failure = describe_failure(exc), exc
             finally:
                 end_span(span, settlement, error, failure)
         return settlement, error, failure
@@ -370,6 +374,20 @@ class Executor(Generic[ContextT]):
                 detail = f"{detail}: {first_line(settlement.error)}"
             observer.emit(RunnerEventKind.OUTCOME, item, detail=detail)
         return settlement
+
+
+def _lost_own_lease(entry: InFlight, exc: Exception) -> bool:
+    """Whether *exc* is a write the driver made under *entry*'s own lease, refused as stale (a
+    durable workflow's step record): the lease is lost, as a failed renewal finds, and nothing
+    more is written for it."""
+    if not isinstance(exc, LeaseLost):
+        return False
+    item = entry.item
+    if exc.item_id != item.id or exc.lease_version != item.lease_version:
+        return False
+    if entry.reason is None:
+        entry.reason, entry.detail = _LOST, str(exc)
+    return True
 
 
 def _retire(pool: Pool) -> None:

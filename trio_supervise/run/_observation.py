@@ -124,6 +124,8 @@ class RunnerMetrics:
     settlements_abandoned: Counter = attrs.field(init=False)
     evaluation_seconds: Histogram = attrs.field(init=False)
     loop_lag_seconds: Histogram = attrs.field(init=False)
+    workflow_steps: Counter = attrs.field(init=False)
+    """Durable workflow steps by ``workflow`` and ``outcome`` (see ``docs/durable.md``)."""
     _children: dict[tuple[int, str], Any] = attrs.field(init=False, factory=dict)
     _settled: dict[SettleKind, Counter] = attrs.field(init=False)
     _tallied: dict[tuple[SettleKind | None, str], int] = attrs.field(init=False, factory=dict)
@@ -159,6 +161,13 @@ class RunnerMetrics:
         self.settlements_abandoned = counter(
             "settlements_abandoned",
             "Outcomes never written: the queue kept failing until the lease ran out.",
+        )
+        self.workflow_steps = Counter(
+            "trio_supervise_workflow_steps_total",
+            "Durable workflow steps: ran (run and recorded), replayed (the recorded result "
+            "returned), retried (an attempt failed, tried again), failed (out of attempts).",
+            ["workflow", "outcome"],
+            registry=self.registry,
         )
         self.evaluation_seconds = Histogram(
             "trio_supervise_evaluation_seconds",

@@ -17,6 +17,7 @@ from .._policy import Jitter
 from ..job import WorkItem, describe_error, unbuilt_settlement
 from ..queues._ports import BatchWrites, WorkerStore
 from ._completer import BatchCompleter, SeedCompleter, _Accounts
+from ._current import bind_store
 from ._drivers import ContextFactory, ContextT, DriverRegistry, open_context, raise_specific
 from ._executor import Executor, Pool
 from ._flight import Control, Flights
@@ -100,6 +101,7 @@ async def run_due_pass(
                 await trio.lowlevel.checkpoint()  # the completer runs before anything is handed
                 async with trio.open_nursery() as evaluations:
                     pool = Pool.open(evaluations)
+                    bind_store(pool.context, queue, observer.metrics)
                     pool.spawn = lambda: executor.evaluate_forever(pool)
                     for item in items:
                         pool.put(flights.add(item, claimed_at))

@@ -29,6 +29,7 @@ from ..queues._ports import (
     capabilities_of,
 )
 from ._completer import BatchCompleter, _Accounts
+from ._current import bind_store
 from ._drivers import ContextFactory, ContextT, DriverRegistry, open_context, raise_specific
 from ._executor import Executor, Pool
 from ._flight import Control, Flights
@@ -202,6 +203,7 @@ class WorkflowRunner(Generic[ContextT]):
         async with trio.open_nursery() as services:
             async with trio.open_nursery() as evaluations:
                 pool = Pool.open(evaluations)
+                bind_store(pool.context, self._queue, observer.metrics)
                 executor = Executor(
                     self._registry, control, flights, observer, self._jitter, completer, context
                 )

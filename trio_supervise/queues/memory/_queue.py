@@ -12,6 +12,7 @@ import trio
 from ..._clock import Clock, TrioClock
 from .._ports import Capability, declared
 from ._audit import AuditSide
+from ._durable import DurableSide
 from ._maintenance import MaintenanceSide
 from ._operator import OperatorSide
 from ._producer import ProducerSide
@@ -21,7 +22,7 @@ __all__ = ["MemoryQueue"]
 
 
 @attrs.define(eq=False)
-class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide, AuditSide):
+class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide, AuditSide, DurableSide):
     """The whole :class:`WorkQueue` protocol in memory; inspectable and resettable.
 
     Everything happens in the Trio thread with no await in the middle of a write, so each method
@@ -44,9 +45,9 @@ class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide, Audit
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        """``SETTLE_AND_CLAIM``, ``RATE_LIMITS``, ``KEY_RATE_LIMITS``, ``AUDIT_TRAIL`` and
-        ``ERROR_HISTORY``;
-        ``SERIAL_WRITES`` while :attr:`serial_writes` (a runner then settles and claims in one
+        """``SETTLE_AND_CLAIM``, ``RATE_LIMITS``, ``KEY_RATE_LIMITS``, ``AUDIT_TRAIL``,
+        ``ERROR_HISTORY`` and ``DURABLE_JOURNAL``; ``SERIAL_WRITES`` while
+        :attr:`serial_writes` (a runner then settles and claims in one
         :meth:`settle_and_claim`); ``EXACT_WAKEUPS`` while :attr:`exact_wakeups`."""
         found = {
             Capability.SETTLE_AND_CLAIM,
@@ -54,6 +55,7 @@ class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide, Audit
             Capability.KEY_RATE_LIMITS,
             Capability.AUDIT_TRAIL,
             Capability.ERROR_HISTORY,
+            Capability.DURABLE_JOURNAL,
         }
         if self.serial_writes:
             found.add(Capability.SERIAL_WRITES)

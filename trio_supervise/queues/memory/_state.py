@@ -19,7 +19,9 @@ from ..._audit import AuditEntry
 from ..._clock import Clock, StepGuard, TrioClock, WallClock, utc
 from ..._errors import LeaseLost
 from ...job import (
+    ItemEvent,
     ItemState,
+    JournalEntry,
     RateLimit,
     UnfrozenItem,
     WorkItem,
@@ -128,6 +130,13 @@ class MemoryState:
     backends' ``parent_version`` column)."""
     _children_of: dict[str, list[str]] = attrs.field(init=False, factory=dict)
     """Per parent id, its children's ids in creation order (the SQL backends' parent index)."""
+    _journals: dict[str, dict[int, JournalEntry]] = attrs.field(init=False, factory=dict)
+    """Per item id, its journal by position (one incarnation: dropped with the item)."""
+    _item_events: dict[str, list[ItemEvent]] = attrs.field(init=False, factory=dict)
+    """Per item id, the events sent to it, in order (dropped with the item)."""
+    _woken: set[str] = attrs.field(init=False, factory=set)
+    """Running items an event was sent to: their next reschedule is due at once (the SQL
+    backends' ``event_woken``); every settlement clears it."""
     _pushes: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
     _entries: dict[str, int] = attrs.field(init=False, factory=dict)
     """Per queued or running item, the push number of its one live heap entry."""
@@ -170,6 +179,9 @@ class MemoryState:
         self._children_of.clear()
         self._entries.clear()
         self._audit.clear()
+        self._journals.clear()
+        self._item_events.clear()
+        self._woken.clear()
         self.events.clear()
         self._changed()
 
@@ -373,6 +385,9 @@ class MemoryState:
         del self._items[item.id]
         self._entries.pop(item.id, None)
         self._children_of.pop(item.id, None)
+        self._journals.pop(item.id, None)
+        self._item_events.pop(item.id, None)
+        self._woken.discard(item.id)
         if item.idempotency_key is not None and self._keys.get(item.idempotency_key) == item.id:
             del self._keys[item.idempotency_key]
 

@@ -373,12 +373,19 @@ class WorkerSide(MemoryState, SingleWrites):
         )
         # The most common kinds first: each test is a comparison.
         kind = s.kind
+        woken = self._woken
+        if woken and s.item_id in woken:
+            # An event came while it ran (send_event): a reschedule is due at once.
+            woken.discard(s.item_id)
+            at = now if kind == _RESCHEDULE else s.at
+        else:
+            at = s.at
         if kind == _RESCHEDULE:
-            assert s.at is not None
+            assert at is not None
             # The runner's settlements carry their config checked and copied already.
             stored: Any = item  # an UnfrozenItem: plain stores
             stored.config = s.config if s._checked else check_json(s.config)
-            self._requeue_evaluated(item, s.at, now)
+            self._requeue_evaluated(item, at, now)
         elif kind == _CONTINUE:
             self._requeue_evaluated(item, now + dt.timedelta(seconds=s.delay), now)
         elif kind in _FINISHED:

@@ -29,6 +29,7 @@ from .. import _sql
 from .._ports import Capability
 from .._sql import redact_dsn
 from ._base import Lane
+from ._durable import JournalWrites
 from ._key_rates import KeyCaps
 from ._outbox import psycopg_savepoint
 from ._postgres_arrays import settle_params
@@ -87,6 +88,7 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
         init=False, factory=lambda: trio_util.AsyncValue(0)
     )
     _closed: bool = attrs.field(init=False, default=False)
+    _journal_writes: JournalWrites = attrs.field(init=False, factory=JournalWrites)
     _wakeups: Wakeups = attrs.field(init=False)
 
     @_guard.default
@@ -210,6 +212,7 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
             Capability.KEY_RATE_LIMITS,
             Capability.AUDIT_TRAIL,
             Capability.ERROR_HISTORY,
+            Capability.DURABLE_JOURNAL,
         }
     )
 
@@ -392,6 +395,15 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
             elif keyed and left > 0:
                 claimed += self._claim_keyed(conn, {**params, "limit": left})
         return {entries[row["ord"] - 1][0] for row in rows}, claimed
+
+    def _insert_entries(
+        self, conn: psycopg.Connection[Row], rows: list[dict[str, Any]]
+    ) -> list[bool]:
+        # A group of journal records in one round trip: every insert sent before the first
+        # result is read (psycopg's pipeline), inside the caller's transaction.
+        with conn.pipeline():
+            cursors = [conn.execute(_Q["record_entry"], params) for params in rows]
+            return [cursor.fetchone() is not None for cursor in cursors]
 
     def _set_parents(
         self, conn: psycopg.Connection[Row], children: Sequence[dict[str, Any]]

@@ -14,7 +14,7 @@ from hypothesis.stateful import (
 from ... import DuplicateItem
 from ...job import WAITING_DUE_AT, ItemState, NewItem, RateLimit, SettleKind, Settlement
 from ...queues import Capability, SeedWrites, WorkQueue
-from ...queues._ports import capabilities_of
+from ...queues._ports import DurableJournal, capabilities_of
 from ._clock import START, ManualClock
 from ._model import CLIMITS, POISON, POISON_REASON, TAGS, Model
 from ._portal import Portal
@@ -37,6 +37,11 @@ class MachineState(RuleBasedStateMachine):
         self.queue, self._close = self.portal.enter(type(self).open_store(self.clock))
         self.combines = Capability.SETTLE_AND_CLAIM in capabilities_of(self.queue)
         self.seed = self.queue if isinstance(self.queue, SeedWrites) else None
+        self.journals: DurableJournal | None = (
+            self.queue  # type: ignore[assignment]
+            if Capability.DURABLE_JOURNAL in capabilities_of(self.queue)
+            else None
+        )
         self.model: dict[str, Model] = {}
         self.paused: set[str] = set()
         self.rates: dict[str, tuple[RateLimit, list[dt.datetime]]] = {}
@@ -133,6 +138,7 @@ class MachineState(RuleBasedStateMachine):
         item = self.model.get(s.item_id)
         if item is None or not item.holds(s.lease_version):
             return False
+        woken, item.woken = item.woken, False  # every settlement clears it
         if s.kind is SettleKind.RESCHEDULE and s.config == POISON:
             # Unstorable in any backend: that entry alone goes dead, saying why.
             s = Settlement(
@@ -169,7 +175,8 @@ class MachineState(RuleBasedStateMachine):
                     item.error_count, item.last_error = item.error_count + 1, s.error
             case SettleKind.RESCHEDULE:
                 assert s.at is not None
-                item.requeue(s.at)
+                # An event came while it ran: the reschedule is due at once.
+                item.requeue(self.now() if woken else s.at)
                 item.config, item.error_count, item.attempt = s.config, 0, 0
             case SettleKind.RETRY:
                 item.requeue(later)

@@ -21,6 +21,8 @@ QUEUES = ["default", "default", "q2"]
 CKEYS = [None, "c1", "c2", "c2"]
 """Concurrency keys; each has one limit (c1: one at a time, c2: two)."""
 CLIMITS = {"c1": 1, "c2": 2}
+EVENTS = ("e", "f")
+"""Event names, waited for and sent (durable journals)."""
 TAGS = ("t1", "t2")
 """An entry carries the first ``n % 3`` of them."""
 UNIQUE: list[Any] = ["forever", "forever", "unfinished", 2.0]
@@ -64,6 +66,12 @@ class Model:
     start_by: dt.datetime | None = None
     waited_by: tuple[str, int] | None = None
     """The parent (id, lease version) whose wait this child still counts toward."""
+    woken: bool = False
+    """An event was sent while it ran: its next reschedule is due at once (durable journals)."""
+    journal: int = 0
+    """How many journal positions its incarnation recorded (durable journals)."""
+    waits: set[str] = attrs.field(factory=set)
+    """The names its journal's pending waits wait for: an event of one makes it due."""
 
     def add_error(self, at: dt.datetime, error: str) -> None:
         """The history entry a failure writes: by the lease owner, at this attempt; bounded."""

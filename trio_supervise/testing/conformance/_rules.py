@@ -17,12 +17,15 @@ from ... import DuplicateItem, ItemNotFound, ItemStateError, LeaseLost
 from ...job import (
     MAX_ERRORS,
     Enqueued,
+    EntryKind,
     ItemState,
+    JournalEntry,
     Lease,
     LeaseStatus,
     NewItem,
     RateLimit,
     SettleKind,
+    Settlement,
     WorkItem,
     child_item_id,
 )
@@ -33,6 +36,7 @@ from ._model import (
     CKEYS,
     CLIMITS,
     DURATIONS,
+    EVENTS,
     IDS,
     KEYS,
     POISON,
@@ -506,6 +510,75 @@ class OperatorRules(MachineState):
             m.cancel_requested = True
         assert isinstance(got, WorkItem)
         assert view(got) == m.view()
+
+    @precondition(lambda self: self.journals is not None and self.model)
+    @rule(
+        index=st.integers(0, 99),
+        which=st.sampled_from(["fresh", "fresh", "old"]),
+        name=st.sampled_from(EVENTS),
+    )
+    def suspend_on_wait(self, index: int, which: str, name: str) -> None:
+        """What a workflow does at a wait: its pending wait recorded at the next journal
+        position (under the current lease only, else LeaseLost), then its reschedule to the
+        wait's deadline, a day away."""
+        journals = self.journals
+        assert journals is not None
+        m = self.pick(index)
+        version = self.version(m, which)
+        deadline = self.now() + dt.timedelta(days=1)
+        wait = JournalEntry(
+            position=m.journal,
+            kind=EntryKind.WAIT,
+            name=name,
+            started_at=self.now(),
+            wake_at=deadline,
+        )
+        got = outcome(self.portal, journals.record_entry, m.id, version, wait)
+        if not m.holds(version):
+            assert got is LeaseLost
+            return
+        assert got is None
+        m.journal += 1
+        m.waits.add(name)
+        suspend = Settlement(
+            item_id=m.id,
+            lease_version=version,
+            kind=SettleKind.RESCHEDULE,
+            at=deadline,
+            config=m.config,
+        )
+        assert self.portal.run(self.queue.settle_many, [suspend]) == [self.apply(suspend)]
+
+    @precondition(lambda self: self.journals is not None)
+    @rule(
+        index=st.integers(0, 99),
+        aim=st.sampled_from(["missing", "any", "waiting", "waiting"]),
+        name=st.sampled_from(EVENTS),
+    )
+    def send_event(self, index: int, aim: str, name: str) -> None:
+        """An event for an unknown item is refused, for a finished one too; one a queued item
+        waits for makes it due at once; one for a running item makes its next reschedule due
+        at once. ``waiting``: an item with a pending wait, the event it waits for."""
+        journals = self.journals
+        assert journals is not None
+        waiting = sorted(m.id for m in self.model.values() if m.waits)
+        if aim == "missing" or not self.model:
+            assert outcome(self.portal, journals.send_event, "missing", name, 1) is ItemNotFound
+            return
+        if aim == "waiting" and waiting:
+            m = self.model[waiting[index % len(waiting)]]
+            name = sorted(m.waits)[index % len(m.waits)]
+        else:
+            m = self.pick(index)
+        got = outcome(self.portal, journals.send_event, m.id, name, {"n": index})
+        if m.state.finished:
+            assert got is ItemStateError
+            return
+        assert got is None
+        if m.state is ItemState.RUNNING:
+            m.woken = True
+        elif name in m.waits and not m.waiting_children and m.due_at > self.now():
+            m.due_at = self.now()
 
     @precondition(lambda self: self.model)
     @rule(index=st.integers(0, 99), offset=st.sampled_from([None, -1.0, 4.0]))

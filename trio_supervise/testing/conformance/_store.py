@@ -17,6 +17,7 @@ from ._claiming import ClaimingContract
 from ._clock import ManualClock
 from ._concurrency import ConcurrencyKeysContract
 from ._debounce import DebounceContract
+from ._durable import DurableJournalContract
 from ._error_history import ErrorHistoryContract
 from ._evaluation_ends import EvaluationEndsContract
 from ._identity import IdentityContract
@@ -60,6 +61,7 @@ class StoreConformance(
     KeyRateLimitContract,
     StartByContract,
     DebounceContract,
+    DurableJournalContract,
     ModelContract,
 ):
     """Every behaviour of the store contract (``docs/queues.md``) as tests, for any backend.

@@ -592,6 +592,7 @@ UPDATE trio_supervise_items AS i SET
         ELSE 'queued'
     END,
     due_at = CASE
+        WHEN s.kind = 'reschedule' AND i.event_woken THEN coalesce(%(now)s::timestamptz, now())
         WHEN s.kind = 'reschedule' THEN s.at
         WHEN s.kind IN ('continue', 'retry', 'release')
         THEN coalesce(%(now)s::timestamptz, now()) + s.delay_us * interval '1 microsecond'
@@ -622,6 +623,7 @@ UPDATE trio_supervise_items AS i SET
     END,
     lease_owner = NULL,
     lease_expires_at = NULL,
+    event_woken = false,
     updated_at = coalesce(%(now)s::timestamptz, now())
 -- The columns every entry fills come as array literals the client builds in one join each
 -- (see settle_params in sql/_postgres_arrays.py); the others travel in binary, and an array whose values
@@ -879,6 +881,74 @@ RETURNING name;
 
 -- name: last_fires
 SELECT name, last_fire_at FROM trio_supervise_schedules WHERE name = ANY(%(names)s::text[]);
+
+-- Durable workflows (schema 0010): each item incarnation's journal and its events.
+
+-- name: journal_item
+SELECT state, incarnation, lease_version FROM trio_supervise_items WHERE id = %(id)s;
+
+-- name: journal_item_locked
+-- send_event's look at the item: its row held until the event is in, so a delete or prune
+-- waits for it (and its trigger then takes the event too).
+SELECT state, incarnation, lease_version FROM trio_supervise_items WHERE id = %(id)s FOR SHARE;
+
+-- name: journal_entries
+SELECT j.position, j.kind, j.name, j.result, j.attempts, j.started_at, j.finished_at, j.wake_at
+FROM trio_supervise_journal AS j
+WHERE j.item_id = %(id)s AND j.incarnation = %(incarnation)s
+ORDER BY j.position;
+
+-- name: journal_events
+SELECT e.name, e.payload, e.sent_at FROM trio_supervise_events AS e
+WHERE e.item_id = %(id)s AND e.incarnation = %(incarnation)s
+ORDER BY e.seq;
+
+-- name: record_entry
+-- Fenced: written only while the lease version holds the running item, under its incarnation.
+-- A position is written once, except a pending wait, which its resolution replaces. No row
+-- back: the queue reads why (a stale lease, or the position taken).
+INSERT INTO trio_supervise_journal AS j (
+    item_id, incarnation, position, kind, name, result, attempts, started_at, finished_at, wake_at
+)
+SELECT id, incarnation, %(position)s, %(kind)s, %(name)s, %(result)s::jsonb, %(attempts)s,
+    %(started_at)s, %(finished_at)s, %(wake_at)s
+FROM trio_supervise_items
+WHERE id = %(id)s AND lease_version = %(version)s AND state = 'running'
+ON CONFLICT (item_id, incarnation, position) DO UPDATE SET
+    kind = excluded.kind, name = excluded.name, result = excluded.result,
+    attempts = excluded.attempts, started_at = excluded.started_at,
+    finished_at = excluded.finished_at, wake_at = excluded.wake_at
+WHERE j.kind = 'wait' AND j.finished_at IS NULL
+RETURNING position;
+
+-- name: journal_position
+SELECT kind, name FROM trio_supervise_journal
+WHERE item_id = %(id)s AND incarnation = %(incarnation)s AND position = %(position)s;
+
+-- name: insert_event
+INSERT INTO trio_supervise_events (item_id, incarnation, name, payload, sent_at)
+VALUES (%(id)s, %(incarnation)s, %(name)s, %(payload)s::jsonb,
+    coalesce(%(now)s::timestamptz, now()));
+
+-- name: wake_running
+-- An event for a running item: its evaluation's reschedule is due at once (settle_many). The
+-- item's row is held (journal_item_locked) from before the event is in, so a settlement either
+-- waits for this and sees the flag, or went first and the item is queued for wake_waiting.
+UPDATE trio_supervise_items SET event_woken = true WHERE id = %(id)s AND state = 'running';
+
+-- name: wake_waiting
+-- An event a queued item waits for (a pending wait of that name): due now.
+UPDATE trio_supervise_items AS i SET
+    due_at = coalesce(%(now)s::timestamptz, now()),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE i.id = %(id)s AND i.state = 'queued' AND i.waiting_children = 0
+  AND i.due_at > coalesce(%(now)s::timestamptz, now())
+  AND EXISTS (
+      SELECT 1 FROM trio_supervise_journal AS j
+      WHERE j.item_id = i.id AND j.incarnation = i.incarnation
+        AND j.kind = 'wait' AND j.finished_at IS NULL AND j.name = %(name)s
+  )
+RETURNING i.spec_id;
 
 -- name: record_audit
 INSERT INTO trio_supervise_audit (at, who, address, action, target, ok, result)

@@ -351,6 +351,8 @@ UPDATE trio_supervise_items SET
         ELSE 'queued'
     END,
     due_at = CASE
+        -- An event came while it ran (schema 0007): its reschedule is due at once.
+        WHEN s.kind = 'reschedule' AND trio_supervise_items.event_woken THEN ?1
         WHEN s.kind = 'reschedule' THEN s.at
         WHEN s.kind IN ('continue', 'retry', 'release') THEN ?1 + s.delay_us
         ELSE trio_supervise_items.due_at
@@ -378,6 +380,7 @@ UPDATE trio_supervise_items SET
     END,
     lease_owner = NULL,
     lease_expires_at = NULL,
+    event_woken = 0,
     updated_at = ?1
 FROM s
 WHERE trio_supervise_items.id = s.id AND trio_supervise_items.lease_version = s.version
@@ -553,6 +556,63 @@ RETURNING name;
 -- name: last_fires
 SELECT name, last_fire_at FROM trio_supervise_schedules
 WHERE name IN (SELECT value FROM json_each(:names));
+
+-- Durable workflows (schema 0007): each item incarnation's journal and its events.
+
+-- name: journal_item
+SELECT state, incarnation, lease_version FROM trio_supervise_items WHERE id = :id;
+
+-- name: journal_entries
+SELECT j.position, j.kind, j.name, j.result, j.attempts, j.started_at, j.finished_at, j.wake_at
+FROM trio_supervise_journal AS j
+WHERE j.item_id = :id AND j.incarnation = :incarnation
+ORDER BY j.position;
+
+-- name: journal_events
+SELECT e.name, e.payload, e.sent_at FROM trio_supervise_events AS e
+WHERE e.item_id = :id AND e.incarnation = :incarnation
+ORDER BY e.seq;
+
+-- name: record_entry
+-- Fenced: written only while the lease version holds the running item, under its incarnation.
+-- A position is written once, except a pending wait, which its resolution replaces. No row
+-- back: the queue reads why (a stale lease, or the position taken).
+INSERT INTO trio_supervise_journal (
+    item_id, incarnation, position, kind, name, result, attempts, started_at, finished_at, wake_at
+)
+SELECT id, incarnation, :position, :kind, :name, :result, :attempts, :started_at, :finished_at,
+    :wake_at
+FROM trio_supervise_items WHERE id = :id AND lease_version = :version AND state = 'running'
+ON CONFLICT (item_id, incarnation, position) DO UPDATE SET
+    kind = excluded.kind, name = excluded.name, result = excluded.result,
+    attempts = excluded.attempts, started_at = excluded.started_at,
+    finished_at = excluded.finished_at, wake_at = excluded.wake_at
+WHERE trio_supervise_journal.kind = 'wait' AND trio_supervise_journal.finished_at IS NULL
+RETURNING position;
+
+-- name: journal_position
+SELECT kind, name FROM trio_supervise_journal
+WHERE item_id = :id AND incarnation = :incarnation AND position = :position;
+
+-- name: insert_event
+INSERT INTO trio_supervise_events (item_id, incarnation, name, payload, sent_at)
+VALUES (:id, :incarnation, :name, :payload, :now);
+
+-- name: wake_running
+-- An event for a running item: its evaluation's reschedule is due at once (settle_many).
+UPDATE trio_supervise_items SET event_woken = 1 WHERE id = :id AND state = 'running';
+
+-- name: wake_waiting
+-- An event a queued item waits for (a pending wait of that name): due now.
+UPDATE trio_supervise_items SET due_at = :now, updated_at = :now
+WHERE id = :id AND state = 'queued' AND waiting_children = 0 AND due_at > :now
+  AND EXISTS (
+      SELECT 1 FROM trio_supervise_journal AS j
+      WHERE j.item_id = trio_supervise_items.id
+        AND j.incarnation = trio_supervise_items.incarnation
+        AND j.kind = 'wait' AND j.finished_at IS NULL AND j.name = :name
+  )
+RETURNING spec_id;
 
 -- name: record_audit
 INSERT INTO trio_supervise_audit (at, who, address, action, target, ok, result)

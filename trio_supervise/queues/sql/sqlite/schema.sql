@@ -38,6 +38,7 @@ CREATE TABLE trio_supervise_items (
     incarnation      INTEGER NOT NULL DEFAULT 0,
     parent_incarnation INTEGER,
     tags             TEXT    NOT NULL DEFAULT '[]',
+    event_woken      INTEGER NOT NULL DEFAULT 0,
     start_by         INTEGER,
     traceparent      TEXT,
     CHECK ((state = 'running') = (lease_expires_at IS NOT NULL))
@@ -160,6 +161,40 @@ AFTER DELETE ON trio_supervise_items
 BEGIN
     UPDATE trio_supervise_counts SET n = n - 1
     WHERE spec_id = OLD.spec_id AND queue = OLD.queue AND state = OLD.state;
+END;
+
+-- Durable workflows: each item incarnation's journal and the events sent to it, deleted
+-- with their item (schema 0007).
+CREATE TABLE trio_supervise_journal (
+    item_id     TEXT    NOT NULL,
+    incarnation INTEGER NOT NULL,
+    position    INTEGER NOT NULL,
+    kind        TEXT    NOT NULL CHECK (kind IN ('step', 'sleep', 'wait', 'patch')),
+    name        TEXT    NOT NULL,
+    result      TEXT    NOT NULL DEFAULT 'null',
+    attempts    INTEGER NOT NULL DEFAULT 1,
+    started_at  INTEGER NOT NULL,
+    finished_at INTEGER,
+    wake_at     INTEGER,
+    PRIMARY KEY (item_id, incarnation, position)
+) WITHOUT ROWID;
+
+CREATE TABLE trio_supervise_events (
+    seq         INTEGER PRIMARY KEY,
+    item_id     TEXT    NOT NULL,
+    incarnation INTEGER NOT NULL,
+    name        TEXT    NOT NULL,
+    payload     TEXT    NOT NULL,
+    sent_at     INTEGER NOT NULL
+);
+CREATE INDEX trio_supervise_events_item_idx
+    ON trio_supervise_events (item_id, incarnation, seq);
+
+CREATE TRIGGER trio_supervise_items_journal_delete
+AFTER DELETE ON trio_supervise_items
+BEGIN
+    DELETE FROM trio_supervise_journal WHERE item_id = OLD.id AND incarnation = OLD.incarnation;
+    DELETE FROM trio_supervise_events WHERE item_id = OLD.id AND incarnation = OLD.incarnation;
 END;
 
 -- The console's audit trail: who did what, to what, when, and how it went;

@@ -1,2 +1,0 @@
--- 0010: reserved for a migration of a branch developed beside this one (issue 32 took 0012);
--- the merge replaces this file with that branch's 0010.

@@ -1,2 +1,0 @@
--- 0007: reserved for a migration of a branch developed beside this one (issue 32 took 0009);
--- the merge replaces this file with that branch's 0007.
