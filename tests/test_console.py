@@ -418,6 +418,18 @@ async def test_the_queues_panel_shows_rate_limits(console: Console) -> None:
     assert re.search(r"<tr><td>default</td>.*?<td>none</td>", page)
 
 
+async def test_the_queues_panel_counts_throttled_keys(console: Console) -> None:
+    """While a key's rate holds its items back, the panel says how many keys are held."""
+    from trio_supervise import RateLimit
+
+    await console.queue.set_key_rate_limit("{tenant}", RateLimit(1, 30))
+    for _ in range(2):
+        await console.queue.enqueue("mail", concurrency_key="acme", concurrency_limit=5)
+    await console.queue.claim_due(["mail"], "w", 60, 5)
+    page = await console.page("/")
+    assert '<p id="throttled-keys">1 concurrency key held back by its rate limit now' in page
+
+
 # -- read-only and credentials ---------------------------------------------------------------------
 
 

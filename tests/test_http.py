@@ -724,6 +724,24 @@ async def test_a_rate_limited_queue_exports_its_limit_and_when_it_is_throttled(
     assert _sample(body, "trio_supervise_named_queue_throttled", queue="mail") == 0.0
 
 
+async def test_throttled_keys_are_counted(autojump_clock: trio.abc.Clock) -> None:
+    """``throttled_keys`` counts the keys whose rate holds items back: 1 while acme's window is
+    full, 0 once it frees."""
+    from trio_supervise import RateLimit
+
+    queue = MemoryQueue()
+    await queue.set_key_rate_limit("{tenant}", RateLimit(1, 30))
+    for n in range(2):
+        await queue.enqueue("sync", item_id=f"a{n}", concurrency_key="acme", concurrency_limit=9)
+    await queue.claim_due(["sync"], "w", 60, 5)
+    app = OperationsApp(FakeSource(), CollectorRegistry(), queue=queue)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_throttled_keys") == 1.0
+    await trio.sleep(30)
+    _, body = await asgi_get(app, "/metrics")
+    assert _sample(body, "trio_supervise_throttled_keys") == 0.0
+
+
 async def test_schedules_export_their_next_and_last_fire(autojump_clock: trio.abc.Clock) -> None:
     """next fire from the cron and the queue's clock; last fire once one has an item."""
     from trio_supervise import Schedule, TrioClock

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,47 @@ async def test_a_rate_limit_spaces_the_starts_and_the_runner_waits_without_spinn
     assert queue.claims < 30
     [mail] = [info for info in await queue.list_queues() if info.name == "mail"]
     assert mail.rate_limit == ts.RateLimit(3, 10)
+
+
+async def test_a_key_rate_limit_spaces_each_tenants_starts_and_the_runner_waits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Per tenant 2 per 10 s (the runner's settings, a template): acme's 6 items, first in the
+    queue, start in twos 10 s apart, globex's 2 start at once beside them; waiting for a key's
+    window costs no claims (next_due_at says when it frees)."""
+    queue = CountingQueue()
+    driver = Recorder()
+    for tenant, count in (("acme", 6), ("globex", 2)):
+        for n in range(count):
+            await queue.enqueue(
+                "job",
+                item_id=f"{tenant}-{n}",
+                concurrency_key=f"partner:{tenant}",
+                concurrency_limit=100,
+                config={"sleep": 0.5},
+            )
+    runner = make_runner(
+        queue, driver, concurrency=4, key_rate_limits={"partner:{tenant}": "2/10s"}
+    )
+    async with running(runner):
+        await trio.sleep(35)
+    starts = sorted(t[0] for i, t in driver.starts.items() if i.startswith("acme"))
+    assert starts == [0.0, 0.0, 10.0, 10.0, 20.0, 20.0]
+    assert (driver.starts["globex-0"], driver.starts["globex-1"]) == ([0.0], [0.0])
+    assert queue.claims < 16
+    assert await queue.key_rate_limits() == {"partner:{tenant}": ts.RateLimit(2, 10)}
+
+
+def test_runner_settings_read_key_rate_limits_and_refuse_bad_ones() -> None:
+    """``key_rate_limits`` takes keys or templates to rates; a bad one names key and rule."""
+    settings = ts.RunnerSettings(worker_id="w", key_rate_limits={"p:{tenant}": "100/1m"})
+    assert settings.key_rate_limits == {"p:{tenant}": ts.RateLimit(100, 60)}
+    with pytest.raises(
+        ValueError, match=re.escape("key_rate_limits: key 'p:{x}': key rate limit's key")
+    ):
+        ts.RunnerSettings(worker_id="w", key_rate_limits={"p:{x}": "100/1m"})
+    with pytest.raises(ValueError, match="key_rate_limits: key 'p': rate must be N/PERIOD"):
+        ts.RunnerSettings(worker_id="w", key_rate_limits={"p": "lots"})
 
 
 def test_runner_settings_read_rate_limits_and_refuse_bad_ones() -> None:

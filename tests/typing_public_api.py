@@ -270,6 +270,7 @@ async def every_constructor_argument(queue: ts.WorkQueue, when: dt.datetime) -> 
         error_history=10,
         queues={"default": 5, "mail": 2},
         rate_limits={"mail": ts.RateLimit(100, 60.0)},
+        key_rate_limits={"partner:{tenant}": ts.RateLimit(100, 60.0)},
         outcome_log_rate=2.5,
         tracing=False,
     )

@@ -35,7 +35,13 @@ import datetime as dt
 from ._errors import SuperviseError
 from .maintenance import Schedule, fire_now
 from .queues import ItemState, Journal, JSONValue, RateLimit, WorkItem, WorkQueue
-from .queues._ports import Capability, DurableJournal, RateLimitStore, capabilities_of
+from .queues._ports import (
+    Capability,
+    DurableJournal,
+    KeyRateLimitStore,
+    RateLimitStore,
+    capabilities_of,
+)
 
 __all__ = [
     "ActionRefused",
@@ -142,6 +148,22 @@ async def set_rate_limit(queue: WorkQueue, name: str, rate: RateLimit | None) ->
     if rate is None:
         return True, f"{name} has no rate limit"
     return True, f"{name}: at most {rate.limit} starts in any {rate.period:g} s ({rate})"
+
+
+async def set_key_rate_limit(
+    queue: WorkQueue, key: str, rate: RateLimit | None
+) -> tuple[bool, str]:
+    """Set (or with None lift) the rate limit of a concurrency key or template fleet-wide;
+    whether the store keeps key rate limits (False: nothing changed), and a sentence."""
+    if Capability.KEY_RATE_LIMITS not in capabilities_of(queue) or not isinstance(
+        queue, KeyRateLimitStore
+    ):
+        return False, f"this store keeps no key rate limits: {key} is unchanged"
+    await queue.set_key_rate_limit(key, rate)
+    if rate is None:
+        return True, f"key {key} has no rate limit"
+    each = " (each key it renders)" if "{" in key else ""
+    return True, f"key {key}{each}: at most {rate.limit} starts in any {rate.period:g} s ({rate})"
 
 
 async def fire_schedule(queue: WorkQueue, schedule: Schedule) -> tuple[WorkItem, str]:

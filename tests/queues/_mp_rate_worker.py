@@ -1,5 +1,5 @@
-"""A worker process for test_rate_limit_proof: a real runner draining a rate-limited queue and
-a free one.
+"""A worker process for test_rate_limit_proof: a real runner draining a rate-limited queue, a
+free one and one whose items' keys are rate-limited.
 
 Usage: python _mp_rate_worker.py (sqlite PATH | postgres DSN SCHEMA) WORKER_ID OUT_DIR
 
@@ -41,7 +41,7 @@ async def main(argv: list[str]) -> None:
             worker_id=worker_id,
             lease=60,
             claim_batch=4,
-            queues={"rated": 4, "free": 2},
+            queues={"rated": 4, "free": 2, "keyed": 4},
             poll_interval=1,
             shutdown_grace=5,
         ),

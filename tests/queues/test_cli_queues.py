@@ -279,6 +279,45 @@ def test_queues_limit_refuses_a_bad_rate(
     assert rule in capsys.readouterr().err
 
 
+def test_queues_limit_key_sets_shows_and_lifts_a_keys_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`queues limit-key TEMPLATE --rate 2/60s` is stored (a claim then takes 2 of each
+    tenant's items), `queues keys` lists it and the throttled keys, `--rate none` lifts it; a
+    template naming another field is a usage error (exit 2) naming the rule."""
+    url = f"sqlite:///{tmp_path}/q.db"
+    for key in ("t:acme", "t:acme", "t:acme", "t:globex"):
+        args = ["--concurrency-key", key, "--concurrency-limit", "9", "--database-url", url]
+        assert run(capsys, "items", "enqueue", "job", *args)[0] == 0
+    code, out, _ = run(
+        capsys, "queues", "limit-key", "t:{tenant}", "--rate", "2/60s", "--database-url", url
+    )
+    assert (code, out) == (
+        0,
+        "key t:{tenant} (each key it renders): at most 2 starts in any 60 s (2/60s)\n",
+    )
+
+    async def claim() -> int:
+        async with open_queue(url) as queue:
+            return len(await queue.claim_due(["job"], "w", 30, 10))
+
+    assert trio.run(claim) == 3  # 2 of acme, 1 of globex
+    assert trio.run(claim) == 0
+    code, out, _ = run(capsys, "queues", "keys", "--database-url", url, "--json")
+    shown = json.loads(out)
+    assert shown["limits"] == {"t:{tenant}": "2/60s"}
+    assert list(shown["throttled"]) == ["t:acme"]
+    code, out, _ = run(
+        capsys, "queues", "limit-key", "t:{tenant}", "--rate", "none", "--database-url", url
+    )
+    assert (code, out) == (0, "key t:{tenant} has no rate limit\n")
+    assert trio.run(claim) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["queues", "limit-key", "t:{user}", "--rate", "1/s", "--database-url", url])
+    assert exit_info.value.code == 2
+    assert "may name only {tenant} and {subject}" in capsys.readouterr().err
+
+
 def test_enqueue_debounce_replaces_the_pending_item(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

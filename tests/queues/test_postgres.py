@@ -58,6 +58,7 @@ _LITERALS = {
     "worker_id": "'w'",
     "lease_us": "1000000",
     "rated": "false",
+    "key_caps": "NULL",
 }
 
 

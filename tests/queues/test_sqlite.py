@@ -203,6 +203,7 @@ async def test_the_claim_is_served_by_the_claim_index(tmp_path: Path) -> None:
         "worker_id": "w",
         "lease_us": 10**6,
         "version": 1,
+        "key_caps": None,
     }
     plan = _plan(path, _sql.load_queries("sqlite")["claim_due"], params)
     assert "trio_supervise_items_claim_idx" in plan

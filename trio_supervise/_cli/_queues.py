@@ -1,5 +1,5 @@
-"""``trio-supervise queues list | pause NAME | resume NAME | limit NAME --rate N/PERIOD``: named
-queues across the fleet.
+"""``trio-supervise queues list | pause NAME | resume NAME | limit NAME --rate N/PERIOD |
+limit-key KEY --rate N/PERIOD | keys``: named queues and key rate limits across the fleet.
 
 A pause is stored in the database, so every worker on it stops claiming that queue at its next
 claim; items already running finish and settle as usual. A rate limit too: every worker's
@@ -15,9 +15,9 @@ import sys
 from typing import Any
 
 from .._describe import stamp
-from .._operations import pause_queue, resume_queue, set_rate_limit
-from ..job import ItemState, QueueInfo, RateLimit
-from ..queues import WorkQueue
+from .._operations import pause_queue, resume_queue, set_key_rate_limit, set_rate_limit
+from ..job import ItemState, QueueInfo, RateLimit, check_key_rule
+from ..queues import KeyRateLimitStore, WorkQueue
 from ._common import (
     AS_JSON,
     DATABASE,
@@ -71,6 +71,37 @@ def register(subparsers: Subparsers) -> None:
     )
     add_service_option(limit, force="limit a queue nothing is known to use")
     limit.set_defaults(handler=_cmd_limit)
+    limit_key = verbs.add_parser(
+        "limit-key",
+        parents=[DATABASE, AS_JSON],
+        help="set or lift a concurrency key's rate limit, fleet-wide",
+        description="At most N items of a concurrency key start in any PERIOD, across every "
+        "worker. KEY is a key (tenant:acme) or a template over {tenant} and {subject} "
+        "(partner:{tenant}): each key it renders has its own window. --rate none lifts it.",
+    )
+    limit_key.add_argument("key", metavar="KEY_OR_TEMPLATE", type=_key_rule)
+    limit_key.add_argument(
+        "--rate",
+        required=True,
+        type=_rate,
+        metavar="N/PERIOD",
+        help="at most N starts per PERIOD, as 100/60s, 10/s, 5/500ms, 1000/1h; or none",
+    )
+    limit_key.set_defaults(handler=_cmd_limit_key)
+    keys = verbs.add_parser(
+        "keys",
+        parents=[DATABASE, AS_JSON],
+        help="key rate limits, and the keys throttled now",
+    )
+    keys.set_defaults(handler=_cmd_keys)
+
+
+def _key_rule(text: str) -> str:
+    """``limit-key``'s KEY: a key or a template (else exit 2, naming the rule)."""
+    try:
+        return check_key_rule(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _rate(text: str) -> RateLimit | None:
@@ -159,6 +190,37 @@ def _cmd_limit(args: argparse.Namespace) -> int:
         print(json.dumps({"queue": args.name, "changed": changed, "rate": rate}))
     else:
         print(printable(said))
+    return EXIT_OK
+
+
+def _cmd_limit_key(args: argparse.Namespace) -> int:
+    """``limit-key KEY --rate N/PERIOD``: sets the key's rate limit (``none`` lifts it)."""
+    changed, said = with_queue(args, lambda queue: set_key_rate_limit(queue, args.key, args.rate))
+    if args.json:
+        rate = None if args.rate is None else str(args.rate)
+        print(json.dumps({"key": args.key, "changed": changed, "rate": rate}))
+    else:
+        print(printable(said))
+    return EXIT_OK
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    """``keys``: every key rate limit, and each throttled key with when it frees."""
+
+    async def body(queue: WorkQueue) -> tuple[dict[str, RateLimit], dict[str, Any]]:
+        if not isinstance(queue, KeyRateLimitStore):
+            return {}, {}
+        return await queue.key_rate_limits(), await queue.throttled_keys()
+
+    rules, throttled = with_queue(args, body)
+    if args.json:
+        shown = {key: until.isoformat() for key, until in throttled.items()}
+        print(json.dumps({"limits": {k: str(r) for k, r in rules.items()}, "throttled": shown}))
+        return EXIT_OK
+    rows = [[printable(key), str(rate)] for key, rate in rules.items()]
+    table(rows, ["key", "rate"], sys.stdout)
+    for key, until in throttled.items():
+        print(f"throttled: {printable(key)} until {stamp(until)} UTC")
     return EXIT_OK
 
 

@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from ..maintenance import Schedule, last_fire
-from ..queues import ItemState, QueueInfo, WorkItem, WorkQueue
+from ..queues import ItemState, KeyRateLimitStore, QueueInfo, WorkItem, WorkQueue
+from ..queues._ports import Capability, capabilities_of
 
 __all__ = [
     "SCRAPE_CACHE_SECONDS",
@@ -130,6 +131,9 @@ class QueueRead:
     queue_lags: Mapping[str, float]
     scanned_all: bool = True
     """False when a paused queue's oldest item was looked for past the scan's bound."""
+    throttled_keys: int | None = None
+    """How many concurrency keys their rate limit holds back now (None: the store keeps no
+    key rate limits)."""
 
 
 async def oldest_overdue(
@@ -210,6 +214,11 @@ _QUEUE_FAMILIES: dict[str, tuple[str, str, list[str]]] = {
         "The period of the named queue's rate limit, in seconds.",
         ["queue"],
     ),
+    "throttled_keys": (
+        "trio_supervise_throttled_keys",
+        "How many concurrency keys their rate limit holds back now (their window is full).",
+        [],
+    ),
     "up": ("trio_supervise_queue_up", "1 if the queue answered the last scrape, else 0.", []),
 }
 """The queue collector's gauges: name, help and labels, in exposition order."""
@@ -233,8 +242,9 @@ class QueueDepthCollector:
     keeps growing while its items wait), ``named_queue_throttled{queue}`` (1 while its rate
     limit holds its items back; their lag does not grow meanwhile: they are not due) and, for a
     rate-limited queue, ``named_queue_rate_limit{queue}`` and
-    ``named_queue_rate_period_seconds{queue}``. While the queue does not answer, only
-    ``queue_up 0`` is exported: zeros would claim an empty queue.
+    ``named_queue_rate_period_seconds{queue}``; with key rate limits, ``throttled_keys`` (how
+    many keys their rate holds back now: a count, not a series per tenant). While the queue
+    does not answer, only ``queue_up 0`` is exported: zeros would claim an empty queue.
 
     :param limits: each queue the service's runner serves, with its concurrency, exported as
         ``named_queue_concurrency_limit{queue}`` (None: no runner here).
@@ -282,8 +292,17 @@ class QueueDepthCollector:
             for (name, spec_id), due in oldest.items():
                 queue_lags[name] = max(queue_lags[name], _age(due, now))
                 spec_lags[spec_id] = max(spec_lags.get(spec_id, 0.0), _age(due, now))
+        throttled = None
+        if Capability.KEY_RATE_LIMITS in capabilities_of(queue) and isinstance(
+            queue, KeyRateLimitStore
+        ):
+            throttled = len(await queue.throttled_keys())
         return QueueRead(
-            spec_lags=spec_lags, queues=infos, queue_lags=queue_lags, scanned_all=scanned_all
+            spec_lags=spec_lags,
+            queues=infos,
+            queue_lags=queue_lags,
+            scanned_all=scanned_all,
+            throttled_keys=throttled,
         )
 
     @property
@@ -348,6 +367,8 @@ class QueueDepthCollector:
                 if info.rate_limit is not None:
                     made["rate_limit"].add_metric([label], info.rate_limit.limit)
                     made["rate_period"].add_metric([label], info.rate_limit.period)
+            if read.throttled_keys is not None:
+                made["throttled_keys"].add_metric([], read.throttled_keys)
         for name, concurrency in sorted((self.limits or {}).items()):
             limit.add_metric([_label(name)], concurrency)
         made["up"].add_metric([], 1 if self._up else 0)

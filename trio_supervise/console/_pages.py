@@ -130,6 +130,7 @@ class Pages:
             queues=() if read is None else read.queues,
             lags={} if read is None else read.queue_lags,
             limits=self._app.queue_limits,
+            throttled_keys=None if read is None else read.throttled_keys,
         )
 
     async def _unowned(
@@ -178,6 +179,7 @@ class Pages:
             queue = {
                 "problem": view.problem,
                 "queues": queue_rows(view, states) if view.counts is not None else None,
+                "throttled_keys": view.throttled_keys,
                 "counts": None if view.counts is None else count_rows(view.counts, states),
                 "unowned": unowned_rows(view.unowned) if view.unowned else None,
                 "due": rows(

@@ -302,6 +302,9 @@ class QueueView:
     """Each named queue's lag (seconds its oldest due item waited, paused or not)."""
     limits: Mapping[str, int] | None = None
     """Each queue this service's runner serves, with its concurrency (None: no runner here)."""
+    throttled_keys: int | None = None
+    """How many concurrency keys their rate limit holds back now (None: the store keeps no
+    key rate limits)."""
 
 
 def queue_rows(view: QueueView, states: Sequence[ItemState]) -> Rows:

@@ -57,6 +57,11 @@ from ._json import copy_json as copy_json
 from ._json import flat_json_copy as flat_json_copy
 from ._json import storable_text as storable_text
 from ._json import unstorable as unstorable
+from ._key_rates import KEY_TEMPLATE_FIELDS as KEY_TEMPLATE_FIELDS
+from ._key_rates import cap_of as cap_of
+from ._key_rates import check_key_rule as check_key_rule
+from ._key_rates import key_caps as key_caps
+from ._key_rates import rule_for as rule_for
 from ._model import DEFAULT_QUEUE as DEFAULT_QUEUE
 from ._model import ITEM_FIELDS as ITEM_FIELDS
 from ._model import MAX_ERRORS as MAX_ERRORS

@@ -37,6 +37,7 @@ from ._ports import AuditStore as AuditStore
 from ._ports import Capability as Capability
 from ._ports import DurableJournal as DurableJournal
 from ._ports import ErrorHistoryStore as ErrorHistoryStore
+from ._ports import KeyRateLimitStore as KeyRateLimitStore
 from ._ports import MaintenanceStore as MaintenanceStore
 from ._ports import OperatorStore as OperatorStore
 from ._ports import ProducerStore as ProducerStore
@@ -63,6 +64,7 @@ __all__ = [
     "MaintenanceStore",
     "OperatorStore",
     "ProducerStore",
+    "KeyRateLimitStore",
     "RateLimitStore",
     "SeedWrites",
     "WorkerStore",

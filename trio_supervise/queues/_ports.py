@@ -111,6 +111,10 @@ class Capability(enum.StrEnum):
     RATE_LIMITS = "rate-limits"
     """``set_rate_limit(queue, rate)`` (:class:`RateLimitStore`): at most N starts per period
     from a queue, fleet-wide, enforced in the claim (see ``docs/flow-control.md``)."""
+    KEY_RATE_LIMITS = "key-rate-limits"
+    """``set_key_rate_limit(key_or_template, rate)`` (:class:`KeyRateLimitStore`): at most N
+    starts per period of each concurrency key, fleet-wide, enforced in the claim (see
+    ``docs/flow-control.md``)."""
     TRANSACTIONAL_ENQUEUE = "transactional-enqueue"
     """``enqueue_on(conn, ...)`` / ``enqueue_many_on(conn, entries)``: enqueue inside the
     application's own open transaction."""
@@ -260,6 +264,27 @@ class RateLimitStore(Protocol):
     async def set_rate_limit(self, queue: str, rate: RateLimit | None) -> None:
         """Let at most ``rate.limit`` items of *queue* start in any ``rate.period`` seconds
         (None: no limit). The starts recorded so far still count."""
+        ...
+
+
+@runtime_checkable
+class KeyRateLimitStore(Protocol):
+    """Rate limits per concurrency key (:attr:`Capability.KEY_RATE_LIMITS`): kept by the store,
+    so every process claiming from it keeps them."""
+
+    async def set_key_rate_limit(self, key: str, rate: RateLimit | None) -> None:
+        """Let at most ``rate.limit`` items of a concurrency key start in any ``rate.period``
+        seconds (None: no limit). *key* is a key (``"tenant:acme"``) or a template over
+        ``{tenant}`` and ``{subject}`` (``"partner:{tenant}"``): each key it renders has a
+        window of its own."""
+        ...
+
+    async def key_rate_limits(self) -> dict[str, RateLimit]:
+        """Every key rate limit, by its key or template."""
+        ...
+
+    async def throttled_keys(self) -> dict[str, dt.datetime]:
+        """The keys whose window is full now, each with when it lets a start in again."""
         ...
 
 

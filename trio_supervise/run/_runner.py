@@ -21,7 +21,13 @@ from .._errors import DriverError, QueueError
 from .._lifecycle import Shutdown
 from .._policy import Jitter
 from ..job import RateLimit, StopReason, WorkItem
-from ..queues._ports import Capability, RateLimitStore, WorkerStore, capabilities_of
+from ..queues._ports import (
+    Capability,
+    KeyRateLimitStore,
+    RateLimitStore,
+    WorkerStore,
+    capabilities_of,
+)
 from ._completer import BatchCompleter, _Accounts
 from ._current import bind_store
 from ._drivers import ContextFactory, ContextT, DriverRegistry, open_context, raise_specific
@@ -160,6 +166,8 @@ class WorkflowRunner(Generic[ContextT]):
             self._registry.validate_all()
             if self._settings.rate_limits:
                 await set_rate_limits(self._queue, self._settings.rate_limits)
+            if self._settings.key_rate_limits:
+                await set_key_rate_limits(self._queue, self._settings.key_rate_limits)
             tracer = tracer_for(self._settings)
             async with open_context(self._build_context) as context:
                 fatal: Exception | None = None
@@ -311,3 +319,16 @@ async def set_rate_limits(queue: Any, limits: Mapping[str, RateLimit]) -> None:
         )
     for name, rate in limits.items():
         await queue.set_rate_limit(name, rate)
+
+
+async def set_key_rate_limits(queue: Any, limits: Mapping[str, RateLimit]) -> None:
+    """Set ``RunnerSettings.key_rate_limits`` on the store (which must keep them)."""
+    if Capability.KEY_RATE_LIMITS not in capabilities_of(queue) or not isinstance(
+        queue, KeyRateLimitStore
+    ):
+        raise QueueError(
+            f"runner.key_rate_limits needs a store that keeps key rate limits; "
+            f"{type(queue).__name__} does not declare Capability.KEY_RATE_LIMITS"
+        )
+    for key, rate in limits.items():
+        await queue.set_key_rate_limit(key, rate)

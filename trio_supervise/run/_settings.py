@@ -9,7 +9,7 @@ import attrs
 
 from .._convert import converter
 from .._policy import RestartPolicy
-from ..job import DEFAULT_QUEUE, RateLimit, check_queue_name
+from ..job import DEFAULT_QUEUE, RateLimit, check_key_rule, check_queue_name
 
 __all__ = ["PassStats", "RunnerSettings"]
 
@@ -78,6 +78,24 @@ def _rate_limits(value: object) -> Mapping[str, RateLimit] | None:
             limits[check_queue_name(name)] = RateLimit.parse(rate)
         except ValueError as error:  # named as the field (settings: "runner.rate_limits: ...")
             raise type(error)(f"rate_limits: queue {name!r}: {error}") from None
+    return limits
+
+
+def _key_rate_limits(value: object) -> Mapping[str, RateLimit] | None:
+    """``key_rate_limits``: concurrency keys or templates to :class:`RateLimit` s."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            "key_rate_limits must be a mapping of concurrency keys or templates "
+            f"('partner:{{tenant}}') to rates ('100/60s'), got {value!r}"
+        )
+    limits = {}
+    for key, rate in value.items():
+        try:
+            limits[check_key_rule(key)] = RateLimit.parse(rate)
+        except ValueError as error:  # named as the field (settings: "runner.key_rate_limits")
+            raise type(error)(f"key_rate_limits: key {key!r}: {error}") from None
     return limits
 
 
@@ -151,6 +169,9 @@ class RunnerSettings:
         (they stay in the store for every process), e.g. ``{"mail": "100/60s"}``: at most that
         many starts of the queue in any period (``docs/flow-control.md``). None (the default)
         sets none and leaves those set by others (``trio-supervise queues limit``) as they are.
+    :param key_rate_limits: rate limits to set on concurrency keys when the runner starts, as
+        ``rate_limits`` does on queues, e.g. ``{"partner:{tenant}": "100/60s"}``: at most that
+        many starts of each key the template renders (each tenant's) in any period.
     """
 
     worker_id: str = attrs.field(validator=_worker_id)
@@ -174,6 +195,9 @@ class RunnerSettings:
     error_history: int = attrs.field(default=50, validator=_count(minimum=0))
     queues: Mapping[str, int] | None = attrs.field(default=None, converter=_queue_limits)
     rate_limits: Mapping[str, RateLimit] | None = attrs.field(default=None, converter=_rate_limits)
+    key_rate_limits: Mapping[str, RateLimit] | None = attrs.field(
+        default=None, converter=_key_rate_limits
+    )
     outcome_log_rate: float = attrs.field(default=10.0, validator=_rate)
     tracing: bool | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))

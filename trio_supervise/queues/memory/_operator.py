@@ -20,11 +20,13 @@ from ...job import (
     WorkItem,
     check_config,
     check_errors_page,
+    check_key_rule,
     check_queue_name,
     check_rate,
     check_tags,
     item_errors,
     newest_errors,
+    rule_for,
 )
 from ._state import MemoryState
 
@@ -216,3 +218,36 @@ class OperatorSide(MemoryState):
             self._rates[queue] = (rate, starts)
         self._log("set_rate_limit", queue, rate=None if rate is None else str(rate))
         self._changed()
+
+    async def set_key_rate_limit(self, key: str, rate: RateLimit | None) -> None:
+        await trio.lowlevel.checkpoint()
+        key = check_key_rule(key)
+        if rate is None:
+            self._key_rules.pop(key, None)
+        else:
+            self._key_rules[key] = check_rate(rate)
+        # Each key's log stays while a rule holds it (the latest starts count against a
+        # changed limit); a key no rule holds any more forgets its starts.
+        rules = sorted(self._key_rules)
+        for held in list(self._key_starts):
+            rule = rule_for(held, rules)
+            if rule is None:
+                del self._key_starts[held]
+            else:
+                self._key_starts[held] = self._key_starts[held][-self._key_rules[rule].limit :]
+        self._log("set_key_rate_limit", key, rate=None if rate is None else str(rate))
+        self._changed()
+
+    async def key_rate_limits(self) -> dict[str, RateLimit]:
+        await trio.lowlevel.checkpoint()
+        return dict(sorted(self._key_rules.items()))
+
+    async def throttled_keys(self) -> dict[str, dt.datetime]:
+        await trio.lowlevel.checkpoint()
+        now = self._now()
+        out = {}
+        for key in sorted(self._key_starts):
+            until = self._key_throttled(key, now)
+            if until is not None:
+                out[key] = until
+        return out

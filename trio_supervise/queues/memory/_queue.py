@@ -45,13 +45,14 @@ class MemoryQueue(WorkerSide, ProducerSide, OperatorSide, MaintenanceSide, Audit
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        """``SETTLE_AND_CLAIM``, ``RATE_LIMITS``, ``AUDIT_TRAIL``, ``ERROR_HISTORY`` and
-        ``DURABLE_JOURNAL``; ``SERIAL_WRITES`` while :attr:`serial_writes` (a runner then settles
-        and claims in one :meth:`settle_and_claim`); ``EXACT_WAKEUPS`` while
-        :attr:`exact_wakeups`."""
+        """``SETTLE_AND_CLAIM``, ``RATE_LIMITS``, ``KEY_RATE_LIMITS``, ``AUDIT_TRAIL``,
+        ``ERROR_HISTORY`` and ``DURABLE_JOURNAL``; ``SERIAL_WRITES`` while
+        :attr:`serial_writes` (a runner then settles and claims in one
+        :meth:`settle_and_claim`); ``EXACT_WAKEUPS`` while :attr:`exact_wakeups`."""
         found = {
             Capability.SETTLE_AND_CLAIM,
             Capability.RATE_LIMITS,
+            Capability.KEY_RATE_LIMITS,
             Capability.AUDIT_TRAIL,
             Capability.ERROR_HISTORY,
             Capability.DURABLE_JOURNAL,

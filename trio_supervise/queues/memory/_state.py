@@ -26,6 +26,7 @@ from ...job import (
     UnfrozenItem,
     WorkItem,
     copy_item,
+    rule_for,
     throttled_until,
 )
 from ._events import QueueEvent, _detail_slots, _EventLog, _RawEvent, raw_appender
@@ -116,6 +117,10 @@ class MemoryState:
     """Paused queues, with when they were paused."""
     _rates: dict[str, tuple[RateLimit, list[dt.datetime]]] = attrs.field(init=False, factory=dict)
     """Rate-limited queues: each one's limit and its latest starts, oldest first."""
+    _key_rules: dict[str, RateLimit] = attrs.field(init=False, factory=dict)
+    """Rate limits per concurrency key, by key or template (see ``job/_key_rates.py``)."""
+    _key_starts: dict[str, list[dt.datetime]] = attrs.field(init=False, factory=dict)
+    """Per concurrency key a rule holds, its latest starts, oldest first."""
     _last_fires: dict[str, dt.datetime] = attrs.field(init=False, factory=dict)
     _audit: list[AuditEntry] = attrs.field(init=False, factory=list)
     """The console's audit trail, in the order recorded (see ``_audit.py``)."""
@@ -168,6 +173,8 @@ class MemoryState:
         self._running_keyed.clear()
         self._paused.clear()
         self._rates.clear()
+        self._key_rules.clear()
+        self._key_starts.clear()
         self._fan_in.clear()
         self._children_of.clear()
         self._entries.clear()
@@ -200,6 +207,16 @@ class MemoryState:
         if rated is None:
             return None
         until = throttled_until(rated[1], rated[0])
+        return until if until is not None and until > now else None
+
+    def _key_throttled(self, key: str | None, now: dt.datetime) -> dt.datetime | None:
+        """When *key*'s rate limit lets a start in again, while it holds them back now."""
+        if key is None or not self._key_rules:
+            return None
+        rule = rule_for(key, sorted(self._key_rules))
+        if rule is None:
+            return None
+        until = throttled_until(self._key_starts.get(key, []), self._key_rules[rule])
         return until if until is not None and until > now else None
 
     def _changed(self) -> None:

@@ -25,8 +25,10 @@ from ...job import (
     WorkItem,
     admitted,
     append_error,
+    cap_of,
     check_child,
     check_json,
+    key_caps,
     recorded,
     storable_text,
     unstorable_outcome,
@@ -138,15 +140,20 @@ class WorkerSide(MemoryState, SingleWrites):
                 assert heap is not None
                 expired.append(heapq.heappop(heap)[3])
         expired.sort(key=lambda item: (item.priority, item.due_at, item.id), reverse=True)
-        # Live leases per concurrency key, counted once, before this claim takes any.
+        # Live leases per concurrency key, counted once, before this claim takes any; and,
+        # with key rate limits, what each key's window lets start (see job/_key_rates.py).
         live: dict[str, int] = {}
+        caps: dict[str, Any] = {}
+        rules = self._key_rules
 
         def blocked(key: str | None, key_limit: int | None) -> bool:
             if key is None or key_limit is None:
                 return False
             if key not in live:
                 live[key] = len(self._live(key, lease_now))
-            return live[key] >= key_limit
+                if rules:
+                    caps.update(key_caps([key], rules, self._key_starts, now))
+            return live[key] >= key_limit or cap_of(caps, key) <= 0
 
         # A heap's items share a key and limit: a heap blocked by its key is left out whole.
         queued = sorted(
@@ -200,7 +207,7 @@ class WorkerSide(MemoryState, SingleWrites):
             if ckey is not None:
                 assert item.concurrency_limit is not None
                 ranks[ckey] = rank = ranks.get(ckey, 0) + 1
-                if rank > item.concurrency_limit - live[ckey]:
+                if rank > min(item.concurrency_limit - live[ckey], cap_of(caps, ckey)):
                     # Past its key's free slots in this claim: left as it was, still claimable.
                     if home is None:
                         put_back.append(item)
@@ -235,11 +242,22 @@ class WorkerSide(MemoryState, SingleWrites):
                 )
             )
             claimed.append(_copy(item))
+        if caps:  # as the SQL backends: a key's log is written when its items started
+            self._record_key_starts(caps, claimed)
         for item in (*expired, *put_back):
             # Not claimed this time (the limit, or its key): back in its heap, still claimable.
             assert item.lease_expires_at is not None
             self._push(self._leased, (item.spec_id, item.queue), item.lease_expires_at, item)
         return claimed
+
+    def _record_key_starts(self, caps: dict[str, Any], claimed: Sequence[WorkItem]) -> None:
+        started: dict[str, int] = {}
+        for item in claimed:
+            if item.concurrency_key in caps:
+                started[item.concurrency_key] = started.get(item.concurrency_key, 0) + 1
+        for key, count in started.items():
+            rate, kept, at, _ = caps[key]
+            self._key_starts[key] = recorded(kept, at, count, rate)
 
     def _live(self, key: str, now: dt.datetime) -> list[dt.datetime]:
         """The lease expiries of *key*'s running items whose lease is live at *now*."""
@@ -522,6 +540,8 @@ class WorkerSide(MemoryState, SingleWrites):
                 when = entry[0] if until is None else max(entry[0], until)
                 if self._rates and (throttled := self._throttled(queue, wall)) is not None:
                     when = max(when, throttled)
+                if self._key_rules and (held := self._key_throttled(heap_key[3], wall)):
+                    when = max(when, held)  # nor before its key's rate limit lets one in
                 times.append(when)
         for (spec_id, queue), heap in self._leased.items():
             if (
@@ -544,7 +564,8 @@ class WorkerSide(MemoryState, SingleWrites):
                     at = item.lease_expires_at
                     assert at is not None
                     until = self._blocked_until(item.concurrency_key, item.concurrency_limit, now)
-                    times.append(max(at, until or at, throttled or at))
+                    held = self._key_throttled(item.concurrency_key, wall)
+                    times.append(max(at, until or at, throttled or at, held or at))
         return min(times, default=None)
 
     async def wait_for_work(

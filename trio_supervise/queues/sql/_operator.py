@@ -32,7 +32,7 @@ from ...job import (
 )
 from .. import _sql
 from ._base import Lane, Row
-from ._rates import SQLRates
+from ._key_rates import SQLKeyRates
 
 __all__ = ["SQLOperator"]
 
@@ -83,7 +83,7 @@ def _list_page(
 _list_order: Callable[[WorkItem], tuple[dt.datetime, str]] = operator.attrgetter("due_at", "id")
 
 
-class SQLOperator(SQLRates):
+class SQLOperator(SQLKeyRates):
     """The operator port: reads and actions of a person, the CLI or a console."""
 
     # -- reads -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -23,12 +24,13 @@ import trio_util
 
 from ..._clock import Clock, StepGuard, SystemClock, WallClock
 from ..._errors import QueueError
-from ...job import Lease, WorkItem
+from ...job import Lease, WorkItem, cap_of
 from .. import _sql
 from .._ports import Capability
 from .._sql import redact_dsn
 from ._base import Lane
 from ._durable import JournalWrites
+from ._key_rates import KeyCaps
 from ._outbox import psycopg_savepoint
 from ._postgres_arrays import settle_params
 from ._postgres_db import (
@@ -207,6 +209,7 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
             Capability.SETTLE_AND_CLAIM,
             Capability.TRANSACTIONAL_ENQUEUE,
             Capability.RATE_LIMITS,
+            Capability.KEY_RATE_LIMITS,
             Capability.AUDIT_TRAIL,
             Capability.ERROR_HISTORY,
             Capability.DURABLE_JOURNAL,
@@ -279,18 +282,32 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
     def _starts_value(starts: Sequence[dt.datetime]) -> list[dt.datetime]:
         return list(starts)
 
-    @staticmethod
-    def _claim_keyed(conn: psycopg.Connection[Row], params: dict[str, Any]) -> list[Any]:
+    def _claim_keyed(self, conn: psycopg.Connection[Row], params: dict[str, Any]) -> list[Any]:
         # The keyed path: lock the window's keys (try-locks, held to commit), then claim in a
         # statement whose snapshot starts after the locks: see claim_keys and claim_keyed.
+        # With key rate limits, the locked keys' logs are read under those locks and each key
+        # claims no more than its window lets start (key_caps), then its starts are written.
         with conn.transaction():
-            keys = [row["key"] for row in conn.execute(_Q["claim_keys"], params)]
+            rows = conn.execute(_Q["claim_keys"], params).fetchall()
+            keys = [row["key"] for row in rows]
+            caps: KeyCaps = {}
+            now = params["now"]
+            if rows and rows[0]["key_rated"]:
+                caps, now = self._key_caps(conn, keys, params)
+                keys = [key for key in keys if cap_of(caps, key) > 0]
             if not keys:
                 return []
-            cur = _claim_cursor(conn).execute(
-                _Q["claim_keyed"], {**params, "keys": keys}, binary=True
-            )
-            return _claimed(cur)[0]
+            # With key rates the claim is at the time they were judged by, so its items'
+            # updated_at are their starts as the keys' logs record them.
+            keyed = {**params, "now": now, "keys": keys}
+            if caps:
+                keyed["key_caps"] = json.dumps(self._caps_value(caps))
+            claimed = _claimed(_claim_cursor(conn).execute(_Q["claim_keyed"], keyed, binary=True))[
+                0
+            ]
+            if caps:
+                self._record_key_starts(conn, caps, claimed)
+            return claimed
 
     def _renew_rows(
         self,

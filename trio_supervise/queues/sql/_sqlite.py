@@ -134,6 +134,7 @@ class SQLiteQueue(SQLiteEnqueue, SQLQueue):
             Capability.AUDIT_TRAIL,
             Capability.ERROR_HISTORY,
             Capability.RATE_LIMITS,
+            Capability.KEY_RATE_LIMITS,
             Capability.DURABLE_JOURNAL,
         }
     )
@@ -356,28 +357,37 @@ class SQLiteQueue(SQLiteEnqueue, SQLQueue):
         return StepGuard(self._clock) if isinstance(self._clock, WallClock) else None
 
     def _claim_in(self, conn: sqlite3.Connection, params: dict[str, Any]) -> list[WorkItem]:
-        # The claim's lease version, from the database's counter, and the queue's rate limit
-        # if it has one (see claim_version). Rows as tuples: the cheapest to build and unpack.
+        # The claim's lease version, from the database's counter, the queue's rate limit if it
+        # has one and whether a key has one (see claim_version). Rows as tuples: the cheapest
+        # to build and unpack.
         cur = conn.cursor()
         cur.row_factory = None
-        version, rate = cur.execute(_Q["claim_version"], params).fetchone()
-        if rate is None:
-            cur.execute(_Q["claim_due"], {**params, "version": version})
-            return self._all(cur)
-        limit, period_us, starts = json.loads(rate)
+        version, rate, key_rated = cur.execute(_Q["claim_version"], params).fetchone()
+        caps = None
+        if key_rated:
+            keys = [row[0] for row in cur.execute(_Q["claimable_keys"], params).fetchall()]
+            caps, _ = self._key_caps(conn, keys, params)
+            params = {**params, "key_caps": json.dumps(self._caps_value(caps))}
 
         def claim(rated: dict[str, Any]) -> list[WorkItem]:
             cur.execute(_Q["claim_due"], {**rated, "version": version})
             return self._all(cur)
 
-        return self._claim_rated(
-            conn,
-            params,
-            RateLimit(limit, period_us / 1_000_000),
-            [from_us(start) for start in starts],
-            from_us(params["now"]),
-            claim,
-        )
+        if rate is None:
+            claimed = claim(params)
+        else:
+            limit, period_us, starts = json.loads(rate)
+            claimed = self._claim_rated(
+                conn,
+                params,
+                RateLimit(limit, period_us / 1_000_000),
+                [from_us(start) for start in starts],
+                from_us(params["now"]),
+                claim,
+            )
+        if caps:
+            self._record_key_starts(conn, caps, claimed)
+        return claimed
 
     def _starts_of(self, value: str) -> list[dt.datetime]:
         return [from_us(start) for start in json.loads(value)]

@@ -109,6 +109,7 @@ class SQLWorker(SettleBatch, SingleWrites):
             "now": now,
             "lease_now": self._lease_now(now, 2 * lease),
             "rated": False,  # PostgreSQL's claim: see claim_due
+            "key_caps": None,  # with key rate limits, what each key may start: see claim_due
         }
 
     @staticmethod

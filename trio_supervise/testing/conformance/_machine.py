@@ -46,6 +46,10 @@ class MachineState(RuleBasedStateMachine):
         self.paused: set[str] = set()
         self.rates: dict[str, tuple[RateLimit, list[dt.datetime]]] = {}
         """Rate-limited queues: the limit, and every claim's time since it was set."""
+        self.key_rates: dict[str, RateLimit] = {}
+        """Key rate limits, by key or template (``KEY_RULES``)."""
+        self.key_starts: dict[str, list[dt.datetime]] = {}
+        """Per key a rule holds, its claims' times (the latest ``limit`` in the window)."""
         self.serial = 0
 
     def teardown(self) -> None:
@@ -94,6 +98,32 @@ class MachineState(RuleBasedStateMachine):
         if self.rate_free(queue) != 0:  # None (no limit) or a free slot
             return None
         rate, starts = self.rates[queue]
+        return sorted(starts)[-rate.limit] + dt.timedelta(seconds=rate.period)
+
+    def key_rule(self, key: str | None) -> RateLimit | None:
+        """The rate of the rule holding *key*: the key's own, else the template ``c{tenant}``
+        (every key here renders from it); None if no rule holds it."""
+        if key is None:
+            return None
+        if key in self.key_rates:
+            return self.key_rates[key]
+        return self.key_rates.get("c{tenant}")
+
+    def key_free(self, key: str | None) -> int | None:
+        """How many items of *key* its rule lets start now (None: no rule holds it)."""
+        rate = self.key_rule(key)
+        if rate is None or key is None:
+            return None
+        since = self.now() - dt.timedelta(seconds=rate.period)
+        return max(0, rate.limit - sum(1 for at in self.key_starts.get(key, []) if at > since))
+
+    def key_throttled_until(self, key: str | None) -> dt.datetime | None:
+        """While *key*'s rule lets nothing start: when its limit-th latest claim leaves the
+        window."""
+        rate = self.key_rule(key)
+        if rate is None or key is None or self.key_free(key) != 0:
+            return None
+        starts = self.key_starts[key]
         return sorted(starts)[-rate.limit] + dt.timedelta(seconds=rate.period)
 
     def version(self, item: Model, which: str) -> int:

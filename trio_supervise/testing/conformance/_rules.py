@@ -29,7 +29,7 @@ from ...job import (
     WorkItem,
     child_item_id,
 )
-from ...queues import Capability, RateLimitStore
+from ...queues import Capability, KeyRateLimitStore, RateLimitStore
 from ...queues._ports import capabilities_of
 from ._machine import MachineState
 from ._model import (
@@ -197,6 +197,7 @@ class WorkerRules(MachineState):
                 and (at := m.claimable_at()) is not None
                 and at <= now
                 and (m.ckey is None or live[m.ckey] < CLIMITS[m.ckey])
+                and self.key_free(m.ckey) != 0  # a key at its rate is left out
             ),
             key=lambda m: (m.priority, m.due_at, m.id),
         )[:limit]
@@ -205,7 +206,10 @@ class WorkerRules(MachineState):
         for m in window:
             if m.ckey is not None:
                 ranks[m.ckey] = ranks.get(m.ckey, 0) + 1
-                if ranks[m.ckey] > CLIMITS[m.ckey] - live[m.ckey]:
+                free = self.key_free(m.ckey)
+                if ranks[m.ckey] > min(
+                    CLIMITS[m.ckey] - live[m.ckey], 10**9 if free is None else free
+                ):
                     continue
             expected.append(m.id)
         return expected
@@ -230,6 +234,12 @@ class WorkerRules(MachineState):
             kept = [at for at in starts if at > since]
             kept += [now] * sum(1 for item in got if item.queue == queue)
             self.rates[queue] = (rate, kept[-rate.limit :])
+        for ckey in {item.concurrency_key for item in got} - {None}:
+            if (key_rate := self.key_rule(ckey)) is not None and ckey is not None:
+                since = now - dt.timedelta(seconds=key_rate.period)
+                log = [at for at in self.key_starts.get(ckey, []) if at > since]
+                log += [now] * sum(1 for item in got if item.concurrency_key == ckey)
+                self.key_starts[ckey] = log[-key_rate.limit :]
 
     @rule(worker=st.sampled_from(WORKERS), lease=st.sampled_from(DURATIONS[1:]))
     def claim_everything(self, worker: str, lease: float) -> None:
@@ -721,6 +731,31 @@ class OperatorRules(MachineState):
             name: until for name in self.rates if (until := self.throttled_until(name))
         }
 
+    @precondition(lambda self: Capability.KEY_RATE_LIMITS in capabilities_of(self.queue))
+    @rule(
+        key=st.sampled_from(["c1", "c{tenant}"]),
+        rate=st.sampled_from([None, RateLimit(1, 2.0), RateLimit(2, 5.0)]),
+    )
+    def limit_key_rate(self, key: str, rate: RateLimit | None) -> None:
+        """A key rate limit is stored for the fleet; each key's claims kept so far count
+        against the rule that holds it now (its latest `limit`); a key no rule holds forgets
+        them."""
+        assert isinstance(self.queue, KeyRateLimitStore)
+        self.portal.run(self.queue.set_key_rate_limit, key, rate)
+        if rate is None:
+            self.key_rates.pop(key, None)
+        else:
+            self.key_rates[key] = rate
+        for held in list(self.key_starts):
+            if (held_rate := self.key_rule(held)) is None:
+                del self.key_starts[held]
+            else:
+                self.key_starts[held] = self.key_starts[held][-held_rate.limit :]
+        assert self.portal.run(self.queue.key_rate_limits) == self.key_rates
+        assert self.portal.run(self.queue.throttled_keys) == {
+            key: until for key in CLIMITS if (until := self.key_throttled_until(key))
+        }
+
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.5, 5.0]))
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
@@ -743,6 +778,7 @@ class OperatorRules(MachineState):
                     at,
                     self.blocked_until(m) or at,
                     self.throttled_until(m.queue) or at,
+                    self.key_throttled_until(m.ckey) or at,
                 )
                 for m in expected
                 if m.spec_id in specs

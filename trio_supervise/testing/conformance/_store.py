@@ -21,6 +21,7 @@ from ._durable import DurableJournalContract
 from ._error_history import ErrorHistoryContract
 from ._evaluation_ends import EvaluationEndsContract
 from ._identity import IdentityContract
+from ._key_rate_limits import KeyRateLimitContract
 from ._producing import ProducingContract
 from ._rate_limits import RateLimitContract
 from ._retention import RetentionContract
@@ -57,6 +58,7 @@ class StoreConformance(
     AuditContract,
     ErrorHistoryContract,
     RateLimitContract,
+    KeyRateLimitContract,
     StartByContract,
     DebounceContract,
     DurableJournalContract,

@@ -271,7 +271,13 @@ WITH rate AS MATERIALIZED (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
       AND (%(rated)s::boolean OR NOT EXISTS (SELECT 1 FROM rate))
-      AND (c.concurrency_key IS NULL OR coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit)
+      AND (c.concurrency_key IS NULL OR (coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
+          AND coalesce((
+              -- A key whose rate limit's window is full is left out (docs/flow-control.md):
+              -- a probe of the key's row by its primary key, for keyed rows only.
+              SELECT t.throttled_until FROM trio_supervise_key_rates AS t
+              WHERE t.key = c.concurrency_key
+          ), '-infinity') <= coalesce(%(now)s::timestamptz, now())))
     ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -286,7 +292,13 @@ WITH rate AS MATERIALIZED (
           SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = %(queue)s
       )
       AND (%(rated)s::boolean OR NOT EXISTS (SELECT 1 FROM rate))
-      AND (c.concurrency_key IS NULL OR coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit)
+      AND (c.concurrency_key IS NULL OR (coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
+          AND coalesce((
+              -- A key whose rate limit's window is full is left out (docs/flow-control.md):
+              -- a probe of the key's row by its primary key, for keyed rows only.
+              SELECT t.throttled_until FROM trio_supervise_key_rates AS t
+              WHERE t.key = c.concurrency_key
+          ), '-infinity') <= coalesce(%(now)s::timestamptz, now())))
     ORDER BY c.priority, c.due_at, c.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -331,7 +343,10 @@ WITH live AS MATERIALIZED (
       AND lease_expires_at > coalesce(%(lease_now)s::timestamptz, now())
     GROUP BY concurrency_key
 )
-SELECT k.key FROM (
+SELECT k.key, EXISTS (
+    -- Whether a key rate limit exists (then the claim reads them: key_rates_of).
+    SELECT 1 FROM trio_supervise_key_rates AS r WHERE r.rate_limit IS NOT NULL
+) AS key_rated FROM (
     SELECT DISTINCT head.concurrency_key AS key FROM (
         SELECT w.concurrency_key FROM (
             (
@@ -341,6 +356,10 @@ SELECT k.key FROM (
                   AND c.due_at <= coalesce(%(now)s::timestamptz, now())
                   AND c.concurrency_key IS NOT NULL
                   AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
+                  AND coalesce((
+                      SELECT t.throttled_until FROM trio_supervise_key_rates AS t
+                      WHERE t.key = c.concurrency_key
+                  ), '-infinity') <= coalesce(%(now)s::timestamptz, now())
                 ORDER BY c.priority, c.due_at, c.id
                 LIMIT %(limit)s
             )
@@ -352,6 +371,10 @@ SELECT k.key FROM (
                   AND c.lease_expires_at <= coalesce(%(lease_now)s::timestamptz, now())
                   AND c.concurrency_key IS NOT NULL
                   AND coalesce((SELECT l.n FROM live AS l WHERE l.k = c.concurrency_key), 0) < c.concurrency_limit
+                  AND coalesce((
+                      SELECT t.throttled_until FROM trio_supervise_key_rates AS t
+                      WHERE t.key = c.concurrency_key
+                  ), '-infinity') <= coalesce(%(now)s::timestamptz, now())
                 ORDER BY c.priority, c.due_at, c.id
                 LIMIT %(limit)s
             )
@@ -445,7 +468,10 @@ UPDATE trio_supervise_items AS i SET
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM ranked
 WHERE i.id = ranked.id
-  AND (ranked.concurrency_key IS NULL OR ranked.rank <= ranked.concurrency_limit - ranked.live)
+  AND (ranked.concurrency_key IS NULL OR (ranked.rank <= ranked.concurrency_limit - ranked.live
+      -- With key rate limits, no more of a key's rows than its window lets start.
+      AND ranked.rank <= coalesce(
+          (%(key_caps)s::jsonb ->> ranked.concurrency_key)::bigint, 2147483647)))
 -- The same columns as claim_due's.
 RETURNING {item_columns:i};
 
@@ -484,6 +510,44 @@ DELETE FROM trio_supervise_queue_rates WHERE queue = %(queue)s;
 
 -- name: queue_rates
 SELECT queue, rate_limit, period_us, throttled_until FROM trio_supervise_queue_rates;
+
+-- name: key_rates_of
+-- Every key rate rule, and the logs of the keys a keyed claim locked (claim_keys), read after
+-- the locks were granted: so every committed claim of those keys is in them. With the time to
+-- judge them by: the queue's clock, else the database's as it reads now.
+SELECT key, rate_limit, period_us, starts,
+    coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+FROM trio_supervise_key_rates
+WHERE rate_limit IS NOT NULL OR key = ANY(%(keys)s::text[]);
+
+-- name: record_key_starts
+-- A key's starts after a claim (or a changed rule), in its transaction.
+INSERT INTO trio_supervise_key_rates AS r (key, starts, throttled_until)
+VALUES (%(key)s, %(starts)s::timestamptz[], %(throttled_until)s::timestamptz)
+ON CONFLICT (key) DO UPDATE SET starts = excluded.starts,
+    throttled_until = excluded.throttled_until;
+
+-- name: set_key_rate
+INSERT INTO trio_supervise_key_rates AS r (key, rate_limit, period_us)
+VALUES (%(key)s, %(rate_limit)s, %(period_us)s)
+ON CONFLICT (key) DO UPDATE SET rate_limit = excluded.rate_limit,
+    period_us = excluded.period_us;
+
+-- name: clear_key_rate
+UPDATE trio_supervise_key_rates SET rate_limit = NULL, period_us = NULL WHERE key = %(key)s;
+
+-- name: forget_key
+DELETE FROM trio_supervise_key_rates WHERE key = %(key)s;
+
+-- name: all_key_rates
+SELECT key, rate_limit, period_us, starts, throttled_until FROM trio_supervise_key_rates
+ORDER BY key;
+
+-- name: lock_key_rates
+-- A changed rule rewrites the keys' logs: locked, so no claim writes one meanwhile.
+SELECT key, rate_limit, period_us, starts, throttled_until FROM trio_supervise_key_rates
+ORDER BY key
+FOR UPDATE;
 
 -- name: renew_many
 -- Fenced on (id, version, owner) and the running state; rows that come back are renewed.
@@ -680,9 +744,15 @@ WITH blocked AS MATERIALIZED (
     -- lets a claim in. None, mostly: one probe of a small table.
     SELECT queue, throttled_until AS until FROM trio_supervise_queue_rates
     WHERE throttled_until > coalesce(%(now)s::timestamptz, now())
+), held AS MATERIALIZED (
+    -- Keys whose rate limit's window is full: their rows are claimable no sooner than it
+    -- lets a claim in. None, mostly: one probe of a small table.
+    SELECT key AS k, throttled_until AS until FROM trio_supervise_key_rates
+    WHERE throttled_until > coalesce(%(now)s::timestamptz, now())
 ), t AS MATERIALIZED (  -- computed once, though read twice below
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM blocked)
-        AND NOT EXISTS (SELECT 1 FROM throttled) THEN least(
+        AND NOT EXISTS (SELECT 1 FROM throttled)
+        AND NOT EXISTS (SELECT 1 FROM held) THEN least(
         -- The plain minimum without reading every queued row: the earliest queued row, the
         -- first of a walk of the state index in due_at order, and the earliest lease among
         -- the running rows (the in-flight ones, few). least() skips a NULL.
@@ -701,7 +771,7 @@ WITH blocked AS MATERIALIZED (
               AND queue NOT IN (SELECT queue FROM trio_supervise_paused_queues)
         )
     ) ELSE (
-        SELECT min(greatest(c.base, b.until, r.until))
+        SELECT min(greatest(c.base, b.until, r.until, h.until))
         FROM (
             SELECT min(base) AS base, concurrency_key, concurrency_limit, queue FROM due
             WHERE (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -710,6 +780,7 @@ WITH blocked AS MATERIALIZED (
         ) AS c
         LEFT JOIN blocked AS b ON b.k = c.concurrency_key AND b.nth = c.concurrency_limit
         LEFT JOIN throttled AS r ON r.queue = c.queue
+        LEFT JOIN held AS h ON h.k = c.concurrency_key
     ) END AS at
 )
 SELECT t.at, extract(epoch FROM t.at - coalesce(%(now)s::timestamptz, now()))::float8 AS wait,

@@ -72,7 +72,10 @@ UPDATE trio_supervise_counters SET next_version = next_version + 1
 RETURNING next_version - 1 AS version, (
     SELECT json_array(r.rate_limit, r.period_us, json(r.starts))
     FROM trio_supervise_queue_rates AS r WHERE r.queue = :queue
-) AS rate;
+) AS rate, (
+    -- Whether a key rate limit exists (then the claim reads them: claimable_keys, key_rates_of).
+    SELECT 1 FROM trio_supervise_key_rates AS k WHERE k.rate_limit IS NOT NULL LIMIT 1
+) AS key_rated;
 
 -- name: record_starts
 -- A rate-limited queue's starts after a claim (see docs/flow-control.md), in its transaction.
@@ -94,6 +97,46 @@ DELETE FROM trio_supervise_queue_rates WHERE queue = :queue;
 
 -- name: queue_rates
 SELECT queue, rate_limit, period_us, throttled_until FROM trio_supervise_queue_rates;
+
+-- name: claimable_keys
+-- A claim's keys when key rate limits exist (see docs/flow-control.md): the keys of the
+-- queue's claimable keyed rows, whose windows key_rates_of reads; under the write lock.
+SELECT DISTINCT concurrency_key AS key FROM trio_supervise_items
+WHERE queue = :queue AND state IN ('queued', 'running') AND concurrency_key IS NOT NULL
+  AND spec_id IN (SELECT value FROM json_each(:spec_ids))
+  AND CASE WHEN state = 'queued' THEN due_at <= :now ELSE lease_expires_at <= :lease_now END;
+
+-- name: key_rates_of
+-- Every key rate rule, and the logs of :keys; with the time to judge them by.
+SELECT key, rate_limit, period_us, starts, :now AS now FROM trio_supervise_key_rates
+WHERE rate_limit IS NOT NULL OR key IN (SELECT value FROM json_each(:keys));
+
+-- name: record_key_starts
+-- A key's starts after a claim (or a changed rule), in its transaction.
+INSERT INTO trio_supervise_key_rates (key, starts, throttled_until)
+VALUES (:key, :starts, :throttled_until)
+ON CONFLICT (key) DO UPDATE SET starts = excluded.starts,
+    throttled_until = excluded.throttled_until;
+
+-- name: set_key_rate
+INSERT INTO trio_supervise_key_rates (key, rate_limit, period_us)
+VALUES (:key, :rate_limit, :period_us)
+ON CONFLICT (key) DO UPDATE SET rate_limit = excluded.rate_limit,
+    period_us = excluded.period_us;
+
+-- name: clear_key_rate
+UPDATE trio_supervise_key_rates SET rate_limit = NULL, period_us = NULL WHERE key = :key;
+
+-- name: forget_key
+DELETE FROM trio_supervise_key_rates WHERE key = :key;
+
+-- name: all_key_rates
+SELECT key, rate_limit, period_us, starts, throttled_until FROM trio_supervise_key_rates
+ORDER BY key;
+
+-- name: lock_key_rates
+SELECT key, rate_limit, period_us, starts, throttled_until FROM trio_supervise_key_rates
+ORDER BY key;
 
 -- name: next_incarnation
 -- An incarnation never given before, for an insert's rows (schema 0005), inside the caller's
@@ -219,11 +262,14 @@ WITH window_rows AS MATERIALIZED (
       AND spec_id IN (SELECT value FROM json_each(:spec_ids))
       AND CASE WHEN state = 'queued' THEN due_at <= :now ELSE lease_expires_at <= :lease_now END
       AND NOT EXISTS (SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = :queue)
-      AND (c.concurrency_key IS NULL OR (
+      AND (c.concurrency_key IS NULL OR ((
           SELECT count(*) FROM trio_supervise_items AS r
           WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
             AND r.lease_expires_at > :lease_now
-      ) < c.concurrency_limit)
+      ) < c.concurrency_limit AND (:key_caps IS NULL OR coalesce((
+          -- A key whose rate limit's window is full is left out (docs/flow-control.md).
+          SELECT k.value FROM json_each(:key_caps) AS k WHERE k.key = c.concurrency_key
+      ), 1) > 0)))
     ORDER BY priority, due_at, id
     LIMIT :limit
 )
@@ -238,7 +284,7 @@ UPDATE trio_supervise_items SET
     updated_at = :now
 WHERE id IN (
     SELECT w.id FROM window_rows AS w
-    WHERE w.concurrency_key IS NULL OR (
+    WHERE w.concurrency_key IS NULL OR ((
         SELECT count(*) FROM trio_supervise_items AS r
         WHERE r.state = 'running' AND r.concurrency_key = w.concurrency_key
           AND r.lease_expires_at > :lease_now
@@ -246,7 +292,14 @@ WHERE id IN (
         SELECT count(*) FROM window_rows AS e
         WHERE e.concurrency_key = w.concurrency_key
           AND (e.priority, e.due_at, e.id) < (w.priority, w.due_at, w.id)
-    ) < w.concurrency_limit
+    ) < w.concurrency_limit AND (:key_caps IS NULL OR (
+        -- Of a rate-limited key's rows, only as many as its window lets start.
+        SELECT count(*) FROM window_rows AS e
+        WHERE e.concurrency_key = w.concurrency_key
+          AND (e.priority, e.due_at, e.id) < (w.priority, w.due_at, w.id)
+    ) < coalesce((
+        SELECT k.value FROM json_each(:key_caps) AS k WHERE k.key = w.concurrency_key
+    ), 2147483647)))
 )
 RETURNING {item_columns};
 
@@ -413,6 +466,12 @@ FROM (
         ELSE coalesce((
             SELECT r.throttled_until FROM trio_supervise_queue_rates AS r
             WHERE r.queue = c.queue AND r.throttled_until > :now
+        ), 0) END, CASE WHEN c.concurrency_key IS NULL
+        OR (SELECT 1 FROM trio_supervise_key_rates LIMIT 1) IS NULL THEN 0
+        ELSE coalesce((
+            -- Nor before its key's rate limit lets a start in (docs/flow-control.md).
+            SELECT k.throttled_until FROM trio_supervise_key_rates AS k
+            WHERE k.key = c.concurrency_key AND k.throttled_until > :now
         ), 0) END)) AS at
     FROM (
         SELECT CASE WHEN state = 'queued' THEN due_at ELSE lease_expires_at END AS base,

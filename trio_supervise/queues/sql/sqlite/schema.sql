@@ -111,6 +111,20 @@ CREATE TABLE trio_supervise_queue_rates (
     throttled_until INTEGER
 ) WITHOUT ROWID;
 
+-- Rate limits per concurrency key (docs/flow-control.md). A row with a rate_limit is a rule: a
+-- key, or a template over {tenant} and {subject} whose keys each have a window of their own. A
+-- row's starts are a key's log (the key a rule holds, with or without a rule of its own
+-- name): its latest claims' times, written by the claims of its items under the claim's lock
+-- (SQLite's write lock; on PostgreSQL the key's advisory lock); throttled_until: while that
+-- log is full, when it lets a claim in again (what a claim's window and next_due_at skip to).
+CREATE TABLE trio_supervise_key_rates (
+    key             TEXT    PRIMARY KEY NOT NULL,
+    rate_limit      INTEGER,
+    period_us       INTEGER,
+    starts          TEXT    NOT NULL DEFAULT '[]',
+    throttled_until INTEGER
+) WITHOUT ROWID;
+
 -- Exact item counts per (spec, queue, state), kept by the triggers below, so that counts() and
 -- the queues' counts (every /metrics scrape and status page) read a few rows, not every item
 -- ever finished. SQLite has one writer at a time, so the triggers update the counts directly.
