@@ -36,6 +36,7 @@ _PROVIDER.add_span_processor(SimpleSpanProcessor(_EXPORTER))
 def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
     """The spans the runner ends, exported in memory (one provider for the whole session)."""
     monkeypatch.setattr(trace, "get_tracer", _PROVIDER.get_tracer)
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: _PROVIDER)
     _EXPORTER.clear()
     yield _EXPORTER
     _EXPORTER.clear()
@@ -100,6 +101,23 @@ async def test_tracing_off_makes_no_span(
     """``tracing=False``: no span, however opentelemetry is set up."""
     await _run(ts.RunnerSettings(worker_id="w", tracing=False), {})
     assert spans.get_finished_spans() == ()
+
+
+async def test_without_a_tracer_provider_no_span_is_made_unless_required(
+    autojump_clock: trio.testing.MockClock,
+    spans: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """By default a runner traces only when the application has set a tracer provider: with
+    the API's own (proxy or no-op) provider nothing would record a span, and a span held by
+    each in-flight evaluation costs memory (P11m). ``tracing=True`` makes them anyway."""
+    for default in (trace.ProxyTracerProvider(), trace.NoOpTracerProvider()):
+        monkeypatch.setattr(trace, "get_tracer_provider", lambda default=default: default)
+        await _run(ts.RunnerSettings(worker_id="w"), {})
+        assert spans.get_finished_spans() == ()
+        await _run(ts.RunnerSettings(worker_id="w", tracing=True), {})
+        assert len(spans.get_finished_spans()) == 1
+        spans.clear()
 
 
 async def test_tracing_required_without_opentelemetry_is_refused(

@@ -159,8 +159,9 @@ class RunnerSettings:
         past it the rest are counted, and the next line says how many were not logged. 0: none
         (the default is 10); a logger at WARNING shows none anyway.
     :param tracing: a span per evaluation with OpenTelemetry (the ``otel`` extra): None (the
-        default) when ``opentelemetry`` is installed, False never, True required (refused at
-        :meth:`~trio_supervise.WorkflowRunner.run` without it).
+        default) when ``opentelemetry`` is installed and the application has set a tracer
+        provider by the time the runner starts, False never, True always (refused at
+        :meth:`~trio_supervise.WorkflowRunner.run` without the extra).
     :param queues: the named queues this runner serves, each with its own concurrency limit,
         e.g. ``{"default": 20, "mail": 5}``: each queue is claimed on its own, so a flood in one
         never takes another's slots. None (the default) serves ``"default"`` with

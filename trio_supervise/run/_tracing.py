@@ -22,7 +22,9 @@ __all__ = ["evaluation_span", "tracer_for"]
 
 def tracer_for(settings: RunnerSettings) -> Any | None:
     """The tracer a run uses (``settings.tracing``): None without ``opentelemetry`` (unless it
-    is required: :class:`ConfigError`, naming the extra) or when tracing is off."""
+    is required: :class:`ConfigError`, naming the extra), when tracing is off, or, by default,
+    when no tracer provider is set as the run starts (nothing would record the spans, and a
+    span held by every in-flight evaluation costs about 3 KB each: P11m)."""
     if settings.tracing is False:
         return None
     try:
@@ -33,6 +35,10 @@ def tracer_for(settings: RunnerSettings) -> Any | None:
                 "tracing is True, but opentelemetry is not installed: "
                 "pip install 'trio_supervise[otel]'"
             ) from None
+        return None
+    if settings.tracing is None and isinstance(
+        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    ):
         return None
     return trace.get_tracer("trio_supervise")
 
