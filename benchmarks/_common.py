@@ -111,7 +111,9 @@ class Result:
         return ratio >= self.goal if self.better == "higher" else ratio <= self.goal
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        """The record: the fields, and the details beside them (a detail may not share a
+        field's name: it would replace the figure the record reports)."""
+        fields = {
             "title": self.title,
             "ours": self.ours,
             "baseline": self.baseline,
@@ -121,8 +123,11 @@ class Result:
             "goal": self.goal,
             "unit": self.unit,
             "met": self.met,
-            **self.detail,
         }
+        clash = sorted(fields.keys() & self.detail.keys())
+        if clash:
+            raise ValueError(f"{self.id}: details named as the record's fields: {clash}")
+        return {**fields, **self.detail}
 
 
 def best_of(rounds: int, *sides: Callable[[], Any]) -> list[Any]:

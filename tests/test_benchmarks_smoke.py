@@ -74,6 +74,13 @@ def test_best_of_takes_turns_and_keeps_each_sides_best() -> None:
     assert calls == ["a", "b", "a", "b", "a", "b"]
 
 
+def test_a_detail_cannot_replace_a_records_figure() -> None:
+    """P8c's details once held its runs as ``ours``, which replaced the figure in the JSON."""
+    result = Result("PX", "x", 1.0, 2.0, "higher", 0.5, "x/s", detail={"ours": [1.0]})
+    with pytest.raises(ValueError, match=r"PX: details named as the record's fields: \['ours'\]"):
+        result.as_json()
+
+
 def test_a_lower_is_better_ratio_is_met_below_the_goal() -> None:
     """With ``better: lower`` the goal is a ceiling; the ratio is still ours / baseline."""
     result = Result("PX", "x", ours=3.0, baseline=2.0, better="lower", goal=2.0, unit="B")
