@@ -321,11 +321,12 @@ async def _check_upgraded(queue: WorkQueue) -> None:
     assert dict(await queue.counts()) == {("spec", ItemState.RUNNING): len(V1_ROWS)}
 
 
-@pytest.mark.parametrize("version", [1, 2, 4])
+@pytest.mark.parametrize("version", [1, 2, 4, 6, 9])
 async def test_sqlite_older_version_with_items_migrates_losing_nothing(
     tmp_path: Path, version: int
 ) -> None:
-    """A version-1 or -2 file with items in every state migrates to the latest; all claimable."""
+    """A file of an older version (the last release's, 4, and those before each new migration)
+    with items in every state migrates to the latest: nothing lost, all claimable."""
     path = tmp_path / f"v{version}.db"
     assert _sqlite_migrate(path, fresh=False, upto=version) == version
     with sqlite3.connect(path) as conn:
@@ -346,7 +347,7 @@ async def test_sqlite_older_version_with_items_migrates_losing_nothing(
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("version", [1, 2, 4, 5, 6, 7])
+@pytest.mark.parametrize("version", [1, 2, 4, 5, 6, 7, 9, 12])
 async def test_postgres_older_version_with_items_migrates_losing_nothing(version: int) -> None:
     """A schema of an older version with items in every state, two of them holding keys,
     migrates to the latest (the claim, lease, key, spec and listing indexes rebuilt on the
