@@ -61,6 +61,7 @@ from ._key_rates import KEY_TEMPLATE_FIELDS as KEY_TEMPLATE_FIELDS
 from ._key_rates import cap_of as cap_of
 from ._key_rates import check_key_rule as check_key_rule
 from ._key_rates import key_caps as key_caps
+from ._key_rates import key_logs_after as key_logs_after
 from ._key_rates import rule_for as rule_for
 from ._model import DEFAULT_QUEUE as DEFAULT_QUEUE
 from ._model import ITEM_FIELDS as ITEM_FIELDS

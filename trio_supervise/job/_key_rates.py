@@ -15,12 +15,20 @@ import datetime as dt
 import functools
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ._checks import check_name
-from ._rates import RateLimit, admitted
+from ._rates import RateLimit, admitted, recorded
 
-__all__ = ["KEY_TEMPLATE_FIELDS", "cap_of", "check_key_rule", "key_caps", "rule_for"]
+__all__ = [
+    "KEY_TEMPLATE_FIELDS",
+    "cap_of",
+    "check_key_rule",
+    "key_caps",
+    "key_logs_after",
+    "rule_for",
+]
 
 KEY_TEMPLATE_FIELDS = ("tenant", "subject")
 """The fields a key rule's template may name, as a driver's ``concurrency_key`` template."""
@@ -91,6 +99,22 @@ def key_caps(
             rate = rules[rule]
             out[key] = (rate, *admitted(logs.get(key, ()), rate, now))
     return out
+
+
+def key_logs_after(
+    caps: Mapping[str, tuple[RateLimit, list[dt.datetime], dt.datetime, int]],
+    claimed: Iterable[Any],
+) -> dict[str, list[dt.datetime]]:
+    """The new log of each key of *caps* that the *claimed* items started (``recorded``)."""
+    started: dict[str, int] = {}
+    for item in claimed:
+        if item.concurrency_key in caps:
+            started[item.concurrency_key] = started.get(item.concurrency_key, 0) + 1
+    logs = {}
+    for key, count in started.items():
+        rate, kept, at, _ = caps[key]
+        logs[key] = recorded(kept, at, count, rate)
+    return logs
 
 
 def cap_of(caps: Mapping[str, tuple[object, object, object, int]], key: str | None) -> int:

@@ -29,6 +29,7 @@ from ...job import (
     check_child,
     check_json,
     key_caps,
+    key_logs_after,
     recorded,
     storable_text,
     unstorable_outcome,
@@ -251,13 +252,7 @@ class WorkerSide(MemoryState, SingleWrites):
         return claimed
 
     def _record_key_starts(self, caps: dict[str, Any], claimed: Sequence[WorkItem]) -> None:
-        started: dict[str, int] = {}
-        for item in claimed:
-            if item.concurrency_key in caps:
-                started[item.concurrency_key] = started.get(item.concurrency_key, 0) + 1
-        for key, count in started.items():
-            rate, kept, at, _ = caps[key]
-            self._key_starts[key] = recorded(kept, at, count, rate)
+        self._key_starts.update(key_logs_after(caps, claimed))
 
     def _live(self, key: str, now: dt.datetime) -> list[dt.datetime]:
         """The lease expiries of *key*'s running items whose lease is live at *now*."""

@@ -20,9 +20,8 @@ from ...job import (
     check_key_rule,
     check_rate,
     key_caps,
-    recorded,
+    key_logs_after,
     rule_for,
-    throttled_until,
 )
 from ._base import Lane
 from ._rates import SQLRates
@@ -66,26 +65,13 @@ class SQLKeyRates(SQLRates):
 
     def _record_key_starts(self, conn: Any, caps: KeyCaps, claimed: Sequence[WorkItem]) -> None:
         """Write the logs of the keys *claimed* started (a key a rule holds)."""
-        started: dict[str, int] = {}
-        for item in claimed:
-            if item.concurrency_key in caps:
-                started[item.concurrency_key] = started.get(item.concurrency_key, 0) + 1
-        for key, count in started.items():
-            rate, kept, at, _ = caps[key]
-            self._write_key_log(conn, key, rate, recorded(kept, at, count, rate))
+        for key, log in key_logs_after(caps, claimed).items():
+            self._write_key_log(conn, key, caps[key][0], log)
 
     def _write_key_log(
         self, conn: Any, key: str, rate: RateLimit, log: Sequence[dt.datetime]
     ) -> None:
-        until = throttled_until(log, rate)
-        conn.execute(
-            self._queries["record_key_starts"],
-            {
-                "key": key,
-                "starts": self._starts_value(log),
-                "throttled_until": None if until is None else self._time(until),
-            },
-        )
+        self._write_log(conn, "record_key_starts", {"key": key}, rate, log)
 
     # -- the operator's side -----------------------------------------------------------------
 

@@ -68,11 +68,23 @@ class SQLRates(SQLBase):
     def _record_starts(
         self, conn: Any, queue: str, rate: RateLimit, log: Sequence[dt.datetime]
     ) -> None:
+        self._write_log(conn, "record_starts", {"queue": queue}, rate, log)
+
+    def _write_log(
+        self,
+        conn: Any,
+        query: str,
+        whose: dict[str, str],
+        rate: RateLimit,
+        log: Sequence[dt.datetime],
+    ) -> None:
+        """Write a window's log of starts (a queue's or a key's, *whose*) with the time it
+        stays full until, if it is full."""
         until = throttled_until(log, rate)
         conn.execute(
-            self._queries["record_starts"],
+            self._queries[query],
             {
-                "queue": queue,
+                **whose,
                 "starts": self._starts_value(log),
                 "throttled_until": None if until is None else self._time(until),
             },
