@@ -1,6 +1,6 @@
 """Instructions per item, counted by valgrind's callgrind: P1 and P4 without the machine's noise.
 
-``python -m benchmarks.instructions [--json PATH] [--only P1,P4,P4r]``
+``python -m benchmarks.instructions [--json PATH] [--only P1,P1n,P4,P4r]``
 
 A wall-clock run of P4 on a shared 2-core machine swung 0.64 to 1.09 on one tree within an
 hour, its baseline and itself each by 15% from run to run, so the quick run's figure cannot say
@@ -16,10 +16,12 @@ difference between the sizes, divided by the difference in items, is the cost of
 the setup, the start and the drain cancelled out:
 
 - ``P1``: the memory-queue runner, no-op, 2,000 and 6,000 items (per item);
+- ``P1n``: P1's baseline, the same no-op in a bare Trio nursery, 64 at a time (per item);
 - ``P4``: 1,000 daily workflows under the autojump clock, 3 and 8 days (per evaluation);
 - ``P4r``: the same steps under the real clock, each due 1 us after the last (per evaluation).
 
-The ratios printed are P4's measure in instructions (``P1 / P4``), the same against the real-clock
+The ratios printed are P1's measure in instructions (``P1n / P1``, higher is better, as P1's
+items per second against the nursery's), P4's (``P1 / P4``), the same against the real-clock
 twin (``P1 / P4r``: the reschedule's work without time travel), and what time travel itself costs
 (``P4r / P4``). Needs Linux with glibc and valgrind (Debian's ``valgrind`` package); about two
 minutes on two cores. Hash seeds are fixed (``PYTHONHASHSEED=0``), so a second run of the same
@@ -48,6 +50,7 @@ from ._common import child_env
 WORKLOADS: dict[str, tuple[int, int, int, str]] = {
     # id: (small size, large size, items per unit of size, what one item is)
     "P1": (2_000, 6_000, 1, "item"),
+    "P1n": (2_000, 6_000, 1, "item"),
     "P4": (3, 8, 1_000, "evaluation"),
     "P4r": (3, 8, 1_000, "evaluation"),
 }
@@ -85,6 +88,8 @@ def child(workload: str, size: int) -> None:
     _runs.timed_window = _counted
     if workload == "P1":
         memory.memory_runner_rate(size)
+    elif workload == "P1n":
+        memory.bare_nursery_rate(size)
     else:
         memory.time_travel(1_000, size, travel=workload == "P4")
 
@@ -152,7 +157,7 @@ def per_item(workloads: Sequence[str]) -> dict[str, float]:
 
 def ratios(counts: dict[str, float]) -> dict[str, float]:
     """The ratios the counts give (those whose two sides were counted)."""
-    pairs = {"P1 / P4": ("P1", "P4"), "P1 / P4r": ("P1", "P4r"), "P4r / P4": ("P4r", "P4")}
+    pairs = {"P1n / P1": ("P1n", "P1"), "P1 / P4": ("P1", "P4"), "P1 / P4r": ("P1", "P4r"), "P4r / P4": ("P4r", "P4")}
     return {
         name: counts[top] / counts[bottom]
         for name, (top, bottom) in pairs.items()

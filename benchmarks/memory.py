@@ -10,6 +10,7 @@ import trio.testing
 
 import trio_supervise as ts
 
+from . import _runs
 from ._common import Config, Result, best_of, noop_step, rate, wall
 from ._runs import noop_rate, run_until
 
@@ -31,7 +32,7 @@ def bare_nursery_rate(count: int) -> float:
             finally:
                 semaphore.release()
 
-        with wall() as w:
+        with wall() as w, _runs.timed_window():
             async with trio.open_nursery() as nursery:
                 for _ in range(count):
                     await semaphore.acquire()

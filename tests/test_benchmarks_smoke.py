@@ -516,7 +516,8 @@ def test_a_callgrind_dump_is_read_by_its_summary_then_its_totals(tmp_path: Path)
 def test_instruction_ratios_are_the_counted_pairs_only() -> None:
     from benchmarks.instructions import ratios
 
-    assert ratios({"P1": 90.0, "P4": 100.0, "P4r": 96.0}) == {
+    assert ratios({"P1": 90.0, "P1n": 99.0, "P4": 100.0, "P4r": 96.0}) == {
+        "P1n / P1": pytest.approx(1.1),
         "P1 / P4": pytest.approx(0.9),
         "P1 / P4r": pytest.approx(0.9375),
         "P4r / P4": pytest.approx(0.96),
@@ -524,7 +525,7 @@ def test_instruction_ratios_are_the_counted_pairs_only() -> None:
     assert ratios({"P1": 90.0}) == {}
 
 
-@pytest.mark.parametrize(("workload", "size"), [("P1", 40), ("P4", 2), ("P4r", 2)])
+@pytest.mark.parametrize(("workload", "size"), [("P1", 40), ("P1n", 40), ("P4", 2), ("P4r", 2)])
 def test_a_counted_child_marks_one_window_per_run(
     workload: str, size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
