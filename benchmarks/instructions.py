@@ -157,7 +157,12 @@ def per_item(workloads: Sequence[str]) -> dict[str, float]:
 
 def ratios(counts: dict[str, float]) -> dict[str, float]:
     """The ratios the counts give (those whose two sides were counted)."""
-    pairs = {"P1n / P1": ("P1n", "P1"), "P1 / P4": ("P1", "P4"), "P1 / P4r": ("P1", "P4r"), "P4r / P4": ("P4r", "P4")}
+    pairs = {
+        "P1n / P1": ("P1n", "P1"),
+        "P1 / P4": ("P1", "P4"),
+        "P1 / P4r": ("P1", "P4r"),
+        "P4r / P4": ("P4r", "P4"),
+    }
     return {
         name: counts[top] / counts[bottom]
         for name, (top, bottom) in pairs.items()

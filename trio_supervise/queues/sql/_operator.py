@@ -56,7 +56,8 @@ def _list_page(
     *items* reads a cursor's rows as items).
 
     One indexed page per state (``list_state``, or ``list_state_specs`` when *params* holds
-    spec ids) after the cursor ``(due_at, id)``, merged by ``(due_at, id)`` and cut at
+    spec ids; ``list_running``/``list_running_specs`` for the running state where the dialect
+    has them) after the cursor ``(due_at, id)``, merged by ``(due_at, id)`` and cut at
     ``params["limit"]``. The cursor is the row of the item *after* (:class:`ItemNotFound` if
     there is none), or *start*, a time before every stored one.
     """
@@ -66,18 +67,35 @@ def _list_page(
         if cursor is None:
             raise ItemNotFound(after)
         after_due, after_id = cursor["due_at"], cursor["id"]
-    query = queries["list_state" if params["spec_ids"] is None else "list_state_specs"]
+    specs = params["spec_ids"] is not None
     wanted = list(ItemState) if states is None else list(dict.fromkeys(states))
     pages = [
         items(
             conn.execute(
-                query, {**params, "state": str(state), "after_due": after_due, "after_id": after_id}
+                listing_statement(queries, state, specs=specs),
+                {**params, "state": str(state), "after_due": after_due, "after_id": after_id},
             )
         )
         for state in wanted
     ]
     merged = heapq.merge(*pages, key=_list_order)
     return list(itertools.islice(merged, params["limit"]))
+
+
+def listing_statement(queries: Mapping[str, str], state: ItemState, *, specs: bool) -> str:
+    """The statement that lists one page of *state* (of some specs only, with *specs*).
+
+    A dialect whose listing index holds the running rows too has one statement for every state
+    (SQLite); PostgreSQL's reads the running ones from the lease index, in a statement of their
+    own (``list_running``): one statement with an arm per kind, only one of which could return
+    rows, had the planner plan the other arm too (at a million rows a parallel scan, whose
+    workers started to read nothing).
+    """
+    suffix = "_specs" if specs else ""
+    query = queries[f"list_state{suffix}"]
+    if state is ItemState.RUNNING:
+        return queries.get(f"list_running{suffix}", query)
+    return query
 
 
 _list_order: Callable[[WorkItem], tuple[dt.datetime, str]] = operator.attrgetter("due_at", "id")
