@@ -27,7 +27,7 @@ import trio_util
 
 from ..._clock import Clock, StepGuard, SystemClock, WallClock
 from ..._errors import QueueError, QueueFailed
-from ...job import MAX_ERRORS, Lease, RateLimit, WorkItem
+from ...job import MAX_ERRORS, Lease, RateLimit, WorkItem, cap_of
 from .. import _sql
 from .._ports import Capability
 from ._base import Lane
@@ -367,7 +367,8 @@ class SQLiteQueue(SQLiteEnqueue, SQLQueue):
         if key_rated:
             keys = [row[0] for row in cur.execute(_Q["claimable_keys"], params).fetchall()]
             caps, _ = self._key_caps(conn, keys, params)
-            params = {**params, "key_caps": json.dumps(self._caps_value(caps))}
+            # Every key found, ruled or not: claim_due takes no keyed row of another key.
+            params = {**params, "key_caps": json.dumps({key: cap_of(caps, key) for key in keys})}
 
         def claim(rated: dict[str, Any]) -> list[WorkItem]:
             cur.execute(_Q["claim_due"], {**rated, "version": version})

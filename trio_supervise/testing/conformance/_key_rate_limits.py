@@ -94,6 +94,41 @@ class KeyRateLimitContract:
         assert sorted(item.id for item in claimed) == ["a0", "a1", "a2", "g0"]
 
     @needs(Capability.KEY_RATE_LIMITS)
+    async def test_many_keys_each_start_within_their_window(
+        self, queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """120 keys under one template at 1 per 60 s and 40 keys no rule holds, two items each,
+        the keys interleaved (every key's first item before any second one): claims of 10 start
+        each ruled key once and every unruled item, however far behind the head they wait, and
+        never a ruled key twice; a minute later its second items start. (A claim reads only the
+        keys it may take, not every key waiting: still exact.)"""
+        await _limits(queue).set_key_rate_limit("t:{tenant}", RateLimit(1, 60))
+        keys = [f"t:{n}" if n % 4 else f"u:{n}" for n in range(160)]
+        for round_ in range(2):
+            for key in keys:
+                await queue.enqueue(
+                    "spec",
+                    item_id=f"{key}/{round_}",
+                    tenant_id=key[2:],
+                    concurrency_key=key,
+                    concurrency_limit=1000,
+                )
+        started: list[str] = []
+        while claimed := await queue.claim_due(["spec"], "w", 3600, 10):
+            assert len(claimed) <= 10
+            started += [item.id for item in claimed]
+        ruled = [key for key in keys if key.startswith("t:")]
+        unruled = [key for key in keys if key.startswith("u:")]
+        assert sorted(started) == sorted(
+            [f"{key}/0" for key in ruled] + [f"{key}/{r}" for key in unruled for r in (0, 1)]
+        )
+        clock.advance(60)
+        later: list[str] = []
+        while claimed := await queue.claim_due(["spec"], "w", 3600, 10):
+            later += [item.id for item in claimed]
+        assert sorted(later) == sorted(f"{key}/1" for key in ruled)
+
+    @needs(Capability.KEY_RATE_LIMITS)
     async def test_a_bad_rule_is_refused_naming_it(self, queue: WorkQueue) -> None:
         """A template naming another field, or a bad rate, is a ValueError saying the rule."""
         limits = _limits(queue)

@@ -510,10 +510,13 @@ SELECT queue, rate_limit, period_us, throttled_until FROM trio_supervise_queue_r
 -- Every key rate rule, and the logs of the keys a keyed claim locked (claim_keys), read after
 -- the locks were granted: so every committed claim of those keys is in them. With the time to
 -- judge them by: the queue's clock, else the database's as it reads now.
-SELECT key, rate_limit, period_us, starts,
-    coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
-FROM trio_supervise_key_rates
-WHERE rate_limit IS NOT NULL OR key = ANY(%(keys)s::text[]);
+-- Two arms, not one OR: that read every key's row; the rules come from their index (0014).
+WITH judged AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now)
+SELECT key, rate_limit, period_us, starts, judged.now FROM trio_supervise_key_rates, judged
+WHERE rate_limit IS NOT NULL
+UNION ALL
+SELECT key, rate_limit, period_us, starts, judged.now FROM trio_supervise_key_rates, judged
+WHERE key = ANY(%(keys)s::text[]) AND rate_limit IS NULL;
 
 -- name: record_key_starts
 -- A key's starts after a claim (or a changed rule), in its transaction.

@@ -140,6 +140,12 @@ CREATE TABLE trio_supervise_key_rates (
     throttled_until timestamptz
 );
 
+-- The rules apart from the logs (schema 0014): a claim reads every rule and its own keys' logs,
+-- not every key's row (one per key ever started under a rule).
+CREATE INDEX trio_supervise_key_rates_rules_idx
+    ON trio_supervise_key_rates (key)
+    WHERE rate_limit IS NOT NULL;
+
 -- Exact item counts per (spec, queue, state), so that counts() and the queues' counts (every
 -- /metrics scrape and status page) read a few rows, not every item ever finished. No writer
 -- updates a shared counter row (that would serialise every claim and settlement of the fleet on

@@ -99,17 +99,40 @@ DELETE FROM trio_supervise_queue_rates WHERE queue = :queue;
 SELECT queue, rate_limit, period_us, throttled_until FROM trio_supervise_queue_rates;
 
 -- name: claimable_keys
--- A claim's keys when key rate limits exist (see docs/flow-control.md): the keys of the
--- queue's claimable keyed rows, whose windows key_rates_of reads; under the write lock.
-SELECT DISTINCT concurrency_key AS key FROM trio_supervise_items
-WHERE queue = :queue AND state IN ('queued', 'running') AND concurrency_key IS NOT NULL
-  AND spec_id IN (SELECT value FROM json_each(:spec_ids))
-  AND CASE WHEN state = 'queued' THEN due_at <= :now ELSE lease_expires_at <= :lease_now END;
+-- A claim's keys when key rate limits exist (see docs/flow-control.md), under the write lock:
+-- the keys of the first :limit rows claim_due's window could take, leaving out (as it does)
+-- keys at their concurrency limit and keys whose rate window is full (throttled_until later
+-- than :now: a full window lets none start). key_rates_of reads their rules and logs, and
+-- claim_due then takes unkeyed rows and rows of these keys only, each no more than its window
+-- lets start. So a claim reads the logs of at most :limit keys and passes as many caps,
+-- however many keys are waiting (all of them, each cap looked up for each row of the window,
+-- made a claim cost the number of keys waiting times the rows it read).
+SELECT DISTINCT concurrency_key AS key FROM (
+    SELECT concurrency_key FROM trio_supervise_items AS c
+    WHERE queue = :queue AND state IN ('queued', 'running')
+      AND spec_id IN (SELECT value FROM json_each(:spec_ids))
+      AND CASE WHEN state = 'queued' THEN due_at <= :now ELSE lease_expires_at <= :lease_now END
+      AND NOT EXISTS (SELECT 1 FROM trio_supervise_paused_queues AS p WHERE p.queue = :queue)
+      AND (c.concurrency_key IS NULL OR ((
+          SELECT count(*) FROM trio_supervise_items AS r
+          WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
+            AND r.lease_expires_at > :lease_now
+      ) < c.concurrency_limit AND NOT EXISTS (
+          SELECT 1 FROM trio_supervise_key_rates AS t
+          WHERE t.key = c.concurrency_key AND t.throttled_until > :now
+      )))
+    ORDER BY priority, due_at, id
+    LIMIT :limit
+) WHERE concurrency_key IS NOT NULL;
 
 -- name: key_rates_of
--- Every key rate rule, and the logs of :keys; with the time to judge them by.
+-- Every key rate rule (from the rules index, schema 0011), and the logs of :keys; with the
+-- time to judge them by. Two arms, not one OR: that read every key's row.
 SELECT key, rate_limit, period_us, starts, :now AS now FROM trio_supervise_key_rates
-WHERE rate_limit IS NOT NULL OR key IN (SELECT value FROM json_each(:keys));
+WHERE rate_limit IS NOT NULL
+UNION ALL
+SELECT key, rate_limit, period_us, starts, :now AS now FROM trio_supervise_key_rates
+WHERE key IN (SELECT value FROM json_each(:keys)) AND rate_limit IS NULL;
 
 -- name: record_key_starts
 -- A key's starts after a claim (or a changed rule), in its transaction.
@@ -267,9 +290,11 @@ WITH window_rows AS MATERIALIZED (
           WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key
             AND r.lease_expires_at > :lease_now
       ) < c.concurrency_limit AND (:key_caps IS NULL OR coalesce((
-          -- A key whose rate limit's window is full is left out (docs/flow-control.md).
+          -- With key rate limits (docs/flow-control.md), only the keys claimable_keys found,
+          -- each with a cap (a large one if no rule holds it); a key whose window is full
+          -- (cap 0) is left out.
           SELECT k.value FROM json_each(:key_caps) AS k WHERE k.key = c.concurrency_key
-      ), 1) > 0)))
+      ), 0) > 0)))
     ORDER BY priority, due_at, id
     LIMIT :limit
 )

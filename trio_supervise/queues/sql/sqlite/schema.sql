@@ -125,6 +125,12 @@ CREATE TABLE trio_supervise_key_rates (
     throttled_until INTEGER
 ) WITHOUT ROWID;
 
+-- The rules apart from the logs (schema 0011): a claim reads every rule and its own keys' logs,
+-- not every key's row (one per key ever started under a rule).
+CREATE INDEX trio_supervise_key_rates_rules_idx
+    ON trio_supervise_key_rates (key)
+    WHERE rate_limit IS NOT NULL;
+
 -- Exact item counts per (spec, queue, state), kept by the triggers below, so that counts() and
 -- the queues' counts (every /metrics scrape and status page) read a few rows, not every item
 -- ever finished. SQLite has one writer at a time, so the triggers update the counts directly.
