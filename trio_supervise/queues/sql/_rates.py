@@ -80,15 +80,18 @@ class SQLRates(SQLBase):
     ) -> None:
         """Write a window's log of starts (a queue's or a key's, *whose*) with the time it
         stays full until, if it is full."""
+        conn.execute(self._queries[query], self._log_params(whose, rate, log))
+
+    def _log_params(
+        self, whose: dict[str, str], rate: RateLimit, log: Sequence[dt.datetime]
+    ) -> dict[str, Any]:
+        """The parameters that write a window's log (see :meth:`_write_log`)."""
         until = throttled_until(log, rate)
-        conn.execute(
-            self._queries[query],
-            {
-                **whose,
-                "starts": self._starts_value(log),
-                "throttled_until": None if until is None else self._time(until),
-            },
-        )
+        return {
+            **whose,
+            "starts": self._starts_value(log),
+            "throttled_until": None if until is None else self._time(until),
+        }
 
     # -- the operator's side -----------------------------------------------------------------
 
