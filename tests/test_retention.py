@@ -16,6 +16,7 @@ from trio_supervise import (
     MaintenanceTask,
     Pruner,
     QueueUnavailable,
+    RateLimit,
     RetentionSettings,
     Schedule,
     Service,
@@ -201,6 +202,28 @@ async def test_a_pass_deletes_in_batches_and_counts_them(autojump_clock: object)
     assert [event.detail["counts"]["completed"] for event in prunes] == [10, 10, 5]
     text = generate_latest(metrics.registry).decode()
     assert 'trio_supervise_pruned_items_total{state="completed"} 25.0' in text
+
+
+async def test_a_pass_forgets_key_logs_no_window_counts(autojump_clock: object) -> None:
+    """Every pass forgets, in batches and counted, the logs of keys whose starts no key rate
+    window counts any more, whatever the items' retention (one log per key ever started)."""
+    queue = MemoryQueue()
+    await queue.set_key_rate_limit("{tenant}", RateLimit(1, 60))
+    for n in range(3):
+        await queue.enqueue("spec", concurrency_key=f"t{n}", concurrency_limit=10)
+    assert len(await queue.claim_due(["spec"], "w", 3600, 10)) == 3
+    metrics = PruneMetrics()
+    forever = RetentionSettings(
+        completed="none", cancelled="none", dead="none", audit="none", batch_size=2
+    )
+    pruner = Pruner(settings=forever, metrics=metrics)
+    await pruner.prune_once(queue)
+    assert len(await queue.throttled_keys()) == 3  # inside their window: kept
+    await trio.sleep(61)
+    await pruner.prune_once(queue)
+    assert await queue.prune_key_logs() == 0
+    text = generate_latest(metrics.registry).decode()
+    assert "trio_supervise_pruned_key_logs_total 3.0" in text
 
 
 async def test_a_pass_prunes_the_stores_audit_trail_past_its_age(autojump_clock: object) -> None:

@@ -60,6 +60,7 @@ from ._json import unstorable as unstorable
 from ._key_rates import KEY_TEMPLATE_FIELDS as KEY_TEMPLATE_FIELDS
 from ._key_rates import cap_of as cap_of
 from ._key_rates import check_key_rule as check_key_rule
+from ._key_rates import check_prune_limit as check_prune_limit
 from ._key_rates import key_caps as key_caps
 from ._key_rates import key_logs_after as key_logs_after
 from ._key_rates import rule_for as rule_for

@@ -25,6 +25,7 @@ __all__ = [
     "KEY_TEMPLATE_FIELDS",
     "cap_of",
     "check_key_rule",
+    "check_prune_limit",
     "key_caps",
     "key_logs_after",
     "rule_for",
@@ -54,6 +55,13 @@ def check_key_rule(rule: object) -> str:
                 f"key rate limit's key may name only {{tenant}} and {{subject}}, got {rule!r}"
             )
     return rule
+
+
+def check_prune_limit(limit: object) -> int | None:
+    """``prune_key_logs``'s *limit*, checked the same way by every store."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be None or an integer >= 1, got {limit!r}")
+    return limit
 
 
 @functools.lru_cache(maxsize=1024)

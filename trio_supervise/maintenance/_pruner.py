@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, NewType, cast
 
 import attrs
@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 from .._errors import QueueUnavailable
 from .._policy import RestartPolicy
 from ..queues import ItemState, WorkQueue
-from ..queues._ports import AuditStore, Capability, capabilities_of
+from ..queues._ports import AuditStore, Capability, KeyRateLimitStore, capabilities_of
 from ._schedule import MissedFires, Schedule
 
 __all__ = [
@@ -198,12 +198,14 @@ def catch_up_floor(schedules: Iterable[Schedule]) -> tuple[float, str | None]:
 
 @attrs.define(eq=False)
 class PruneMetrics:
-    """``trio_supervise_pruned_items_total{state}`` and
-    ``trio_supervise_pruned_audit_entries_total``, on *registry*."""
+    """``trio_supervise_pruned_items_total{state}``,
+    ``trio_supervise_pruned_audit_entries_total`` and ``trio_supervise_pruned_key_logs_total``,
+    on *registry*."""
 
     registry: CollectorRegistry = attrs.field(factory=CollectorRegistry)
     pruned: Counter = attrs.field(init=False)
     pruned_audit: Counter = attrs.field(init=False)
+    pruned_key_logs: Counter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.pruned = Counter(
@@ -215,6 +217,11 @@ class PruneMetrics:
         self.pruned_audit = Counter(
             "trio_supervise_pruned_audit_entries",
             "Console audit entries deleted by retention.",
+            registry=self.registry,
+        )
+        self.pruned_key_logs = Counter(
+            "trio_supervise_pruned_key_logs",
+            "Logs of keys' starts forgotten by retention: no key rate window counts them.",
             registry=self.registry,
         )
 
@@ -277,7 +284,8 @@ class Pruner:
         """Prune *queue* now and then every ``interval`` until cancelled."""
         for line in self._raised:
             logger.info("%s", line)
-        if not self._ages and not self.settings.audit:
+        keyed = Capability.KEY_RATE_LIMITS in capabilities_of(queue)
+        if not self._ages and not self.settings.audit and not keyed:
             logger.info("retention keeps every finished state for ever: nothing to prune")
             task_status.started()
             await trio.sleep_forever()
@@ -321,7 +329,24 @@ class Pruner:
                 extra={"pruned": {str(state): n for state, n in totals.items()}},
             )
         await self.prune_audit_once(queue)
+        await self.prune_key_logs_once(queue)
         return totals
+
+    async def prune_key_logs_once(self, queue: WorkQueue) -> int:
+        """Forget the logs of keys no rate window counts any more, in batches, in a store that
+        keeps key rate limits (one log per key ever started under a rule: with a rule per
+        tenant or per user, as many as they); how many. Whatever the retention of items: a
+        forgotten log is one that could hold no claim back."""
+        if Capability.KEY_RATE_LIMITS not in capabilities_of(queue):
+            return 0
+        store = cast(KeyRateLimitStore, queue)
+        total = await self._in_batches(lambda batch: store.prune_key_logs(limit=batch))
+        if total:
+            self.metrics.pruned_key_logs.inc(total)
+            logger.info(
+                "retention: forgot the logs of %d keys", total, extra={"pruned_key_logs": total}
+            )
+        return total
 
     async def prune_audit_once(self, queue: WorkQueue) -> int:
         """The audit entries older than ``settings.audit`` deleted in batches, in a store that
@@ -330,14 +355,19 @@ class Pruner:
         if not age or Capability.AUDIT_TRAIL not in capabilities_of(queue):
             return 0
         store = cast(AuditStore, queue)
-        batch, total = self.settings.batch_size, 0
-        while True:
-            deleted = await store.prune_audit(age, limit=batch)
-            total += deleted
-            if deleted < batch:
-                break
-            await trio.lowlevel.checkpoint()
+        total = await self._in_batches(lambda batch: store.prune_audit(age, limit=batch))
         if total:
             self.metrics.pruned_audit.inc(total)
             logger.info("retention: deleted %d audit entries", total, extra={"pruned_audit": total})
         return total
+
+    async def _in_batches(self, prune: Callable[[int], Awaitable[int]]) -> int:
+        """*prune* (given a batch size, deleting at most that many) called until a batch
+        comes back short, letting claims and renewals in between; the total deleted."""
+        batch, total = self.settings.batch_size, 0
+        while True:
+            deleted = await prune(batch)
+            total += deleted
+            if deleted < batch:
+                return total
+            await trio.lowlevel.checkpoint()

@@ -287,6 +287,12 @@ class KeyRateLimitStore(Protocol):
         """The keys whose window is full now, each with when it lets a start in again."""
         ...
 
+    async def prune_key_logs(self, *, limit: int | None = None) -> int:
+        """Forget the starts logged for keys whose latest start is older than the longest
+        rule's period (they can hold no claim back any more), at most *limit* keys; how many.
+        A log is kept per key ever started under a rule, so retention calls this."""
+        ...
+
 
 @runtime_checkable
 class MaintenanceStore(Protocol):

@@ -21,6 +21,7 @@ from ...job import (
     check_config,
     check_errors_page,
     check_key_rule,
+    check_prune_limit,
     check_queue_name,
     check_rate,
     check_tags,
@@ -241,6 +242,18 @@ class OperatorSide(MemoryState):
     async def key_rate_limits(self) -> dict[str, RateLimit]:
         await trio.lowlevel.checkpoint()
         return dict(sorted(self._key_rules.items()))
+
+    async def prune_key_logs(self, *, limit: int | None = None) -> int:
+        await trio.lowlevel.checkpoint()
+        check_prune_limit(limit)
+        longest = max((rule.period for rule in self._key_rules.values()), default=0.0)
+        cutoff = self._now() - dt.timedelta(seconds=longest)
+        stale = sorted(
+            key for key, starts in self._key_starts.items() if not starts or starts[-1] < cutoff
+        )
+        for key in stale[:limit]:
+            del self._key_starts[key]
+        return len(stale[:limit])
 
     async def throttled_keys(self) -> dict[str, dt.datetime]:
         await trio.lowlevel.checkpoint()

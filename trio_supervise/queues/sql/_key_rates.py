@@ -18,6 +18,7 @@ from ...job import (
     RateLimit,
     WorkItem,
     check_key_rule,
+    check_prune_limit,
     check_rate,
     key_caps,
     key_logs_after,
@@ -113,6 +114,17 @@ class SQLKeyRates(SQLRates):
 
         await self._run(run, lane=Lane.CALLER)
         self._changed()
+
+    async def prune_key_logs(self, *, limit: int | None = None) -> int:
+        limit = check_prune_limit(limit)
+        params = {"now": self._now(), "limit": self._no_limit if limit is None else limit}
+        query = self._queries["prune_key_logs"]
+
+        def delete(conn: Any) -> int:
+            with self._write(conn):  # one short transaction per batch
+                return int(conn.execute(query, params).rowcount)
+
+        return await self._run(delete, lane=Lane.CALLER)
 
     async def key_rate_limits(self) -> dict[str, RateLimit]:
         rows = await self._run(

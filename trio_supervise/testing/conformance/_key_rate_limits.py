@@ -129,6 +129,34 @@ class KeyRateLimitContract:
         assert sorted(later) == sorted(f"{key}/1" for key in ruled)
 
     @needs(Capability.KEY_RATE_LIMITS)
+    async def test_logs_no_window_counts_are_forgotten(
+        self, queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """``prune_key_logs`` forgets a key's log once its latest start is older than the
+        longest rule's period, never sooner, a batch at a time; a forgotten key starts as one
+        never seen; a bad limit is refused."""
+        limits = _limits(queue)
+        await limits.set_key_rate_limit("{tenant}", RateLimit(1, 30))
+        await limits.set_key_rate_limit("slow:{tenant}", RateLimit(1, 60))
+        for key in ("a", "b", "c"):
+            await _keyed(queue, key, 2, prefix=key)
+        assert len(await queue.claim_due(["spec"], "w", 3600, 10)) == 3
+        clock.advance(30)
+        await _keyed(queue, "slow:d", 1, prefix="d")
+        assert len(await queue.claim_due(["spec"], "w", 3600, 10)) == 4  # a1, b1, c1, d0
+        clock.advance(59)  # the latest starts 59 s old: a window of 60 s still counts them
+        assert await limits.prune_key_logs() == 0
+        clock.advance(2)  # 61 s old: no window counts them (a, b, c's rule is 30 s)
+        assert await limits.prune_key_logs(limit=3) == 3
+        assert await limits.prune_key_logs(limit=3) == 1
+        assert await limits.prune_key_logs() == 0
+        assert await limits.throttled_keys() == {}
+        await _keyed(queue, "a", 1, prefix="again-a")
+        assert [item.id for item in await queue.claim_due(["spec"], "w", 3600, 10)] == ["again-a0"]
+        with pytest.raises(ValueError, match="limit must be"):
+            await limits.prune_key_logs(limit=0)
+
+    @needs(Capability.KEY_RATE_LIMITS)
     async def test_a_bad_rule_is_refused_naming_it(self, queue: WorkQueue) -> None:
         """A template naming another field, or a bad rate, is a ValueError saying the rule."""
         limits = _limits(queue)

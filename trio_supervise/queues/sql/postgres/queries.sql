@@ -525,6 +525,23 @@ VALUES (%(key)s, %(starts)s::timestamptz[], %(throttled_until)s::timestamptz)
 ON CONFLICT (key) DO UPDATE SET starts = excluded.starts,
     throttled_until = excluded.throttled_until;
 
+-- name: prune_key_logs
+-- Retention: the logs of keys whose latest start is older than the longest rule's period (no
+-- window counts it any more), as many as the limit (NULL: all). The rows are locked first, and
+-- their test read again on a row a claim has just written (FOR UPDATE), so a log a claim
+-- extends meanwhile is kept; one a claim holds is skipped, for the next pass.
+DELETE FROM trio_supervise_key_rates WHERE key IN (
+    SELECT key FROM trio_supervise_key_rates
+    WHERE rate_limit IS NULL
+      AND (cardinality(starts) = 0 OR starts[cardinality(starts)] + (
+          SELECT coalesce(max(period_us), 0) FROM trio_supervise_key_rates
+          WHERE rate_limit IS NOT NULL
+      ) * interval '1 microsecond' < coalesce(%(now)s::timestamptz, now()))
+    ORDER BY key
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+);
+
 -- name: set_key_rate
 INSERT INTO trio_supervise_key_rates AS r (key, rate_limit, period_us)
 VALUES (%(key)s, %(rate_limit)s, %(period_us)s)

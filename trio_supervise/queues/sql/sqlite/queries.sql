@@ -141,6 +141,20 @@ VALUES (:key, :starts, :throttled_until)
 ON CONFLICT (key) DO UPDATE SET starts = excluded.starts,
     throttled_until = excluded.throttled_until;
 
+-- name: prune_key_logs
+-- Retention: the logs of keys whose latest start is older than the longest rule's period (no
+-- window counts it any more), :limit of them (-1: all). Starts are kept oldest first.
+DELETE FROM trio_supervise_key_rates WHERE key IN (
+    SELECT key FROM trio_supervise_key_rates
+    WHERE rate_limit IS NULL
+      AND (json_extract(starts, '$[#-1]') IS NULL OR json_extract(starts, '$[#-1]') + (
+          SELECT coalesce(max(period_us), 0) FROM trio_supervise_key_rates
+          WHERE rate_limit IS NOT NULL
+      ) < :now)
+    ORDER BY key
+    LIMIT :limit
+);
+
 -- name: set_key_rate
 INSERT INTO trio_supervise_key_rates (key, rate_limit, period_us)
 VALUES (:key, :rate_limit, :period_us)
