@@ -36,7 +36,7 @@ from ...job import (
 )
 from .._ports import SingleWrites
 from ._events import _NO_PAIR, _SHARED
-from ._state import _RUNNING, MemoryState, _copy, _Entry
+from ._state import _RUNNING, MemoryState, _copy
 
 __all__ = ["WorkerSide"]
 
@@ -156,49 +156,60 @@ class WorkerSide(MemoryState, SingleWrites):
                     caps.update(key_caps([key], rules, self._key_starts, now))
             return live[key] >= key_limit or cap_of(caps, key) <= 0
 
-        # A heap's items share a key and limit: a heap blocked by its key is left out whole.
-        queued = sorted(
-            (
-                (key, heap)
-                for key, heap in self._queued.items()
-                if key[0] in wanted and key[1] == queue and heap and not blocked(key[3], key[4])
-            ),
-            key=lambda pair: pair[0][2],
-        )
+        # A heap's items share a key and limit: a heap blocked by its key is left out whole
+        # (judged when its head would be taken next, so a claim with many keys waiting judges
+        # only the keys it reaches).
+        queued = [
+            (key, heap)
+            for key, heap in self._queued.items()
+            if key[0] in wanted and key[1] == queue and heap
+        ]
         # The window: the first `limit` claimable items not blocked by their key, in
         # (priority, due_at, id) order (see docs/queues.md, "Concurrency keys").
         window: list[tuple[WorkItem, Any]] = []
         put_back: list[WorkItem] = []
+        top = self._top
         if not expired and len(queued) == 1 and queued[0][0][3] is None:
             # One heap, no key, nothing to rescue (a busy queue of one kind): the window is
             # that heap's due items, in order, without comparing heads per item.
             [(heap_key, heap)] = queued
-            top = self._top
             while len(window) < limit:
                 entry = top(heap)
                 if entry is None or entry[0] > now:
                     break
                 window.append((heapq.heappop(heap)[3], heap_key))
-        while len(window) < limit:
-            while expired and blocked(expired[-1].concurrency_key, expired[-1].concurrency_limit):
-                put_back.append(expired.pop())
-            best: tuple[int, dt.datetime, str] | None = None
-            source: tuple[Any, list[_Entry]] | None = None
-            if expired:
-                best = (expired[-1].priority, expired[-1].due_at, expired[-1].id)
-            for heap_key, heap in queued:
-                entry = self._top(heap)
-                if entry is None or entry[0] > now:
-                    continue
-                candidate = (heap_key[2], entry[0], entry[1])
-                if best is None or candidate < best:
-                    best, source = candidate, (heap_key, heap)
-            if best is None:
-                break
-            if source is None:
-                window.append((expired.pop(), None))
-            else:
-                window.append((heapq.heappop(source[1])[3], source[0]))
+        else:
+            # The heaps' due heads merged in order: each heap's next head goes back in when its
+            # head is taken, so a claim costs its window, not the heaps waiting times the window.
+            heads: list[tuple[tuple[int, dt.datetime, str], int]] = []
+            for n, (heap_key, heap) in enumerate(queued):
+                entry = top(heap)
+                if entry is not None and entry[0] <= now:
+                    heads.append(((heap_key[2], entry[0], entry[1]), n))
+            heapq.heapify(heads)
+            while len(window) < limit:
+                while expired and blocked(
+                    expired[-1].concurrency_key, expired[-1].concurrency_limit
+                ):
+                    put_back.append(expired.pop())
+                while heads and blocked(queued[heads[0][1]][0][3], queued[heads[0][1]][0][4]):
+                    heapq.heappop(heads)  # its key is at its limit or its rate: all of it waits
+                rescue = expired[-1] if expired else None
+                if heads and (
+                    rescue is None or heads[0][0] < (rescue.priority, rescue.due_at, rescue.id)
+                ):
+                    n = heads[0][1]
+                    heap_key, heap = queued[n]
+                    window.append((heapq.heappop(heap)[3], heap_key))
+                    entry = top(heap)
+                    if entry is None or entry[0] > now:
+                        heapq.heappop(heads)
+                    else:
+                        heapq.heapreplace(heads, ((heap_key[2], entry[0], entry[1]), n))
+                elif rescue is not None:
+                    window.append((expired.pop(), None))
+                else:
+                    break
         claimed: list[WorkItem] = []
         record = self._record
         expires = now + dt.timedelta(seconds=lease)
