@@ -219,3 +219,33 @@ class _ClosedAsync:
 async def _migrate_postgres(dsn: str, schema: str) -> None:
     async with await PostgresQueue.connect(dsn, schema=schema, migrate=True):
         pass
+
+
+@pytest.mark.postgres
+def test_a_connection_has_its_schema_version_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The version of the queue's schema is read on a connection's first enqueue only (two
+    round trips fewer on each later one); another connection, or the same one reconnected to
+    another server process, is checked again."""
+    import psycopg
+
+    from trio_supervise.queues.sql import _outside
+
+    checks: list[int] = []
+    version = getattr(_outside, "postgres_version")  # noqa: B009 - not exported
+
+    def counted(cur: Any) -> int:
+        checks.append(1)
+        return version(cur)
+
+    monkeypatch.setattr(_outside, "postgres_version", counted)
+    with pg_schema() as (dsn, schema):
+        trio.run(_migrate_postgres, dsn, schema)
+        producer = Producer(schema=schema)
+        with psycopg.connect(dsn) as conn:
+            for _ in range(3):
+                with conn.transaction():
+                    producer.enqueue(conn, "job")
+            assert len(checks) == 1
+        with psycopg.connect(dsn) as other, other.transaction():
+            producer.enqueue(other, "job")
+        assert len(checks) == 2

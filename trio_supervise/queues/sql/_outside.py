@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import sqlite3
+import weakref
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -73,6 +74,11 @@ class PostgresOutside(PostgresEnqueue, OutboxWrites):
     _db_clock: bool = attrs.field(alias="db_clock", default=True)
     _guard: StepGuard | None = attrs.field(init=False, default=None)
     """No lease is judged here."""
+    _checked: weakref.WeakKeyDictionary[Any, int] = attrs.field(
+        init=False, factory=weakref.WeakKeyDictionary
+    )
+    """The connections whose schema version was found right, each with the server process it
+    was found on (a connection that reconnected is checked again)."""
 
     def __attrs_post_init__(self) -> None:
         check_schema_name(self._schema)
@@ -91,7 +97,14 @@ class PostgresOutside(PostgresEnqueue, OutboxWrites):
             else psycopg_savepoint(conn, schema=self._schema, where=self._where)
         )
         with savepoint as inner:
-            _check_version(postgres_version(self._cursor(inner)), "postgres", self._where)
+            # Once per connection: the version of a schema does not change under a session
+            # (a migration that changes it would have to run beside the application's
+            # transactions; restart the producers after it, as the runners are).
+            raw = conn.raw if isinstance(conn, BridgedConnection) else conn
+            pid = raw.info.backend_pid
+            if self._checked.get(raw) != pid:
+                _check_version(postgres_version(self._cursor(inner)), "postgres", self._where)
+                self._checked[raw] = pid
             yield inner
 
     async def enqueue_many_async(self, conn: Any, entries: Sequence[NewItem]) -> list[Enqueued]:
@@ -179,6 +192,11 @@ class BridgedConnection:
     def __init__(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
         self._loop = _Loop(loop)
+
+    @property
+    def raw(self) -> Any:
+        """The ``AsyncConnection`` this stands for."""
+        return self._conn
 
     @property
     def info(self) -> Any:
