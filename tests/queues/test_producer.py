@@ -235,7 +235,7 @@ def test_a_connection_has_its_schema_version_checked_once(monkeypatch: pytest.Mo
 
     def counted(cur: Any) -> int:
         checks.append(1)
-        return version(cur)
+        return int(version(cur))
 
     monkeypatch.setattr(_outside, "postgres_version", counted)
     with pg_schema() as (dsn, schema):
