@@ -124,12 +124,14 @@ class Lanes:
         kwargs = {"row_factory": dict_row, **connect_kwargs(schema, connect_timeout)}
         # A caller's statement waits for a lock no longer than its call may take.
         bounded = functools.partial(configure, lock_timeout=_milliseconds(connect_timeout))
+        # The worker's statements, the same few run again and again, on their generic plans.
+        worker = functools.partial(configure, generic_plans=True)
 
         def lane(name: str, size: int, *, caller: bool, min_size: int = 1) -> _Lane:
             pool = ConnectionPool(
                 dsn,
                 kwargs=kwargs,
-                configure=bounded if caller else configure,
+                configure=bounded if caller else worker,
                 min_size=min_size,
                 max_size=size,
                 open=False,
