@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import os
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -57,9 +58,11 @@ async def _fill(queue: ts.WorkQueue, due: int, backlog: int) -> None:
         )
 
 
-async def _drain_beside(queue: ts.WorkQueue, due: int, *, beside: bool) -> float:
+async def _drain_beside(queue: ts.WorkQueue, due: int, *, beside: bool) -> tuple[float, float]:
     """Default-queue items per second for a runner serving ``default``, and ``limited`` too
-    when *beside*."""
+    when *beside*; and this process's CPU time per default-queue item, in microseconds (every
+    thread: on SQLite the writer's statements too), a figure the machine's other tenants move
+    far less than the rate."""
     evaluated = 0
     done = trio.Event()
 
@@ -77,9 +80,10 @@ async def _drain_beside(queue: ts.WorkQueue, due: int, *, beside: bool) -> float
         queues={ts.DEFAULT_QUEUE: CONCURRENCY, **({"limited": LIMITED_SLOTS} if beside else {})},
     )
     gc.collect()
+    cpu = time.process_time()
     with wall() as w:
         await run_until(queue, NoopDriver(on_done=on_done), settings, done)
-    return rate(due, w.seconds)
+    return rate(due, w.seconds), (time.process_time() - cpu) / due * 1e6
 
 
 async def _achieved(open_queue: Callable[[], Awaitable[ts.WorkQueue]], count: int) -> float:
@@ -114,11 +118,15 @@ async def _achieved(open_queue: Callable[[], Awaitable[ts.WorkQueue]], count: in
     return (count - LIMIT) / (starts[-1] - starts[0])
 
 
+Drain = tuple[float, float]
+"""A drain's items per second and CPU microseconds per item (:func:`_drain_beside`)."""
+
+
 def _results(
-    backend: str, suffix: str, config: Config, rates: tuple[float, float, float], got: float
+    backend: str, suffix: str, config: Config, drains: tuple[Drain, Drain, Drain], got: float
 ) -> list[Result]:
     due, backlog, count = sizes(config)
-    beside, alone, served = rates
+    (beside, beside_cpu), (alone, alone_cpu), (served, served_cpu) = drains
     return [
         Result(
             id=f"P13{suffix}",
@@ -136,6 +144,14 @@ def _results(
                 # The same runner serving both queues, the limited one empty: what serving a
                 # second queue costs, apart from its rate-limited backlog.
                 "vs_two_queues_served": round(beside / served, 3),
+                # This process's CPU per drained item (us), and alone's over beside's: the
+                # ratio's direction, far less moved by the machine's other tenants.
+                "cpu_us_per_item": {
+                    "beside": round(beside_cpu, 1),
+                    "alone": round(alone_cpu, 1),
+                    "served": round(served_cpu, 1),
+                },
+                "cpu_ratio": round(alone_cpu / beside_cpu, 3),
             },
         ),
         Result(
@@ -156,7 +172,7 @@ def p13s(config: Config) -> list[Result]:
     due, backlog, count = sizes(config)
     with tempfile.TemporaryDirectory(prefix="trio_supervise_bench_") as directory:
 
-        async def drain(name: str, with_backlog: int, beside: bool) -> float:
+        async def drain(name: str, with_backlog: int, beside: bool) -> Drain:
             queue = await SQLiteQueue.connect(os.path.join(directory, name))
             try:
                 await _fill(queue, due, with_backlog)
@@ -185,7 +201,7 @@ def p13p(config: Config) -> list[Result]:
     dsn = config.dsn
     due, backlog, count = sizes(config)
 
-    async def drain(with_backlog: int, beside: bool) -> float:
+    async def drain(with_backlog: int, beside: bool) -> Drain:
         queue = await PostgresQueue.connect(dsn, schema=TS_SCHEMA)
         try:
             await _fill(queue, due, with_backlog)

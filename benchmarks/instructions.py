@@ -18,15 +18,18 @@ the setup, the start and the drain cancelled out:
 - ``P1``: the memory-queue runner, no-op, 2,000 and 6,000 items (per item);
 - ``P1n``: P1's baseline, the same no-op in a bare Trio nursery, 64 at a time (per item);
 - ``P4``: 1,000 daily workflows under the autojump clock, 3 and 8 days (per evaluation);
-- ``P4r``: the same steps under the real clock, each due 1 us after the last (per evaluation).
+- ``P4r``: the same steps under the real clock, each due 1 us after the last (per evaluation);
+- ``P3`` and ``P3f``, only when named: P3's runner on a SQLite file and its raw floor, 2,000 and
+  6,000 items (per item: every thread of the process, SQLite's own work included).
 
 The ratios printed are P1's measure in instructions (``P1n / P1``, higher is better, as P1's
 items per second against the nursery's), P4's (``P1 / P4``), the same against the real-clock
-twin (``P1 / P4r``: the reschedule's work without time travel), and what time travel itself costs
-(``P4r / P4``). Needs Linux with glibc and valgrind (Debian's ``valgrind`` package); about two
-minutes on two cores. Hash seeds are fixed (``PYTHONHASHSEED=0``), so a second run of the same
-tree prints about the same counts: within 0.1% for P1, 0.5% for P4 (94,500 to 95,000 in five
-counts of one tree; what the run does still depends a little on the process's memory layout).
+twin (``P1 / P4r``: the reschedule's work without time travel), what time travel itself costs
+(``P4r / P4``), and P3's ratio in instructions (``P3f / P3``). Needs Linux with glibc and
+valgrind (Debian's ``valgrind`` package); about two minutes on two cores. Hash seeds are fixed
+(``PYTHONHASHSEED=0``), so a second run of the same tree prints about the same counts: within
+0.1% for P1, 0.5% for P4 (94,500 to 95,000 in five counts of one tree; what the run does still
+depends a little on the process's memory layout).
 """
 
 from __future__ import annotations
@@ -53,7 +56,12 @@ WORKLOADS: dict[str, tuple[int, int, int, str]] = {
     "P1n": (2_000, 6_000, 1, "item"),
     "P4": (3, 8, 1_000, "evaluation"),
     "P4r": (3, 8, 1_000, "evaluation"),
+    "P3": (2_000, 6_000, 1, "item"),
+    "P3f": (2_000, 6_000, 1, "item"),
 }
+NAMED_ONLY = frozenset({"P3", "P3f"})
+"""Counted only when named (``--only P3,P3f``): P3's runner on a SQLite file and its raw floor,
+both threads of the process, SQLite's own work included (about two minutes more)."""
 _ZERO = "*srand48*"
 _DUMP = "*drand48*"
 
@@ -83,13 +91,19 @@ def child(workload: str, size: int) -> None:
     here (the baseline counts a runner with no tracer), so nobody uninstalls it to measure.
     """
     sys.modules["opentelemetry"] = None  # type: ignore[assignment]
-    from . import _runs, memory
+    from . import _runs, memory, sqlite
 
     _runs.timed_window = _counted
     if workload == "P1":
         memory.memory_runner_rate(size)
     elif workload == "P1n":
         memory.bare_nursery_rate(size)
+    elif workload in ("P3", "P3f"):
+        with tempfile.TemporaryDirectory(prefix="trio_supervise_bench_") as directory:
+            if workload == "P3":
+                sqlite.runner_rate(directory, size)
+            else:
+                sqlite.floor_rate(directory, size)
     else:
         memory.time_travel(1_000, size, travel=workload == "P4")
 
@@ -162,6 +176,7 @@ def ratios(counts: dict[str, float]) -> dict[str, float]:
         "P1 / P4": ("P1", "P4"),
         "P1 / P4r": ("P1", "P4r"),
         "P4r / P4": ("P4r", "P4"),
+        "P3f / P3": ("P3f", "P3"),
     }
     return {
         name: counts[top] / counts[bottom]
@@ -190,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown workload {workload}")
         child(workload, int(size))
         return 0
-    workloads = list(WORKLOADS)
+    workloads = [w for w in WORKLOADS if w not in NAMED_ONLY]
     if args.only:
         workloads = [part.strip() for part in args.only.split(",") if part.strip()]
         unknown = sorted(set(workloads) - set(WORKLOADS))

@@ -17,6 +17,7 @@ import trio
 
 from trio_supervise.queues import SQLiteQueue
 
+from . import _runs
 from ._common import Config, Result, best_of, rate, wall
 from ._runs import noop_rate
 
@@ -105,7 +106,7 @@ def floor_rate(directory: str, count: int) -> float:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         done = 0
-        with wall() as w:
+        with _runs.timed_window(), wall() as w:
             while True:
                 now_us = time.time_ns() // 1000
                 conn.execute("BEGIN IMMEDIATE")

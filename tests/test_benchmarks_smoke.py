@@ -525,7 +525,10 @@ def test_instruction_ratios_are_the_counted_pairs_only() -> None:
     assert ratios({"P1": 90.0}) == {}
 
 
-@pytest.mark.parametrize(("workload", "size"), [("P1", 40), ("P1n", 40), ("P4", 2), ("P4r", 2)])
+@pytest.mark.parametrize(
+    ("workload", "size"),
+    [("P1", 40), ("P1n", 40), ("P4", 2), ("P4r", 2), ("P3", 40), ("P3f", 40)],
+)
 def test_a_counted_child_marks_one_window_per_run(
     workload: str, size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -207,20 +207,42 @@ async def test_a_failed_write_claims_nothing_and_is_retried(
     assert sum(n for _, _, _, n in queue.combined) + sum(n for _, n in queue.claims) == 6
 
 
-async def test_several_served_queues_claim_in_their_own_loops(
+@attrs.define
+class QueueRecorder(Recorder):
+    """:class:`Recorder`, also counting each queue's evaluations at once and their peak."""
+
+    now: dict[str, int] = attrs.Factory(dict)
+    peaks: dict[str, int] = attrs.Factory(dict)
+
+    async def evaluate(self, context: None, item: WorkItem) -> ts.Outcome:
+        self.now[item.queue] = self.now.get(item.queue, 0) + 1
+        self.peaks[item.queue] = max(self.peaks.get(item.queue, 0), self.now[item.queue])
+        try:
+            return await super().evaluate(context, item)
+        finally:
+            self.now[item.queue] -= 1
+
+
+async def test_several_served_queues_write_with_the_claim_of_the_most_free_slots(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A runner serving more than one queue writes its outcomes alone (each queue's claim loop
-    keeps its own limit)."""
+    """A runner serving several queues writes each batch together with a claim for the queue
+    with the most free slots (one call, not a write and a claim); every queue keeps its own
+    limit, and each item is evaluated once."""
     queue = OneTripQueue()
-    driver = Recorder()
-    await fill(queue, 4)
+    driver = QueueRecorder()
+    await fill(queue, 6, config={"sleep": 0.5})
+    for index in range(3):
+        await queue.enqueue("job", item_id=f"o{index}", queue="other", config={"sleep": 0.5})
     runner = queue.runner = make_runner(queue, driver, queues={"default": 2, "other": 1})
     async with running(runner):
-        await trio.sleep(10)
-    assert len(driver.ends) == 4
-    assert queue.combined == []
-    assert queue.writes
+        await trio.sleep(20)
+    assert len(driver.ends) == 9
+    assert all(len(starts) == 1 for starts in driver.starts.values())
+    assert driver.peaks == {"default": 2, "other": 1}
+    assert queue.combined
+    assert sum(n for *_, n in queue.combined) + sum(n for _, n in queue.claims) == 9
+    assert completed(queue)
 
 
 async def test_a_queue_with_parallel_writes_claims_beside_them(

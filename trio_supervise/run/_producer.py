@@ -5,9 +5,10 @@ One claim loop per served queue, each under its own concurrency: it claims as sl
 the queue has nothing due waits with ``with trio.move_on_after(poll_interval): await
 store.wait_for_work(...)`` (without the bound when the store declares ``EXACT_WAKEUPS``). A
 failing claim is retried after the ``claim_retry`` backoff; past its bound the loops end with
-the error. With a store that declares ``SERIAL_WRITES`` and ``SETTLE_AND_CLAIM`` (and one served
-queue) each batch of outcomes is written together with the claim of the slots it frees
-(:meth:`Producer.write_and_claim`).
+the error. With a store that declares ``SERIAL_WRITES`` and ``SETTLE_AND_CLAIM`` each batch of
+outcomes is written together with the claim of the slots it frees
+(:meth:`Producer.write_and_claim`; serving several queues, for the queue with the most free
+slots).
 """
 
 from __future__ import annotations
@@ -198,19 +199,36 @@ class Producer:
 
     def combined_writes(self) -> Callable[[list[Settlement]], Awaitable[list[bool]]] | None:
         """The completer's write when the store runs its writes one at a time anyway and can
-        settle and claim in one call (``SERIAL_WRITES`` and ``SETTLE_AND_CLAIM``), and the
-        runner serves one queue; None otherwise (the completer calls ``settle_many``)."""
+        settle and claim in one call (``SERIAL_WRITES`` and ``SETTLE_AND_CLAIM``); None
+        otherwise (the completer calls ``settle_many``). Serving several queues, each write
+        claims for the queue with the most free slots (see :meth:`write_and_claim_most_free`)."""
         limits = self.control.settings.queue_limits
         capabilities = capabilities_of(self.store)
         if (
             Capability.SERIAL_WRITES not in capabilities
             or Capability.SETTLE_AND_CLAIM not in capabilities
-            or len(limits) != 1
         ):
             return None
-        [(queue, concurrency)] = limits.items()
         combined = self.store.settle_and_claim  # type: ignore[attr-defined]
+        if len(limits) != 1:
+            return functools.partial(self.write_and_claim_most_free, combined, limits)
+        [(queue, concurrency)] = limits.items()
         return functools.partial(self.write_and_claim, combined, queue, concurrency)
+
+    async def write_and_claim_most_free(
+        self,
+        combined: Callable[..., Awaitable[tuple[Sequence[bool], Sequence[WorkItem]]]],
+        limits: dict[str, int],
+        settlements: list[Settlement],
+    ) -> list[bool]:
+        """:meth:`write_and_claim` for a runner serving several queues: the claim goes to the
+        queue with the most free slots now (the first served on a tie), mostly the one whose
+        items the batch just freed. A store that writes one call at a time would otherwise run
+        the write and that queue's claim as two calls, two transactions; the other queues'
+        claim loops keep claiming on their own, each within its limit."""
+        busy = self.flights.busy
+        queue = max(limits, key=lambda name: limits[name] - busy[name].value)
+        return await self.write_and_claim(combined, queue, limits[queue], settlements)
 
     async def write_and_claim(
         self,

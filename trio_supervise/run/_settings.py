@@ -134,8 +134,9 @@ class RunnerSettings:
     :param claim_batch: the most items one claim takes (never more than the free slots).
     :param concurrency: the most items evaluated at once. An item's slot is freed when its
         outcome is taken for a write, so the next claim runs beside that write (with a queue
-        whose writes run one at a time anyway, such as SQLite's, and one served queue, the
-        write itself claims the free slots, up to ``claim_batch``, in the same call); the
+        whose writes run one at a time anyway, such as SQLite's, the write itself claims the
+        free slots, up to ``claim_batch``, in the same call: serving several queues, those of
+        the queue with the most free slots); the
         runner then holds at most
         ``concurrency + settle_batch`` leases (the batch being written).
     :param poll_interval: the longest an idle runner waits before looking for due work again.

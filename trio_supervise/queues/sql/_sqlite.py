@@ -27,14 +27,14 @@ import trio_util
 
 from ..._clock import Clock, StepGuard, SystemClock, WallClock
 from ..._errors import QueueError, QueueFailed
-from ...job import MAX_ERRORS, Lease, RateLimit, WorkItem, cap_of
+from ...job import MAX_ERRORS, Lease, RateLimit, SettleKind, WorkItem, cap_of
 from .. import _sql
 from .._ports import Capability
 from ._base import Lane
 from ._durable import JournalWrites
 from ._outbox import sqlite_savepoint
 from ._queue import SQLQueue
-from ._settle import SettleEntry
+from ._settle import PLAIN_VALUES, SettleEntry
 from ._sqlite_db import (
     DATA_ERRORS,
     QUERIES,
@@ -68,19 +68,23 @@ _MAX_PARAMETERS = 999
 """The smallest ``SQLITE_MAX_VARIABLE_NUMBER`` a build may have (32766 since SQLite 3.32)."""
 _PADDING = [None] * _MAX_PARAMETERS
 _ORD = operator.itemgetter("ord")
+_KIND_TEXT = {kind: kind.value for kind in SettleKind}
+"""Each kind's stored text, a plain ``str``: the enum's ``value`` is a descriptor call, and
+sqlite3 binds only exact builtin types without an adapter lookup."""
 
 
 @functools.cache
-def _values_query(name: str, width: int, size: int, head: int) -> str:
+def _values_query(name: str, width: int, size: int, head: int, outcomes: str | None = None) -> str:
     """The template query *name* for *size* rows of *width* values: its ``{rows}`` filled in
     with ``(?3, ?4, ...), ...``, numbered after the query's own *head* parameters (``?1``,
-    ``?2``, ...)."""
+    ``?2``, ...); with *outcomes*, its ``{outcomes}`` first filled in with that query."""
     first = head + 1
     rows = ", ".join(
         "(" + ", ".join(f"?{first + n * width + k}" for k in range(width)) + ")"
         for n in range(size)
     )
-    return _Q[name].replace("{rows}", rows)
+    query = _Q[name] if outcomes is None else _Q[name].replace("{outcomes}", _Q[outcomes])
+    return query.replace("{rows}", rows)
 
 
 def _values_chunk(width: int, head: int) -> int:
@@ -93,9 +97,10 @@ def _execute_values(
     name: str,
     head: tuple[Any, ...],
     rows: Sequence[Sequence[Any]],
+    outcomes: str | None = None,
 ) -> list[sqlite3.Row]:
-    """Run the template query *name* (see :func:`_values_query`) over *rows*, with *head* as
-    ``?1``, ``?2``, ...; the rows it returns.
+    """Run the template query *name* (with *outcomes*, see :func:`_values_query`) over *rows*, with
+    *head* as ``?1``, ``?2``, ...; the rows it returns.
 
     One statement per chunk of rows, not one per row: stepping a statement from Python costs
     more than the write it makes. A chunk is padded with rows of NULLs (a NULL id matches
@@ -114,7 +119,8 @@ def _execute_values(
         for row in part:
             params += row
         params += _PADDING[: (size - len(part)) * width]
-        returned += conn.execute(_values_query(name, width, size, len(head)), params).fetchall()
+        query = _values_query(name, width, size, len(head), outcomes)
+        returned += conn.execute(query, params).fetchall()
     return returned
 
 
@@ -415,21 +421,29 @@ class SQLiteQueue(SQLiteEnqueue, SQLQueue):
         self, conn: sqlite3.Connection, entries: Sequence[SettleEntry], now: int
     ) -> list[Any]:
         ords = {}
-        values = []
+        plain = True
         for position, (_, s, converted) in enumerate(entries, start=1):
             ords[s.item_id, s.lease_version] = position
-            values.append(
+            if converted is not PLAIN_VALUES or s.error is not None:
+                plain = False
+        values: list[tuple[Any, ...]]
+        if plain:  # most batches: three values an outcome, no NULL to bind
+            values = [(s.item_id, s.lease_version, _KIND_TEXT[s.kind]) for _, s, _ in entries]
+        else:
+            values = [
                 (
                     s.item_id,
                     s.lease_version,
-                    s.kind.value,
+                    _KIND_TEXT[s.kind],
                     s.error,
                     converted["delay_us"],
                     converted["at"],
                     converted["config"],
                     converted["result"],
                 )
-            )
+                for _, s, converted in entries
+            ]
+        outcomes = "settle_plain_outcomes" if plain else "settle_outcomes"
         rows = [
             {
                 "ord": ords[id_, version],
@@ -440,7 +454,7 @@ class SQLiteQueue(SQLiteEnqueue, SQLQueue):
                 "due_now": due_now,
             }
             for id_, version, spec_id, state, parent_id, key, due_now in _execute_values(
-                conn, "settle_many", (now, MAX_ERRORS), values
+                conn, "settle_many", (now, MAX_ERRORS), values, outcomes
             )
         ]
         rows.sort(key=_ORD)  # batch order, as one statement per outcome returned them
