@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -92,3 +94,63 @@ def test_no_interval_of_one_period_holds_more_than_the_limit(
         starts += [at] * taken
     for first, last in zip(starts, starts[limit:], strict=False):
         assert last - first >= dt.timedelta(seconds=period)
+
+
+class _TickingWallClock:
+    """A wall clock one second later at every reading (and so readable from any thread)."""
+
+    def __init__(self) -> None:
+        self.readings = 0
+        self.start = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+    def now(self) -> dt.datetime:
+        self.readings += 1
+        return self.start + dt.timedelta(seconds=self.readings)
+
+    def monotonic(self) -> float:
+        return float(self.readings)
+
+
+_BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+@pytest.mark.parametrize("backend", _BACKENDS)
+async def test_a_claim_records_its_starts_when_it_holds_the_lock(
+    keyed: bool, backend: str, tmp_path: Path
+) -> None:
+    """A rate-limited claim reads a wall clock again once it holds the lock: its starts are
+    recorded no earlier than it took them, so a claim that waited for the lock cannot open the
+    next window early (the queue's limit, and a key's; SQLite, and PostgreSQL with a clock of
+    the application's)."""
+    from trio_supervise.queues import PostgresQueue, SQLiteQueue
+
+    from .queues.conftest import pg_schema
+
+    clock = _TickingWallClock()
+    with contextlib.ExitStack() as stack:
+        if backend == "sqlite":
+            opened: SQLiteQueue | PostgresQueue = await SQLiteQueue.connect(
+                tmp_path / "q.db", clock=clock
+            )
+        else:
+            dsn, schema = stack.enter_context(pg_schema())
+            opened = await PostgresQueue.connect(dsn, schema=schema, migrate=True, clock=clock)
+        async with opened as queue:
+            if keyed:
+                await queue.set_key_rate_limit("k", RateLimit(1, 60))
+                await queue.enqueue("spec", concurrency_key="k", concurrency_limit=5)
+            else:
+                await queue.set_rate_limit("q", RateLimit(1, 60))
+                await queue.enqueue("spec", queue="q")
+            asked = clock.start + dt.timedelta(seconds=clock.readings + 1)
+            served = "default" if keyed else "q"
+            [item] = await queue.claim_due(["spec"], "w", 60, 5, queue=served)
+            if keyed:
+                until = (await queue.throttled_keys())["k"]
+            else:
+                [info] = [q for q in await queue.list_queues() if q.name == "q"]
+                assert info.throttled_until is not None
+                until = info.throttled_until
+    assert until > asked + dt.timedelta(seconds=60)
+    assert item.updated_at > asked

@@ -270,9 +270,8 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
             row = conn.execute(_Q["lock_rate"], params).fetchone()
             if row is None:  # the limit was lifted meanwhile: the next claim takes them
                 return []
-            return self._claim_rated(
-                conn, params, self._rate(row), list(row["starts"]), row["now"], claim
-            )
+            now = row["now"] if params["now"] is None else self._now_under_lock(params["now"])
+            return self._claim_rated(conn, params, self._rate(row), list(row["starts"]), now, claim)
 
     @staticmethod
     def _starts_of(value: list[dt.datetime]) -> list[dt.datetime]:
@@ -293,6 +292,7 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
             caps: KeyCaps = {}
             now = params["now"]
             if rows and rows[0]["key_rated"]:
+                params = {**params, "now": self._now_under_lock(params["now"])}
                 caps, now = self._key_caps(conn, keys, params)
                 keys = [key for key in keys if cap_of(caps, key) > 0]
             if not keys:

@@ -11,6 +11,7 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..._clock import WallClock
 from ...job import (
     RateLimit,
     WorkItem,
@@ -64,6 +65,18 @@ class SQLRates(SQLBase):
             log = recorded(kept, at, len(claimed), rate)
             self._record_starts(conn, params["queue"], rate, log)
         return claimed
+
+    def _now_under_lock(self, now: Any) -> Any:
+        """A rate-limited claim's "now" (a statement parameter), read again once the claim holds
+        the lock of the limit or the keys: a claim that waited for the lock records its starts
+        when it took them, not when it asked, so no window's starts are recorded earlier than
+        they were (the items of a claim that waited 20 ms for SQLite's write lock, recorded
+        at the time it asked, let the next window open 20 ms early). Only a wall clock is read
+        again here (in the statement's thread): a test clock does not move while a claim waits,
+        and PostgreSQL's own clock (*now* None) is read under the lock by the statement."""
+        if now is None or not isinstance(self._clock, WallClock):
+            return now
+        return max(now, self._time(self._clock.now()))
 
     def _record_starts(
         self, conn: Any, queue: str, rate: RateLimit, log: Sequence[dt.datetime]

@@ -369,6 +369,8 @@ class SQLiteQueue(SQLiteEnqueue, SQLQueue):
         cur = conn.cursor()
         cur.row_factory = None
         version, rate, key_rated = cur.execute(_Q["claim_version"], params).fetchone()
+        if rate is not None or key_rated:
+            params = {**params, "now": self._now_under_lock(params["now"])}
         caps = None
         if key_rated:
             keys = [row[0] for row in cur.execute(_Q["claimable_keys"], params).fetchall()]
