@@ -63,9 +63,14 @@ class DurableWorkflow(Generic[ConfigT]):
             return _no_count
         steps = metrics.workflow_steps
         name = self.name
+        counters: dict[str, Any] = {}
 
         def count(outcome: str) -> None:
-            steps.labels(name, outcome).inc()
+            # Each outcome's child looked up once an evaluation (a lookup takes a lock).
+            counter = counters.get(outcome)
+            if counter is None:
+                counter = counters[outcome] = steps.labels(name, outcome)
+            counter.inc()
 
         return count
 

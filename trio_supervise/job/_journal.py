@@ -103,7 +103,8 @@ def check_entry(entry: JournalEntry) -> JournalEntry:
     check_name(entry.name, f"{entry.kind} name")
     if entry.attempts < 0:
         raise ValueError(f"attempts must be >= 0, got {entry.attempts!r}")
-    return attrs.evolve(entry, result=check_json(entry.result, what=f"{entry.kind} result"))
+    result = check_json(entry.result, what=f"{entry.kind} result")
+    return entry if result is entry.result else attrs.evolve(entry, result=result)
 
 
 def check_event(name: str, payload: JSONValue) -> JSONValue:
