@@ -15,6 +15,7 @@ evaluation may have looked for the event just before it came.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 from typing import Any
@@ -204,7 +205,7 @@ class SQLDurable(SQLBase):
         reads the journal again after any error)."""
         reads = [op for op in group if op.params is None]
         writes = [(op, op.params) for op in group if op.params is not None]
-        with self._transaction(conn):
+        with self._journal_transaction(conn):
             self._read_journals(conn, reads)
             recorded = self._insert_entries(conn, [params for _, params in writes])
             outcomes = [
@@ -216,18 +217,28 @@ class SQLDurable(SQLBase):
         for op in group:
             op.done, op.alone = True, False
 
+    def _journal_transaction(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """What a group runs in: a transaction (PostgreSQL: pipelined, its BEGIN sent with the
+        first statements)."""
+        return self._transaction(conn)
+
     def _read_journals(self, conn: Any, reads: list[_Op]) -> None:
         """Each read's journal: three statements for the group, whatever its size."""
         if not reads:
             return
         queries = self._queries
         params = {"ids": self._id_list(list(dict.fromkeys(op.item_id for op in reads)))}
-        there = {row["id"] for row in conn.execute(queries["journal_items"], params)}
+        # All three sent before any is read: one round trip for them in a pipeline.
+        cursors = [
+            conn.execute(queries[name], params)
+            for name in ("journal_items", "journal_entries_of", "journal_events_of")
+        ]
+        there = {row["id"] for row in cursors[0].fetchall()}
         entries: dict[str, list[Row]] = {}
-        for row in conn.execute(queries["journal_entries_of"], params):
+        for row in cursors[1].fetchall():
             entries.setdefault(row["item_id"], []).append(row)
         events: dict[str, list[Row]] = {}
-        for row in conn.execute(queries["journal_events_of"], params):
+        for row in cursors[2].fetchall():
             events.setdefault(row["item_id"], []).append(row)
         for op in reads:
             if op.item_id in there:
