@@ -170,8 +170,13 @@ class SQLDurable(SQLBase):
         group commit: workflows evaluated at once record their steps together); the next group
         waits for this one's turn to end."""
         writes.writing = True
-        group, writes.waiting = writes.waiting, []
+        group: list[_Op] = []
         try:
+            # The workflows woken with this one (by the last group's end) record their next
+            # steps before it takes the group: one group for them, not one of one and another
+            # of the rest.
+            await trio.lowlevel.checkpoint()
+            group, writes.waiting = writes.waiting, []
             await self._run_group(group)
         except Exception:
             for op in group:
