@@ -174,7 +174,9 @@ class SQLDurable(SQLBase):
         try:
             # The workflows woken with this one (by the last group's end) record their next
             # steps before it takes the group: one group for them, not one of one and another
-            # of the rest.
+            # of the rest. Twice: Trio runs the tasks woken together in a random order, so
+            # after one checkpoint this one may still run first.
+            await trio.lowlevel.checkpoint()
             await trio.lowlevel.checkpoint()
             group, writes.waiting = writes.waiting, []
             await self._run_group(group)
