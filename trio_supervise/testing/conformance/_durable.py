@@ -310,3 +310,44 @@ class DurableJournalContract:
             "nobody": "ItemNotFound",
             "r2@0": "recorded",
         }
+
+    @needs(Capability.DURABLE_JOURNAL)
+    async def test_entries_written_at_once_keep_their_results_and_times(
+        self, queue: WorkQueue
+    ) -> None:
+        """Entries recorded together come back as each was written: results of any JSON
+        (quotes, backslashes, braces, text that reads as NULL), attempts, times, kinds."""
+        results: list[Any] = [
+            {"q": 'a "quoted", {braced} \\ text', "n": [1, 2.5, None, True]},
+            "NULL",
+            ["é ☃", {}, []],
+            None,
+        ]
+        items = {}
+        for n in range(len(results)):
+            items[n] = await running(queue, f"j{n}")
+        later = START + dt.timedelta(hours=1)
+
+        async def record(n: int) -> None:
+            await journal(queue).record_entry(
+                f"j{n}",
+                items[n].lease_version,
+                entry(0, name=f'step "{n}" \\ ,{{}}', result=results[n], attempts=n + 1),
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(  # the first may go alone; the rest wait and go together
+                journal(queue).record_entry,
+                "j0",
+                items[0].lease_version,
+                entry(1, EntryKind.SLEEP, "nap", wake_at=later, finished_at=later),
+            )
+            for n in range(len(results)):
+                nursery.start_soon(record, n)
+        for n, result in enumerate(results):
+            got = {e.position: e for e in (await journal(queue).read_journal(f"j{n}")).entries}
+            assert got[0].result == result
+            assert (got[0].name, got[0].attempts) == (f'step "{n}" \\ ,{{}}', n + 1)
+            assert (got[0].started_at, got[0].finished_at, got[0].wake_at) == (START, START, None)
+        sleep = (await journal(queue).read_journal("j0")).entries[1]
+        assert (sleep.kind, sleep.wake_at, sleep.finished_at) == (EntryKind.SLEEP, later, later)
