@@ -56,18 +56,26 @@ class DurableWorkflow(Generic[ConfigT]):
     def validate_specs(self) -> None:
         """Every spec is usable (the decorator checked them)."""
 
-    def _counter(self) -> Callable[[str], None]:
-        """Counts this workflow's steps on the evaluating runner's metrics, if any."""
+    def _counter(self) -> tuple[Callable[[str], None], Callable[[], None]]:
+        """Counts this workflow's steps on the evaluating runner's metrics, if any: a tally,
+        and what applies it (at the evaluation's end, as the runner observes an evaluation's
+        duration when it ends: a counter's increment takes a lock, ~5 us a step)."""
         metrics = evaluating_metrics()
         if metrics is None:
-            return _no_count
+            return _no_count, _no_flush
         steps = metrics.workflow_steps
         name = self.name
+        tally: dict[str, int] = {}
 
         def count(outcome: str) -> None:
-            steps.labels(name, outcome).inc()
+            tally[outcome] = tally.get(outcome, 0) + 1
 
-        return count
+        def flush() -> None:
+            for outcome, n in tally.items():
+                steps.labels(name, outcome).inc(n)
+            tally.clear()
+
+        return count, flush
 
     async def evaluate(self, context: Any, item: WorkItem, config: ConfigT) -> Outcome:
         store = self.store if self.store is not None else evaluating_store()
@@ -77,6 +85,7 @@ class DurableWorkflow(Generic[ConfigT]):
                 f"(memory, SQLite or PostgreSQL), got {type(store).__name__}"
             )
         journal = await store.read_journal(item.id)
+        count, flush = self._counter()
         wf: Workflow[Any] = Workflow(
             name=self.name,
             item=item,
@@ -87,7 +96,7 @@ class DurableWorkflow(Generic[ConfigT]):
             events=journal.events,
             jitter=self.jitter,
             hook=self.hook,
-            count=self._counter(),
+            count=count,
         )
         outcome: Outcome
         try:
@@ -96,6 +105,8 @@ class DurableWorkflow(Generic[ConfigT]):
             outcome = Reschedule(suspended.at, item.config)
         except ReplayMismatch as mismatch:
             raise Discard(str(mismatch)) from None
+        finally:
+            flush()
         if self.hook is not None:
             self.hook("before-settle", "", item)
         return outcome
@@ -103,6 +114,10 @@ class DurableWorkflow(Generic[ConfigT]):
 
 def _no_count(outcome: str) -> None:
     """Counts nothing (a workflow evaluated outside a runner)."""
+
+
+def _no_flush() -> None:
+    """Nothing counted, nothing to apply."""
 
 
 def _check_arguments(name: object, config_type: object) -> None:

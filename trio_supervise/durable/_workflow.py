@@ -141,8 +141,10 @@ class Workflow(Generic[ContextT]):
         At least once: a crash between the function's return and the record runs it again.
         """
         position, recorded = self._take(EntryKind.STEP, name)
-        wanted = result_type if result_type is not None else _declared_result(fn)
         if recorded is not None:
+            # The declared type is read on replay only (get_type_hints costs a run of a no-op
+            # step several times over: the run returns its value as is).
+            wanted = result_type if result_type is not None else _declared_result(fn)
             self._count("replayed")
             return _restored(recorded.result, wanted)
         started = self.now()

@@ -121,8 +121,6 @@ def check_identifier(value: object, what: str) -> None:
 def check_name(value: object, what: str) -> str:
     """Refuse a name (a schedule's, say) that is not a non-empty storable string of at most
     :data:`MAX_NAME_LENGTH` characters, naming *what*."""
-    from .._errors import ConfigError
-
     if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH:
         raise ValueError(
             f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters, "
@@ -130,6 +128,8 @@ def check_name(value: object, what: str) -> str:
         )
     problem = unstorable(value)
     if problem is not None:
+        from .._errors import ConfigError  # imported when needed: a call costs less without
+
         raise ConfigError(f"{what} must not contain {problem}")
     return value
 

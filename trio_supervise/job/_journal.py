@@ -91,6 +91,11 @@ class Journal:
     events: tuple[ItemEvent, ...] = ()
 
 
+_WHAT = {kind: (f"{kind} name", f"{kind} result") for kind in EntryKind}
+"""How a check names an entry's name and result, by kind (formatted once: an enum's format
+costs more than the checks)."""
+
+
 def check_entry(entry: JournalEntry) -> JournalEntry:
     """*entry* as a store may write it (its result a checked copy), or ``ValueError`` /
     :class:`ConfigError` naming the field."""
@@ -100,10 +105,12 @@ def check_entry(entry: JournalEntry) -> JournalEntry:
         raise ValueError(
             f"position must be from 0 to {MAX_JOURNAL_ENTRIES - 1}, got {entry.position!r}"
         )
-    check_name(entry.name, f"{entry.kind} name")
+    name_of, result_of = _WHAT[entry.kind]
+    check_name(entry.name, name_of)
     if entry.attempts < 0:
         raise ValueError(f"attempts must be >= 0, got {entry.attempts!r}")
-    return attrs.evolve(entry, result=check_json(entry.result, what=f"{entry.kind} result"))
+    result = check_json(entry.result, what=result_of)
+    return entry if result is entry.result else attrs.evolve(entry, result=result)
 
 
 def check_event(name: str, payload: JSONValue) -> JSONValue:

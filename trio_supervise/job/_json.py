@@ -131,6 +131,10 @@ def copy_json(value: JSONValue) -> JSONValue:
     return value
 
 
+_BIG = 10**18
+"""Ints this far from zero skip the JSON round trip (larger ones meet Python's digit limit)."""
+
+
 def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
     """Return a deep copy of *value* through JSON, or raise :class:`ConfigError` naming *what*.
 
@@ -138,6 +142,11 @@ def check_json(value: JSONValue, *, what: str = "config") -> JSONValue:
     :data:`MAX_JSON_DEPTH`, and strings holding a NUL or a lone surrogate (PostgreSQL cannot
     store either, SQLite's text cannot hold a surrogate).
     """
+    kind = type(value)
+    if value is None or kind is bool or (kind is int and -_BIG < value < _BIG):
+        return value  # what the JSON round trip gives back, unchanged
+    if kind is str and value.isascii() and "\x00" not in value:
+        return value
     flat = flat_json_copy(value)
     if flat is not None:
         return flat

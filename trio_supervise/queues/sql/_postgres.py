@@ -32,7 +32,7 @@ from ._base import Lane
 from ._durable import JournalWrites
 from ._key_rates import KeyCaps
 from ._outbox import psycopg_savepoint
-from ._postgres_arrays import settle_params
+from ._postgres_arrays import int_array, nulls_none, settle_params, text_array
 from ._postgres_db import (
     QUERIES,
     Row,
@@ -396,14 +396,35 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
                 claimed += self._claim_keyed(conn, {**params, "limit": left})
         return {entries[row["ord"] - 1][0] for row in rows}, claimed
 
-    def _insert_entries(
-        self, conn: psycopg.Connection[Row], rows: list[dict[str, Any]]
-    ) -> list[bool]:
-        # A group of journal records in one round trip: every insert sent before the first
-        # result is read (psycopg's pipeline), inside the caller's transaction.
-        with conn.pipeline():
-            cursors = [conn.execute(_Q["record_entry"], params) for params in rows]
-            return [cursor.fetchone() is not None for cursor in cursors]
+    @staticmethod
+    @contextlib.contextmanager
+    def _journal_transaction(conn: psycopg.Connection[Row]) -> Iterator[None]:
+        # BEGIN goes out with the group's reads (or its insert), COMMIT alone: two round
+        # trips for a group where each statement would cost one.
+        with conn.pipeline(), conn.transaction():
+            yield
+
+    def _id_list(self, ids: list[str]) -> Any:
+        return text_array(ids)
+
+    def _entries_params(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        # Each column an array for record_entries' unnest; the item ids, kinds and names as
+        # literals (text_array), a column of NULLs as NULL (finished and wake times, mostly).
+        def column(key: str) -> list[Any]:
+            return [params[key] for params in rows]
+
+        return {
+            "ids": text_array(column("id")),
+            "versions": int_array(column("version")),
+            "positions": int_array(column("position")),
+            "kinds": text_array(column("kind")),
+            "names": text_array(column("name")),
+            "results": text_array(column("result")),
+            "attempts": int_array(column("attempts")),
+            "started_ats": column("started_at"),
+            "finished_ats": nulls_none(column("finished_at")),
+            "wake_ats": nulls_none(column("wake_at")),
+        }
 
     def _set_parents(
         self, conn: psycopg.Connection[Row], children: Sequence[dict[str, Any]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -253,3 +254,100 @@ class DurableJournalContract:
         }
         assert [e.position for e in (await journal(queue).read_journal("wf0")).entries] == [0, 1]
         assert (await journal(queue).read_journal("stale")).entries == ()
+
+    @needs(Capability.DURABLE_JOURNAL)
+    async def test_reads_and_writes_made_at_once_each_get_their_own_answer(
+        self, queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """Journals read while entries are recorded (workflows starting beside workflows that
+        record) see their own item's entries and events; a read of an unknown item is
+        ItemNotFound alone; two owners writing one position at once: the stale one refused."""
+        await queue.enqueue("spec", item_id="both")
+        [old] = await queue.claim_due(["spec"], "w1", 30, 1)
+        clock.advance(31)
+        [new] = await queue.claim_due(["spec"], "w2", 30, 1)
+        for n in range(3):
+            await queue.enqueue("spec", item_id=f"r{n}")
+        readers = {item.id: item for item in await queue.claim_due(["spec"], "w1", 30, 10)}
+        await journal(queue).record_entry("r0", readers["r0"].lease_version, entry(0, result=7))
+        await journal(queue).send_event("r1", "go", {"n": 1})
+        answers: dict[str, object] = {}
+
+        async def read(item_id: str) -> None:
+            try:
+                got = await journal(queue).read_journal(item_id)
+            except ItemNotFound:
+                answers[item_id] = "ItemNotFound"
+            else:
+                answers[item_id] = (
+                    [(e.position, e.result) for e in got.entries],
+                    [(e.name, e.payload) for e in got.events],
+                )
+
+        async def record(key: str, item: WorkItem) -> None:
+            try:
+                await journal(queue).record_entry(item.id, item.lease_version, entry(0))
+            except LeaseLost:
+                answers[key] = "LeaseLost"
+            else:
+                answers[key] = "recorded"
+
+        async with trio.open_nursery() as nursery:
+            # The first write may go alone (a store that groups writes then groups the rest).
+            nursery.start_soon(record, "r0@1", attrs.evolve(readers["r0"], lease_version=-1))
+            nursery.start_soon(record, "old", old)
+            nursery.start_soon(record, "new", new)
+            for item_id in ("r0", "r1", "r2", "nobody"):
+                nursery.start_soon(read, item_id)
+            nursery.start_soon(record, "r2@0", readers["r2"])
+        assert answers.pop("r2") in (([], []), ([(0, None)], []))
+        assert answers == {
+            "r0@1": "LeaseLost",
+            "old": "LeaseLost",
+            "new": "recorded",
+            "r0": ([(0, 7)], []),
+            "r1": ([], [("go", {"n": 1})]),
+            "nobody": "ItemNotFound",
+            "r2@0": "recorded",
+        }
+
+    @needs(Capability.DURABLE_JOURNAL)
+    async def test_entries_written_at_once_keep_their_results_and_times(
+        self, queue: WorkQueue
+    ) -> None:
+        """Entries recorded together come back as each was written: results of any JSON
+        (quotes, backslashes, braces, text that reads as NULL), attempts, times, kinds."""
+        results: list[Any] = [
+            {"q": 'a "quoted", {braced} \\ text', "n": [1, 2.5, None, True]},
+            "NULL",
+            ["é ☃", {}, []],
+            None,
+        ]
+        items = {}
+        for n in range(len(results)):
+            items[n] = await running(queue, f"j{n}")
+        later = START + dt.timedelta(hours=1)
+
+        async def record(n: int) -> None:
+            await journal(queue).record_entry(
+                f"j{n}",
+                items[n].lease_version,
+                entry(0, name=f'step "{n}" \\ ,{{}}', result=results[n], attempts=n + 1),
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(  # the first may go alone; the rest wait and go together
+                journal(queue).record_entry,
+                "j0",
+                items[0].lease_version,
+                entry(1, EntryKind.SLEEP, "nap", wake_at=later, finished_at=later),
+            )
+            for n in range(len(results)):
+                nursery.start_soon(record, n)
+        for n, result in enumerate(results):
+            got = {e.position: e for e in (await journal(queue).read_journal(f"j{n}")).entries}
+            assert got[0].result == result
+            assert (got[0].name, got[0].attempts) == (f'step "{n}" \\ ,{{}}', n + 1)
+            assert (got[0].started_at, got[0].finished_at, got[0].wake_at) == (START, START, None)
+        sleep = (await journal(queue).read_journal("j0")).entries[1]
+        assert (sleep.kind, sleep.wake_at, sleep.finished_at) == (EntryKind.SLEEP, later, later)

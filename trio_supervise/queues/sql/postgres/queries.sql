@@ -907,17 +907,6 @@ SELECT state, incarnation, lease_version FROM trio_supervise_items WHERE id = %(
 -- waits for it (and its trigger then takes the event too).
 SELECT state, incarnation, lease_version FROM trio_supervise_items WHERE id = %(id)s FOR SHARE;
 
--- name: journal_entries
-SELECT j.position, j.kind, j.name, j.result, j.attempts, j.started_at, j.finished_at, j.wake_at
-FROM trio_supervise_journal AS j
-WHERE j.item_id = %(id)s AND j.incarnation = %(incarnation)s
-ORDER BY j.position;
-
--- name: journal_events
-SELECT e.name, e.payload, e.sent_at FROM trio_supervise_events AS e
-WHERE e.item_id = %(id)s AND e.incarnation = %(incarnation)s
-ORDER BY e.seq;
-
 -- name: record_entry
 -- Fenced: written only while the lease version holds the running item, under its incarnation.
 -- A position is written once, except a pending wait, which its resolution replaces. No row
@@ -935,6 +924,47 @@ ON CONFLICT (item_id, incarnation, position) DO UPDATE SET
     finished_at = excluded.finished_at, wake_at = excluded.wake_at
 WHERE j.kind = 'wait' AND j.finished_at IS NULL
 RETURNING position;
+
+-- name: record_entries
+-- record_entry for a group of entries in one statement, each fenced on its own as record_entry
+-- is. The group holds one entry per item and position (ON CONFLICT touches a row once). The
+-- rows written come back.
+INSERT INTO trio_supervise_journal AS j (
+    item_id, incarnation, position, kind, name, result, attempts, started_at, finished_at, wake_at
+)
+SELECT i.id, i.incarnation, r.position, r.kind, r.name, r.result::jsonb, r.attempts,
+    r.started_at, r.finished_at, r.wake_at
+FROM unnest(
+    %(ids)s::text[], %(versions)s::bigint[], %(positions)s::int[], %(kinds)s::text[],
+    %(names)s::text[], %(results)s::text[], %(attempts)s::int[],
+    %(started_ats)s::timestamptz[], %(finished_ats)s::timestamptz[], %(wake_ats)s::timestamptz[]
+) AS r(id, version, position, kind, name, result, attempts, started_at, finished_at, wake_at)
+JOIN trio_supervise_items AS i ON i.id = r.id
+WHERE i.lease_version = r.version AND i.state = 'running'
+ON CONFLICT (item_id, incarnation, position) DO UPDATE SET
+    kind = excluded.kind, name = excluded.name, result = excluded.result,
+    attempts = excluded.attempts, started_at = excluded.started_at,
+    finished_at = excluded.finished_at, wake_at = excluded.wake_at
+WHERE j.kind = 'wait' AND j.finished_at IS NULL
+RETURNING j.item_id, j.position;
+
+-- name: journal_items
+-- read_journal for a group of items: the items there are.
+SELECT id, incarnation FROM trio_supervise_items WHERE id = ANY(%(ids)s::text[]);
+
+-- name: journal_entries_of
+SELECT j.item_id, j.position, j.kind, j.name, j.result, j.attempts, j.started_at, j.finished_at,
+    j.wake_at
+FROM trio_supervise_journal AS j
+JOIN trio_supervise_items AS i ON i.id = j.item_id AND i.incarnation = j.incarnation
+WHERE i.id = ANY(%(ids)s::text[])
+ORDER BY j.item_id, j.position;
+
+-- name: journal_events_of
+SELECT e.item_id, e.name, e.payload, e.sent_at FROM trio_supervise_events AS e
+JOIN trio_supervise_items AS i ON i.id = e.item_id AND i.incarnation = e.incarnation
+WHERE i.id = ANY(%(ids)s::text[])
+ORDER BY e.item_id, e.seq;
 
 -- name: journal_position
 SELECT kind, name FROM trio_supervise_journal

@@ -613,17 +613,6 @@ WHERE name IN (SELECT value FROM json_each(:names));
 -- name: journal_item
 SELECT state, incarnation, lease_version FROM trio_supervise_items WHERE id = :id;
 
--- name: journal_entries
-SELECT j.position, j.kind, j.name, j.result, j.attempts, j.started_at, j.finished_at, j.wake_at
-FROM trio_supervise_journal AS j
-WHERE j.item_id = :id AND j.incarnation = :incarnation
-ORDER BY j.position;
-
--- name: journal_events
-SELECT e.name, e.payload, e.sent_at FROM trio_supervise_events AS e
-WHERE e.item_id = :id AND e.incarnation = :incarnation
-ORDER BY e.seq;
-
 -- name: record_entry
 -- Fenced: written only while the lease version holds the running item, under its incarnation.
 -- A position is written once, except a pending wait, which its resolution replaces. No row
@@ -640,6 +629,46 @@ ON CONFLICT (item_id, incarnation, position) DO UPDATE SET
     finished_at = excluded.finished_at, wake_at = excluded.wake_at
 WHERE trio_supervise_journal.kind = 'wait' AND trio_supervise_journal.finished_at IS NULL
 RETURNING position;
+
+-- name: record_entries
+-- record_entry for a group of entries in one statement: each row of :rows is
+-- [id, version, position, kind, name, result (JSON text), attempts, started_at, finished_at,
+-- wake_at], each fenced on its own as record_entry is. The group holds one entry per item and
+-- position. The rows written come back.
+INSERT INTO trio_supervise_journal (
+    item_id, incarnation, position, kind, name, result, attempts, started_at, finished_at, wake_at
+)
+SELECT i.id, i.incarnation, json_extract(r.value, '$[2]'), json_extract(r.value, '$[3]'),
+    json_extract(r.value, '$[4]'), json_extract(r.value, '$[5]'), json_extract(r.value, '$[6]'),
+    json_extract(r.value, '$[7]'), json_extract(r.value, '$[8]'), json_extract(r.value, '$[9]')
+FROM json_each(:rows) AS r
+JOIN trio_supervise_items AS i ON i.id = json_extract(r.value, '$[0]')
+WHERE i.lease_version = json_extract(r.value, '$[1]') AND i.state = 'running'
+ON CONFLICT (item_id, incarnation, position) DO UPDATE SET
+    kind = excluded.kind, name = excluded.name, result = excluded.result,
+    attempts = excluded.attempts, started_at = excluded.started_at,
+    finished_at = excluded.finished_at, wake_at = excluded.wake_at
+WHERE trio_supervise_journal.kind = 'wait' AND trio_supervise_journal.finished_at IS NULL
+RETURNING item_id, position;
+
+-- name: journal_items
+-- read_journal for a group of items (:ids, a JSON array): the items there are.
+SELECT id, incarnation FROM trio_supervise_items
+WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: journal_entries_of
+SELECT j.item_id, j.position, j.kind, j.name, j.result, j.attempts, j.started_at, j.finished_at,
+    j.wake_at
+FROM trio_supervise_journal AS j
+JOIN trio_supervise_items AS i ON i.id = j.item_id AND i.incarnation = j.incarnation
+WHERE i.id IN (SELECT value FROM json_each(:ids))
+ORDER BY j.item_id, j.position;
+
+-- name: journal_events_of
+SELECT e.item_id, e.name, e.payload, e.sent_at FROM trio_supervise_events AS e
+JOIN trio_supervise_items AS i ON i.id = e.item_id AND i.incarnation = e.incarnation
+WHERE i.id IN (SELECT value FROM json_each(:ids))
+ORDER BY e.item_id, e.seq;
 
 -- name: journal_position
 SELECT kind, name FROM trio_supervise_journal
