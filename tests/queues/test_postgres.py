@@ -1406,3 +1406,46 @@ async def test_an_event_for_a_waiting_workflow_wakes_a_waiter_in_another_queue()
             await sender.reschedule("wf", item.lease_version, week, {})
             await _wakes(waiter, lambda: sender.send_event("wf", "go", {"n": 1}))
             assert (await sender.get("wf")).due_at == clock.now()
+
+
+async def test_a_fan_in_s_rollback_never_leaves_psycopg_a_statement_the_server_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A settle-and-claim whose settled child makes its parent due undoes its claim (ROLLBACK
+    TO SAVEPOINT) inside psycopg's pipeline. psycopg forgets and deallocates every prepared
+    statement when it reads a ROLLBACK's result, which a pipeline reads late: a statement
+    prepared meanwhile stayed in its cache, gone from the server, and the next claim failed
+    ("prepared statement ... does not exist"). With statements prepared at their first use
+    (where that showed), fan-ins and claims after them run round after round."""
+    from trio_supervise.job import SettleKind, Settlement
+    from trio_supervise.queues.sql import _postgres_pool
+
+    configure = _postgres_pool.configure
+
+    def at_first_use(conn: Any, **options: Any) -> None:
+        configure(conn, **options)
+        conn.prepare_threshold = 0
+
+    monkeypatch.setattr(_postgres_pool, "configure", at_first_use)
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            for round_ in range(3):
+                await queue.enqueue("spec", item_id=f"p{round_}")
+                [parent] = await queue.claim_due(["spec"], "w", 30, 1)
+                fan_out = Settlement(
+                    item_id=parent.id,
+                    lease_version=parent.lease_version,
+                    kind=SettleKind.CONTINUE,
+                    children=[NewItem(spec_id="spec") for _ in range(2)],
+                    wait_for_children=True,
+                )
+                _, children = await queue.settle_and_claim([fan_out], ["spec"], "w", 30, 5)
+                for child in children:
+                    done = Settlement(
+                        item_id=child.id,
+                        lease_version=child.lease_version,
+                        kind=SettleKind.COMPLETE,
+                    )
+                    await queue.settle_and_claim([done], ["spec"], "w", 30, 5)
+                assert await queue.claim_due(["spec"], "w", 30, 5) == []
+                assert (await queue.get(parent.id)).state is ItemState.RUNNING

@@ -373,27 +373,38 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
         # round trip), the wake-ups and COMMIT together (another), and the batch costs one
         # commit (one WAL flush) instead of two. The claim sees the settlement (same
         # transaction), so it leaves the settled rows alone: they are no longer claimable.
-        with conn.pipeline(), conn.transaction():
-            settling = conn.execute(_Q["settle_many"], settle_params(entries, now))
-            conn.execute(_SAVEPOINT)
-            claiming = _claim_cursor(conn).execute(_Q["claim_due"], params, binary=True)
-            rows = settling.fetchall()
-            claimed, keyed, rated = _claimed(claiming)
-            due = woken_by(rows)
-            if rows and any(row["parent_id"] is not None for row in rows):
-                # A child finished: its fan-in may make its parent due, and the claim must see
-                # that, as it sees every other effect of the settlement. Undo the claim, count
-                # the children, claim again.
-                conn.execute(_ROLLBACK_TO_SAVEPOINT)
-                due.extend(self._children_and_fan_in(conn, entries, rows, now))
+        threshold = conn.prepare_threshold
+        try:
+            with conn.pipeline() as pipeline, conn.transaction():
+                settling = conn.execute(_Q["settle_many"], settle_params(entries, now))
+                conn.execute(_SAVEPOINT)
                 claiming = _claim_cursor(conn).execute(_Q["claim_due"], params, binary=True)
+                rows = settling.fetchall()
                 claimed, keyed, rated = _claimed(claiming)
-            self._notify(conn, due)
-            left = params["limit"] - len(claimed)
-            if rated:
-                claimed = self._claim_rated_path(conn, params)
-            elif keyed and left > 0:
-                claimed += self._claim_keyed(conn, {**params, "limit": left})
+                due = woken_by(rows)
+                if rows and any(row["parent_id"] is not None for row in rows):
+                    # A child finished: its fan-in may make its parent due, and the claim must
+                    # see that, as it sees every other effect of the settlement. Undo the
+                    # claim, count the children, claim again.
+                    conn.execute(_ROLLBACK_TO_SAVEPOINT)
+                    # psycopg forgets (and deallocates) every prepared statement when it reads
+                    # a ROLLBACK's result, which in a pipeline it reads after later statements
+                    # went out: one it prepared meanwhile would stay in its cache, gone from
+                    # the server ("prepared statement ... does not exist" at its next use).
+                    # So the result is read now, and nothing more is prepared in this pipeline.
+                    pipeline.sync()
+                    conn.prepare_threshold = None
+                    due.extend(self._children_and_fan_in(conn, entries, rows, now))
+                    claiming = _claim_cursor(conn).execute(_Q["claim_due"], params, binary=True)
+                    claimed, keyed, rated = _claimed(claiming)
+                self._notify(conn, due)
+                left = params["limit"] - len(claimed)
+                if rated:
+                    claimed = self._claim_rated_path(conn, params)
+                elif keyed and left > 0:
+                    claimed += self._claim_keyed(conn, {**params, "limit": left})
+        finally:
+            conn.prepare_threshold = threshold
         return {entries[row["ord"] - 1][0] for row in rows}, claimed
 
     @staticmethod
