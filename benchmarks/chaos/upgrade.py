@@ -1,7 +1,8 @@
 """R9: a rolling upgrade, workers of the previous release running while the schema migrates.
 
-The previous release is commit :data:`OLD_RELEASE`, the last before the schema migration that
-records item incarnations (SQLite ``0005``, PostgreSQL ``0008``). Its ``trio_supervise`` is
+The previous release is commit :data:`OLD_RELEASE`, the last landed before this one's schema
+migrations (``TRIO_SUPERVISE_R9_FROM`` names another: ``5f6de71``, the last before the migration
+that records item incarnations, SQLite ``0005``, PostgreSQL ``0008``). Its ``trio_supervise`` is
 taken from this checkout's git history (``git archive``, the working tree untouched) into a
 temporary directory; without git or that commit, R9 says "not available" and why.
 
@@ -31,6 +32,7 @@ import collections
 import dataclasses
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -48,8 +50,9 @@ from .harness import ROOT, Fleet, PostgresStore, SQLiteStore, Store, library_env
 from .races import Tail
 from .upgrade_fill import KEY_LIMIT
 
-OLD_RELEASE = "5f6de71"
-"""The previous release: the commit before the item-incarnation migration."""
+OLD_RELEASE = os.environ.get("TRIO_SUPERVISE_R9_FROM") or "6921817"
+"""The previous release: the last landed before this release's migrations (SQLite 0011,
+PostgreSQL 0014), or the commit ``TRIO_SUPERVISE_R9_FROM`` names."""
 FILL = Path(__file__).with_name("upgrade_fill.py")
 FINISHED = ("completed", "cancelled", "dead")
 """The finished states; also the filler's groups of items finished before any worker starts."""

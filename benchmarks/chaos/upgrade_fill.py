@@ -8,8 +8,8 @@ then writes the items and the plan, as JSON, to the file *PLAN*: by item id, its
 (``expect``), how many evaluations that takes (``starts``) and, for a parent, how many children
 it has (``fanout``). The harness adds its audit triggers between the two.
 
-It uses only the API of the previous release (commit 5f6de71). Groups (*SCALE* multiplies the
-counts of the first kind):
+It uses only the API of commit 5f6de71 (every release since has it). Groups (*SCALE* multiplies
+the counts of the first kind):
 
 - ``now``, ``later``: queued, due now / due in 5-14 s; they complete.
 - ``expired``: claimed by a worker that then "died": running under a lease that expires 1 s

@@ -43,9 +43,10 @@ A driver's sleep is ``config["sleep"]`` when the item has one.
 
 ``--upgrade`` (R9) serves :class:`UpgradeDriver` instead, which does what each item's
 ``config["kind"]`` says (complete, reschedule, fail once, fan out and in) and notes ``start``,
-``end``, ``fanout`` and ``fanin`` lines (it implies ``--timed``). It uses only the API of the
-previous release (commit 5f6de71), so the same script runs under either release. Every worker's
-first line is ``library TAB - TAB - TAB <the directory it imported trio_supervise from>``.
+``end``, ``fanout`` and ``fanin`` lines (it implies ``--timed``). It uses only the API of
+commit 5f6de71 (every release since has it), so the same script runs under either release.
+Every worker's first line is ``library TAB - TAB - TAB <the directory it imported
+trio_supervise from>``.
 """
 
 from __future__ import annotations
