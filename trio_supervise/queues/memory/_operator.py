@@ -94,10 +94,11 @@ class OperatorSide(MemoryState):
         await trio.lowlevel.checkpoint()
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        # An id deleted since (or taken again by another item) is no longer this parent's child.
+        # An id deleted since (or taken again by another item) is no longer this parent's child;
+        # one deleted and created again as its child is listed once.
         found = [
             child
-            for child_id in self._children_of.get(parent_id, ())
+            for child_id in dict.fromkeys(self._children_of.get(parent_id, ()))
             if (child := self._items.get(child_id)) is not None and child.parent_id == parent_id
         ]
         found.sort(key=lambda item: (item.created_at, item.id))

@@ -75,6 +75,24 @@ class ChildrenContract:
             START,
         )
 
+    async def test_a_child_deleted_and_created_again_is_listed_once(self, queue: WorkQueue) -> None:
+        """A parent's child of an explicit id, deleted and then created again by the parent's
+        next settlement: ``list_children`` lists it once, the one that exists."""
+        await queue.enqueue("parent", item_id="p")
+        for round_ in range(2):
+            [parent] = await claim(queue)
+            settlement = Settlement(
+                item_id="p",
+                lease_version=parent.lease_version,
+                kind=SettleKind.CONTINUE,
+                children=[NewItem(spec_id="child", item_id="c1", config={"round": round_})],
+            )
+            assert await queue.settle_many([settlement]) == [True]
+            if round_ == 0:
+                await queue.delete("c1")
+        [child] = await queue.list_children("p")
+        assert (child.id, child.config) == ("c1", {"round": 1})
+
     async def test_a_stale_parent_creates_nothing(
         self, queue: WorkQueue, clock: ManualClock
     ) -> None:
