@@ -1449,3 +1449,27 @@ async def test_a_fan_in_s_rollback_never_leaves_psycopg_a_statement_the_server_l
                     await queue.settle_and_claim([done], ["spec"], "w", 30, 5)
                 assert await queue.claim_due(["spec"], "w", 30, 5) == []
                 assert (await queue.get(parent.id)).state is ItemState.RUNNING
+
+
+async def test_a_batch_that_only_finishes_items_wakes_no_waiter_here() -> None:
+    """A waiter of this process looks at what is due (a query) when woken: a batch of
+    completions that makes nothing due wakes nobody (a runner serving a second queue looked
+    once per batch of the first queue's completions: P13p); one that makes something due
+    later (a reschedule) does; one freeing a key's slot wakes through the NOTIFY (the
+    conformance suite's test_a_waiter_wakes_when_a_blocked_key_frees)."""
+    from trio_supervise.job import SettleKind, Settlement
+
+    with pg_schema() as (dsn, schema):
+        async with await PostgresQueue.connect(dsn, schema=schema, migrate=True) as queue:
+            for item_id in ("a", "b"):
+                await queue.enqueue("spec", item_id=item_id)
+            a, b = sorted(await queue.claim_due(["spec"], "w", 30, 2), key=lambda i: i.id)
+            before = queue._changes.value
+            done = Settlement(item_id="a", lease_version=a.lease_version, kind=SettleKind.COMPLETE)
+            assert await queue.settle_many([done]) == [True]
+            assert queue._changes.value == before
+            later = Settlement(
+                item_id="b", lease_version=b.lease_version, kind=SettleKind.CONTINUE, delay=60
+            )
+            assert await queue.settle_many([later]) == [True]
+            assert queue._changes.value > before

@@ -78,6 +78,7 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
     """The :class:`WorkQueue` protocol on PostgreSQL. Open it with :meth:`connect`."""
 
     _dsn: str = attrs.field(alias="dsn", repr=redact_dsn)
+    _notifies_wakeups: ClassVar[bool] = True
     _lanes: Lanes = attrs.field(alias="lanes", repr=False)
     _db_clock: bool = attrs.field(alias="db_clock")
     _clock: Clock = attrs.field(alias="clock")

@@ -13,7 +13,7 @@ import json
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import trio
 
@@ -62,10 +62,24 @@ _PAIR = operator.attrgetter("item_id", "lease_version")
 _SETTLEMENT = operator.itemgetter(1)
 _CHILDREN = operator.attrgetter("children")
 _WAITS = operator.attrgetter("wait_for_children")
+_FINISHING = frozenset({SettleKind.COMPLETE, SettleKind.CANCEL, SettleKind.DEAD})
+
+
+def _only_finishes(s: Settlement) -> bool:
+    """Whether *s* only finishes its item: nothing becomes due by it, but a concurrency key's
+    slot or a parent's fan-in, which the settlement's statement notifies."""
+    return s.kind in _FINISHING and not s.children and not s.wait_for_children
 
 
 class SettleBatch(EnqueueCore):
     """Settlements written in batches, with their children and fan-in."""
+
+    _notifies_wakeups: ClassVar[bool] = False
+    """Whether every settlement that makes an item claimable (due now, a concurrency key's
+    slot freed, a parent's fan-in) tells this process's waiters through the database too
+    (PostgreSQL's NOTIFY, which its own listener hears): then a batch that only finished items
+    (completed, cancelled, dead, without children) wakes nobody here. SQLite has no such
+    channel: every applied batch wakes this process's waiters to look again."""
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -285,7 +299,11 @@ class SettleBatch(EnqueueCore):
                 and first[(s.item_id, s.lease_version)] == i
                 for i, s in enumerate(settlements)
             ]
-        if any(results):
+        if any(results) and (not self._notifies_wakeups or not all(map(_only_finishes, sent))):
+            # Something may be due sooner than a waiter thinks (a reschedule to a later time
+            # is not notified: only what is due now is). Waking a waiter costs it a look at
+            # what is due (a query): a runner serving a second queue made one per batch of the
+            # first queue's completions (P13p, issue 34).
             self._changed()
         return results
 

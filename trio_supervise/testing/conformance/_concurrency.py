@@ -167,6 +167,27 @@ class ConcurrencyKeysContract:
         with trio.fail_after(5):
             await queue.wait_for_work(["spec"])
 
+    async def test_a_waiter_wakes_when_a_blocked_key_frees(
+        self, queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """A waiter already waiting for a blocked keyed item (next due when the key's lease
+        expires, 30 s away) returns when the key's holder completes, not at that expiry: the
+        completion frees the slot (a completion wakes nobody else)."""
+        await queue.enqueue("spec", item_id="k0", concurrency_key="k")
+        [running] = await queue.claim_due(["spec"], "w", 30, 1)
+        await queue.enqueue("spec", item_id="k1", concurrency_key="k")
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+
+                async def complete_soon() -> None:
+                    await trio.sleep(0.1)
+                    await seed_writes(queue).complete("k0", running.lease_version)
+
+                nursery.start_soon(complete_soon)
+                await queue.wait_for_work(["spec"])
+        [freed] = await queue.claim_due(["spec"], "w", 30, 1)
+        assert freed.id == "k1"
+
     async def test_a_blocked_key_with_a_higher_limit_frees_at_its_nth_lease(
         self, queue: WorkQueue, clock: ManualClock
     ) -> None:
