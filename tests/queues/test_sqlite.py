@@ -439,3 +439,29 @@ async def test_a_journal_write_cancelled_before_its_group_is_written_is_never_wr
             for item_id in ("a", "b", "c")
         }
     assert written == {"a": ["a"], "b": [], "c": ["c"]}
+
+
+async def test_a_batch_that_only_finishes_items_wakes_no_waiter_here(tmp_path: Path) -> None:
+    """A waiter looks at what is due (a query) each time it is woken: a batch of completions
+    that makes nothing claimable wakes nobody (a runner serving a second queue looked once per
+    batch of the first queue's completions, doubling its CPU per item: P13s); a reschedule
+    (due later) and the completion of a keyed item (its key's slot) do, read off the settled
+    rows, as SQLite has no other channel to this process's waiters."""
+    async with await SQLiteQueue.connect(tmp_path / "q.db", clock=ManualClock()) as queue:
+        for item_id in ("a", "b"):
+            await queue.enqueue("spec", item_id=item_id)
+        await queue.enqueue("spec", item_id="k", concurrency_key="key")
+        claimed = {item.id: item for item in await queue.claim_due(["spec"], "w", 30, 3)}
+
+        def settle(item_id: str, kind: SettleKind, **changes: Any) -> Settlement:
+            version = claimed[item_id].lease_version
+            return Settlement(item_id=item_id, lease_version=version, kind=kind, **changes)
+
+        for settlement, wakes in [
+            (settle("a", SettleKind.COMPLETE), False),
+            (settle("b", SettleKind.CONTINUE, delay=60), True),
+            (settle("k", SettleKind.COMPLETE), True),
+        ]:
+            before = queue._changes.value
+            assert await queue.settle_many([settlement]) == [True]
+            assert (queue._changes.value > before) is wakes, settlement

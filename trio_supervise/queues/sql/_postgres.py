@@ -336,18 +336,19 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
         children: bool,
         *,
         why: bool,
+        woke: list[bool] | None = None,
     ) -> set[int]:
         # A runner's batch of items without a parent (Settlement._parentless), without
         # children or waits, that wants no reason for a refusal: one statement in autocommit
         # (see settle_alone), all or nothing. A value the database refuses fails it, and the
         # general way writes the batch (entry by entry, so that entry alone becomes dead).
         if children or why or not all(s._parentless for _, s, _ in entries):
-            return super()._settle_sync(conn, entries, now, children, why=why)
+            return super()._settle_sync(conn, entries, now, children, why=why, woke=woke)
         params = {**settle_params(entries, now), "channel": self.channel}
         try:
             row = conn.execute(_SETTLE_ALONE, params).fetchone()
         except self._data_errors():
-            return super()._settle_sync(conn, entries, now, children, why=False)
+            return super()._settle_sync(conn, entries, now, children, why=False, woke=woke)
         assert row is not None
         return {entries[n - 1][0] for n in row["ords"] or ()}
 
@@ -366,10 +367,11 @@ class PostgresQueue(PostgresEnqueue, SQLQueue):
         now: Any,
         children: bool,
         params: dict[str, Any],
+        woke: list[bool] | None = None,
     ) -> tuple[set[int], list[Any]]:
         if children:
             # Children are written entry by entry, reading as they go: the general way.
-            return super()._settle_and_claim_in(conn, entries, now, children, params)
+            return super()._settle_and_claim_in(conn, entries, now, children, params, woke)
         # One transaction, pipelined: BEGIN, the settlement and the claim go out together (one
         # round trip), the wake-ups and COMMIT together (another), and the batch costs one
         # commit (one WAL flush) instead of two. The claim sees the settlement (same

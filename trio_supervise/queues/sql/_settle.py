@@ -65,6 +65,17 @@ _WAITS = operator.attrgetter("wait_for_children")
 _FINISHING = frozenset({SettleKind.COMPLETE, SettleKind.CANCEL, SettleKind.DEAD})
 
 
+def _rows_wake(row: Row) -> bool:
+    """Whether a settled *row* makes anything claimable, now or later: it is queued again (due
+    now or later, or waiting for children), it held a concurrency key's slot, or it is a child
+    (its parent's fan-in)."""
+    return (
+        row["state"] == "queued"
+        or row["concurrency_key"] is not None
+        or (row["parent_id"] is not None)
+    )
+
+
 def _only_finishes(s: Settlement) -> bool:
     """Whether *s* only finishes its item: nothing becomes due by it, but a concurrency key's
     slot or a parent's fan-in, which the settlement's statement notifies."""
@@ -238,11 +249,19 @@ class SettleBatch(EnqueueCore):
         return first, sent, entries, children
 
     def _settle_in(
-        self, conn: Any, entries: Sequence[SettleEntry], now: Any, children: bool
+        self,
+        conn: Any,
+        entries: Sequence[SettleEntry],
+        now: Any,
+        children: bool,
+        woke: list[bool] | None = None,
     ) -> list[Row]:
         """Apply *entries* in the transaction the caller holds: the fenced update, children,
-        fan-in and the wake-ups; the rows settled."""
+        fan-in and the wake-ups; the rows settled. Appends to *woke* whether they make anything
+        claimable now or later (:func:`_rows_wake`)."""
         rows = self._settle_rows(conn, entries, now)
+        if woke is not None:
+            woke.append(children or any(map(_rows_wake, rows)))
         due = woken_by(rows)
         if rows and (children or any(row["parent_id"] is not None for row in rows)):
             due.extend(self._children_and_fan_in(conn, entries, rows, now))
@@ -250,16 +269,24 @@ class SettleBatch(EnqueueCore):
         return rows
 
     def _settle_sync(
-        self, conn: Any, entries: Sequence[SettleEntry], now: Any, children: bool, *, why: bool
+        self,
+        conn: Any,
+        entries: Sequence[SettleEntry],
+        now: Any,
+        children: bool,
+        *,
+        why: bool,
+        woke: list[bool] | None = None,
     ) -> set[int]:
-        """Write *entries*, a transaction per try; the indices of the applied ones. A batch the
-        database refuses for one entry's value is written entry by entry, so that entry alone
-        becomes dead (:func:`unstorable_outcome`)."""
+        """Write *entries*, a transaction per try; the indices of the applied ones (and, in
+        *woke*, whether each try's rows make anything claimable). A batch the database refuses
+        for one entry's value is written entry by entry, so that entry alone becomes dead
+        (:func:`unstorable_outcome`)."""
         data_errors = self._data_errors()
 
         def write(entries: Sequence[SettleEntry]) -> list[Row]:
             with self._transaction(conn):
-                rows = self._settle_in(conn, entries, now, children)
+                rows = self._settle_in(conn, entries, now, children, woke)
                 if why and not rows:
                     s = entries[0][1]
                     raise LeaseLost(s.item_id, s.lease_version, self._why(conn, s.item_id))
@@ -288,8 +315,11 @@ class SettleBatch(EnqueueCore):
         first: Mapping[tuple[str, int], int] | None,
         sent: Sequence[Settlement],
         applied: set[int],
+        woke: Sequence[bool] = (),
     ) -> list[bool]:
-        """Per settlement, whether it was applied (a repeated (id, version) never is)."""
+        """Per settlement, whether it was applied (a repeated (id, version) never is). This
+        process's waiters are woken when the applied ones may make anything claimable: as
+        *woke* says when the rows were read, else by the settlements' kinds."""
         if first is None:  # every settlement was sent, at its own index
             results = list(map(applied.__contains__, range(len(settlements))))
         else:
@@ -299,11 +329,15 @@ class SettleBatch(EnqueueCore):
                 and first[(s.item_id, s.lease_version)] == i
                 for i, s in enumerate(settlements)
             ]
-        if any(results) and (not self._notifies_wakeups or not all(map(_only_finishes, sent))):
+        if woke:
+            wakes = any(woke)
+        else:
+            wakes = not self._notifies_wakeups or not all(map(_only_finishes, sent))
+        if any(results) and wakes:
             # Something may be due sooner than a waiter thinks (a reschedule to a later time
             # is not notified: only what is due now is). Waking a waiter costs it a look at
             # what is due (a query): a runner serving a second queue made one per batch of the
-            # first queue's completions (P13p, issue 34).
+            # first queue's completions (P13s, P13p, issue 34).
             self._changed()
         return results
 
@@ -313,7 +347,9 @@ class SettleBatch(EnqueueCore):
             await trio.lowlevel.checkpoint()
             return []
         now = self._now()
+        woke: list[bool] = []
         applied = await self._run(
-            lambda conn: self._settle_sync(conn, entries, now, children, why=why), lane=Lane.WORKER
+            lambda conn: self._settle_sync(conn, entries, now, children, why=why, woke=woke),
+            lane=Lane.WORKER,
         )
-        return self._settle_results(settlements, first, sent, applied)
+        return self._settle_results(settlements, first, sent, applied, woke)

@@ -209,17 +209,21 @@ class SQLWorker(SettleBatch, SingleWrites):
         now = params["now"]
         data_errors = self._data_errors()
 
+        woke: list[bool] = []
+
         def run(conn: Any) -> tuple[set[int], list[WorkItem]]:
             try:
-                return self._settle_and_claim_in(conn, entries, now, children, params)
+                return self._settle_and_claim_in(conn, entries, now, children, params, woke)
             except data_errors:
                 pass
             # An entry the database refuses: the slow way, then the claim on its own.
-            applied = self._settle_sync(conn, entries, now, children, why=False)
+            woke.clear()
+            applied = self._settle_sync(conn, entries, now, children, why=False, woke=woke)
             return applied, self._claim_after(conn, params)
 
         applied, rows = await self._run(run, lane=Lane.WORKER)
-        return self._settle_results(settlements, first, sent, applied), self._claimed_items(rows)
+        results = self._settle_results(settlements, first, sent, applied, woke)
+        return results, self._claimed_items(rows)
 
     def _settle_and_claim_in(
         self,
@@ -228,13 +232,15 @@ class SQLWorker(SettleBatch, SingleWrites):
         now: Any,
         children: bool,
         params: dict[str, Any],
+        woke: list[bool] | None = None,
     ) -> tuple[set[int], list[WorkItem]]:
         """Settle *entries* and claim (``claim_due``'s *params*) in one transaction; the
-        indices applied and the items claimed. Raises the driver's data error, having written
-        nothing, when the database refuses an entry's value (the caller then writes the batch
-        the slow way). SQLite: one ``BEGIN IMMEDIATE``; PostgreSQL overrides it."""
+        indices applied and the items claimed (and in *woke*, whether the rows make anything
+        claimable). Raises the driver's data error, having written nothing, when the database
+        refuses an entry's value (the caller then writes the batch the slow way). SQLite: one
+        ``BEGIN IMMEDIATE``; PostgreSQL overrides it."""
         with self._transaction(conn):
-            rows = self._settle_in(conn, entries, now, children)
+            rows = self._settle_in(conn, entries, now, children, woke)
             claimed = self._claim_in(conn, params)
         return {entries[row["ord"] - 1][0] for row in rows}, claimed
 
