@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from trio_supervise import SchemaError
+from trio_supervise import RateLimit, SchemaError
 from trio_supervise.queues import (
     ItemState,
     PostgresQueue,
@@ -321,7 +321,7 @@ async def _check_upgraded(queue: WorkQueue) -> None:
     assert dict(await queue.counts()) == {("spec", ItemState.RUNNING): len(V1_ROWS)}
 
 
-@pytest.mark.parametrize("version", [1, 2, 4, 6, 9])
+@pytest.mark.parametrize("version", [1, 2, 4, 6, 9, 10])
 async def test_sqlite_older_version_with_items_migrates_losing_nothing(
     tmp_path: Path, version: int
 ) -> None:
@@ -339,15 +339,23 @@ async def test_sqlite_older_version_with_items_migrates_losing_nothing(
                 for i, s, due, exp, e in V1_ROWS
             ],
         )
+        if version >= 10:  # key rate rules and a key's log (schema 0010), kept
+            conn.executemany(
+                "INSERT INTO trio_supervise_key_rates (key, rate_limit, period_us, starts) "
+                "VALUES (?, ?, ?, ?)",
+                [("t:{tenant}", 2, 10**6, "[]"), ("t:acme", None, None, "[1]")],
+            )
     clock = ManualClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
     async with await SQLiteQueue.connect(path, clock=clock) as queue:
         await _check_upgraded(queue)
+        if version >= 10:
+            assert await queue.key_rate_limits() == {"t:{tenant}": RateLimit(2, 1)}
     latest = _sql.latest_version("sqlite")
     assert _sqlite_shape(path)["versions"] == [(v,) for v in range(1, latest + 1)]
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("version", [1, 2, 4, 5, 6, 7, 9, 12])
+@pytest.mark.parametrize("version", [1, 2, 4, 5, 6, 7, 9, 12, 13])
 async def test_postgres_older_version_with_items_migrates_losing_nothing(version: int) -> None:
     """A schema of an older version with items in every state, two of them holding keys,
     migrates to the latest (the claim, lease, key, spec and listing indexes rebuilt on the
@@ -374,6 +382,11 @@ async def test_postgres_older_version_with_items_migrates_losing_nothing(version
                 "UPDATE trio_supervise_items SET idempotency_key = 'key-' || id "
                 "WHERE id IN ('queued', 'completed')"
             )
+            if version >= 13:  # key rate rules and a key's log (schema 0013), kept
+                conn.execute(
+                    "INSERT INTO trio_supervise_key_rates (key, rate_limit, period_us, starts) "
+                    "VALUES ('t:{tenant}', 2, 1000000, '{}'), ('t:acme', NULL, NULL, '{}')"
+                )
         clock = ManualClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
         async with await PostgresQueue.connect(
             dsn, schema=schema, migrate=True, clock=clock
@@ -384,6 +397,8 @@ async def test_postgres_older_version_with_items_migrates_losing_nothing(version
                     page = await queue.list_items(states=[state], spec_ids=specs)
                     assert sorted(item.id for item in page) == held
             await _check_upgraded(queue)
+            if version >= 13:
+                assert await queue.key_rate_limits() == {"t:{tenant}": RateLimit(2, 1)}
             for holder in ("queued", "completed"):
                 again = await queue.enqueue("spec", idempotency_key=f"key-{holder}")
                 assert again.id == holder
