@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from typing import Any
 
 import psycopg
 
-from ._common import child_env, machine_cpu, now
+from ._common import machine_cpu, now
 from ._cost import _BackendPoller
-from .postgres import _RUN, bench_schema, completed, fill
+from .postgres import _RUN, bench_schema, completed, fill, go_and_wait, worker_processes
 
 SCHEMA = f"bench_p7cpu_{_RUN}"
 
@@ -41,50 +39,25 @@ def _fetches(conn: psycopg.Connection[Any]) -> int:
 def drain(dsn: str, count: int, processes: int) -> dict[str, float]:
     """One metered drain of *count* items by *processes* worker processes."""
     fill(dsn, SCHEMA, count)
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "benchmarks._worker", dsn, SCHEMA, f"w{n}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=child_env(),
-        )
-        for n in range(processes)
-    ]
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT current_database(), pg_backend_pid()").fetchone()
         assert row is not None
         database, pid = row
-        for worker in workers:
-            assert worker.stdout is not None
-            line = worker.stdout.readline()
-            if line.strip() != "ready":
-                raise RuntimeError(f"worker did not start: {line!r}")
-        fetches = _fetches(conn)
-        poller = _BackendPoller(conn, database, pid)
-        with machine_cpu() as cpu:
-            start = now()
-            poller.start()
-            for worker in workers:
-                assert worker.stdin is not None
-                worker.stdin.write("go\n")
-                worker.stdin.flush()
-            ends, worker_cpu = [], 0.0
-            for worker in workers:
-                assert worker.stdout is not None
-                _, end, seconds = worker.stdout.readline().split()
-                ends.append(float(end))
-                worker_cpu += float(seconds)
-            server_cpu = poller.finish()
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.close()
-            worker.wait(timeout=30)
+        with worker_processes(dsn, SCHEMA, processes) as workers:
+            fetches = _fetches(conn)
+            poller = _BackendPoller(conn, database, pid)
+            with machine_cpu() as cpu:
+                start = now()
+                poller.start()
+                done = go_and_wait(workers)
+                server_cpu = poller.finish()
         # The statistics collector reports a backend's counts when its transaction ends.
         conn.execute("SELECT pg_sleep(0.7)")
         fetches = _fetches(conn) - fetches
     if completed(dsn, SCHEMA) != count:
         raise RuntimeError("not every item completed")
+    ends = [end for end, _ in done]
+    worker_cpu = sum(seconds for _, seconds in done)
     return {
         "processes": processes,
         "items_per_s": round(count / (max(ends) - start)),

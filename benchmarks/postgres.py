@@ -646,15 +646,12 @@ def _percentile(ordered: Sequence[float], fraction: float) -> float:
 # -- P7: two worker processes against one -----------------------------------------------------
 
 
-def processes_rate(dsn: str, schema: str, count: int, processes: int) -> tuple[float, float]:
-    """Items per second for *processes* worker processes sharing one queue (each a runner), and
-    the machine's cores kept busy meanwhile (every process, the server's included).
-
-    Each worker connects and reports ready; the clock starts when all are told to go and stops
-    when the last worker sees nothing left to claim (it reports ``time.perf_counter()``, which is
-    the same monotonic clock in every process).
-    """
-    fill(dsn, schema, count)
+@contextlib.contextmanager
+def worker_processes(
+    dsn: str, schema: str, processes: int
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """*processes* worker processes (:mod:`benchmarks._worker`, each a runner) on *schema*,
+    connected and ready; told to stop (their stdin closed) and waited for afterwards."""
     env = child_env()
     workers = [
         subprocess.Popen(
@@ -672,19 +669,7 @@ def processes_rate(dsn: str, schema: str, count: int, processes: int) -> tuple[f
             line = worker.stdout.readline()
             if line.strip() != "ready":
                 raise RuntimeError(f"worker did not start: {line!r}")
-        with machine_cpu() as cpu:
-            start = now()
-            for worker in workers:
-                assert worker.stdin is not None
-                worker.stdin.write("go\n")
-                worker.stdin.flush()
-            ends = []
-            for worker in workers:
-                assert worker.stdout is not None
-                line = worker.stdout.readline().split()
-                if not line or line[0] != "done":
-                    raise RuntimeError(f"P7 worker failed: {line!r}")
-                ends.append(float(line[1]))
+        yield workers
     finally:
         for worker in workers:
             if worker.stdin is not None and not worker.stdin.closed:
@@ -696,6 +681,37 @@ def processes_rate(dsn: str, schema: str, count: int, processes: int) -> tuple[f
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
+
+
+def go_and_wait(workers: Sequence[subprocess.Popen[str]]) -> list[tuple[float, float]]:
+    """Tell every worker to go; per worker, once it sees nothing left to claim, the time it
+    reports (``time.perf_counter()``, the same monotonic clock in every process) and the CPU
+    seconds it spent since "go"."""
+    for worker in workers:
+        assert worker.stdin is not None
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+    done = []
+    for worker in workers:
+        assert worker.stdout is not None
+        line = worker.stdout.readline().split()
+        if not line or line[0] != "done":
+            raise RuntimeError(f"P7 worker failed: {line!r}")
+        done.append((float(line[1]), float(line[2])))
+    return done
+
+
+def processes_rate(dsn: str, schema: str, count: int, processes: int) -> tuple[float, float]:
+    """Items per second for *processes* worker processes sharing one queue (each a runner), and
+    the machine's cores kept busy meanwhile (every process, the server's included).
+
+    Each worker connects and reports ready; the clock starts when all are told to go and stops
+    when the last worker sees nothing left to claim.
+    """
+    fill(dsn, schema, count)
+    with worker_processes(dsn, schema, processes) as workers, machine_cpu() as cpu:
+        start = now()
+        ends = [end for end, _ in go_and_wait(workers)]
     if completed(dsn, schema) != count:
         raise RuntimeError("P7: not every item completed")
     return rate(count, max(ends) - start), cpu.cores
